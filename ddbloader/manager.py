@@ -1,0 +1,264 @@
+"""DataManager: one group's samples in emission order, and the pool of active groups.
+
+A :class:`GroupStream` loads its group's partitions in (possibly shuffled) order, at most
+``prepartition_num`` at a time, keeps the first and last ``span - 1`` rows of every loaded
+partition, and emits each sample at the step that loads the last partition it touches: the
+samples of a step are a contiguous index range cut from one contiguous row segment. Which
+samples a step emits depends only on the partition order, so the sequence is a pure function of
+``(plan, seed, epoch)``, and every sample comes out exactly once.
+
+Both classes are owned by the assembler thread and are not thread-safe.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from .config import LoaderConfig
+from .fetch import Fetcher
+from .plan import GroupPlan, QueryPlan
+from .prefetch import Pending
+from .shuffle import Purpose, draw_sources, generator, sample_order, visit_order
+from .source import Block
+from .window import WindowGeometry, window_view
+
+__all__ = ["GroupPool", "GroupStream", "PartitionGauge", "Piece", "Segment"]
+
+
+class Segment:
+    """Contiguous rows of one group with their window views. Read-only.
+
+    ``x_windows[k]`` is sample-start row ``k``'s x (``[x_window, Fx]``, or ``[Fx]`` unwindowed);
+    ``y_windows[k]`` likewise for y.
+    """
+
+    def __init__(self, block: Block, geometry: WindowGeometry) -> None:
+        x = torch.from_numpy(block.x)
+        y = torch.from_numpy(block.y)
+        self.rows = block.rows
+        if geometry.windowed:
+            self.x_windows = window_view(x, geometry.x_window)
+            self.y_windows = window_view(y, geometry.y_window)
+        else:
+            self.x_windows, self.y_windows = x, y
+
+
+@dataclass(frozen=True)
+class Piece:
+    """Some samples of one segment: ``starts`` are their first x rows within the segment."""
+
+    segment: Segment
+    starts: np.ndarray[Any, Any]
+
+
+class PartitionGauge:
+    """Counts partitions held (queued, in flight or being served) and their high-water mark."""
+
+    def __init__(self) -> None:
+        self.held = 0
+        self.high_water = 0
+
+    def acquire(self) -> None:
+        self.held += 1
+        self.high_water = max(self.high_water, self.held)
+
+    def release(self) -> None:
+        self.held -= 1
+
+
+@dataclass
+class _Step:
+    segment: Segment
+    first_row: int
+    samples: np.ndarray[Any, Any]
+    served: int = 0
+
+
+class GroupStream:
+    """Serves one group's samples in emission order."""
+
+    def __init__(
+        self,
+        group: GroupPlan,
+        config: LoaderConfig,
+        geometry: WindowGeometry,
+        epoch: int,
+        fetcher: Fetcher,
+        gauge: PartitionGauge,
+        stop: threading.Event,
+    ) -> None:
+        self.group = group
+        self.remaining = group.samples
+        self._config = config
+        self._geometry = geometry
+        self._epoch = epoch
+        self._fetcher = fetcher
+        self._gauge = gauge
+        self._stop = stop
+        self._bounds = np.concatenate([[0], np.cumsum([p.rows for p in group.partitions])]).tolist()
+        order = visit_order(
+            len(group.partitions),
+            config.shuffle,
+            config.seed,
+            epoch,
+            Purpose.PARTITION_ORDER,
+            group.index,
+        )
+        self._to_submit: deque[int] = deque(int(p) for p in order)
+        self._pending: deque[tuple[int, Pending[Block]]] = deque()
+        self._edges: dict[int, tuple[Block, Block]] = {}
+        self._step: _Step | None = None
+        self._steps_taken = 0
+        for _ in range(config.prepartition_num):
+            self._submit_next()
+
+    def _submit_next(self) -> None:
+        if self._to_submit:
+            position = self._to_submit.popleft()
+            self._gauge.acquire()
+            self._pending.append((position, self._fetcher.submit(self.group.partitions[position])))
+
+    def take(self, count: int) -> list[Piece]:
+        """The next ``count`` samples (``count <= remaining``), loading partitions as needed."""
+        pieces: list[Piece] = []
+        while count > 0:
+            step = self._step
+            if step is None or step.served == len(step.samples):
+                step = self._advance()
+            chosen = step.samples[step.served : step.served + count]
+            step.served += len(chosen)
+            count -= len(chosen)
+            self.remaining -= len(chosen)
+            pieces.append(Piece(step.segment, chosen * self._geometry.stride - step.first_row))
+        if self.remaining == 0:
+            self._finish()
+        return pieces
+
+    def _finish(self) -> None:
+        """Release everything: the served step and partitions no remaining sample needs."""
+        if self._step is not None:
+            self._step = None
+            self._gauge.release()
+        for _ in self._pending:
+            self._gauge.release()
+        self._pending.clear()
+        self._to_submit.clear()
+        self._edges.clear()
+
+    def _advance(self) -> _Step:
+        while True:
+            if self._step is not None:
+                self._step = None
+                self._gauge.release()
+                self._submit_next()
+            if not self._pending:
+                raise RuntimeError(
+                    f"group {self.group.index} ran out of partitions with {self.remaining} samples owed"
+                )
+            position, pending = self._pending.popleft()
+            block = pending.wait(self._stop, self._config.timeout)
+            step = self._load(position, block)
+            self._step = step
+            if len(step.samples):
+                return step
+
+    def _load(self, position: int, block: Block) -> _Step:
+        edge = self._geometry.span - 1
+        first, stop = self._bounds[position], self._bounds[position + 1]
+        left = self._gather_edges(position, -1, edge)
+        right = self._gather_edges(position, +1, edge)
+        lo = first - sum(b.rows for b in left)
+        hi = stop + sum(b.rows for b in right)
+        if edge:
+            keep = min(edge, block.rows)
+            self._edges[position] = (
+                block.rows_between(0, keep),
+                block.rows_between(block.rows - keep, block.rows),
+            )
+        else:
+            self._edges[position] = (block.rows_between(0, 0), block.rows_between(0, 0))
+        samples = self._geometry.samples_completed_by(first, stop, lo, hi, self.group.samples)
+        order = sample_order(
+            samples.start,
+            samples.stop,
+            self._config.shuffle,
+            self._config.seed,
+            self._epoch,
+            self.group.index,
+            self._steps_taken,
+        )
+        self._steps_taken += 1
+        segment = Segment(Block.concatenate([*left, block, *right]), self._geometry)
+        return _Step(segment, lo, order)
+
+    def _gather_edges(self, position: int, direction: int, rows: int) -> list[Block]:
+        """Up to ``rows`` kept rows of the loaded neighbours on one side, in row order."""
+        pieces: list[Block] = []
+        neighbour = position + direction
+        while rows > 0 and neighbour in self._edges:
+            head, tail = self._edges[neighbour]
+            kept = tail if direction < 0 else head
+            take = min(rows, kept.rows)
+            part = (
+                Block(kept.x[kept.rows - take :], kept.y[kept.rows - take :])
+                if direction < 0
+                else Block(kept.x[:take], kept.y[:take])
+            )
+            pieces.append(part)
+            rows -= take
+            neighbour += direction
+        return pieces[::-1] if direction < 0 else pieces
+
+
+class GroupPool:
+    """The ``group_pool_size`` active groups of an epoch, and the draw of each batch's samples.
+
+    Without shuffle, groups are served one after another in plan order (the pool only prefetches
+    the next groups). With shuffle, groups enter in a random order and each sample of a batch
+    comes from a uniformly drawn active group.
+    """
+
+    def __init__(
+        self,
+        plan: QueryPlan,
+        config: LoaderConfig,
+        epoch: int,
+        fetcher: Fetcher,
+        stop: threading.Event,
+    ) -> None:
+        self.gauge = PartitionGauge()
+        self._config = config
+        order = visit_order(len(plan.groups), config.shuffle, config.seed, epoch, Purpose.GROUP_ORDER)
+        self._waiting = deque(plan.groups[int(i)] for i in order if plan.groups[int(i)].samples > 0)
+        self._active: list[GroupStream] = []
+        self._draws = generator(config.seed, epoch, Purpose.POOL_DRAWS)
+        self._make: Callable[[GroupPlan], GroupStream] = lambda group: GroupStream(
+            group, config, plan.geometry, epoch, fetcher, self.gauge, stop
+        )
+
+    def take(self, count: int) -> list[Piece]:
+        """The next ``count`` samples of the epoch; ``count`` must not exceed what is left."""
+        pieces: list[Piece] = []
+        while count > 0:
+            while len(self._active) < self._config.group_pool_size and self._waiting:
+                self._active.append(self._make(self._waiting.popleft()))
+            if not self._active:
+                raise RuntimeError(f"the epoch ran out of samples with {count} still owed")
+            if self._config.shuffle:
+                wanted = draw_sources(self._draws, len(self._active), count).tolist()
+            else:
+                wanted = [count] + [0] * (len(self._active) - 1)
+            for stream, want in zip(self._active, wanted, strict=True):
+                give = min(want, stream.remaining)
+                if give:
+                    pieces.extend(stream.take(give))
+                    count -= give
+            self._active = [s for s in self._active if s.remaining > 0]
+        return pieces

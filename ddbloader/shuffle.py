@@ -1,0 +1,53 @@
+"""Every random choice of an epoch, as pure functions of ``(seed, epoch, ...)``.
+
+Each choice draws from its own generator keyed by what it decides (group order, one group's
+partition order, one step's sample order, the pool's draws), so no generator is shared between
+threads and no order depends on thread timing; two groups never share a permutation.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+from typing import Any
+
+import numpy as np
+
+__all__ = ["Purpose", "draw_sources", "generator", "sample_order", "visit_order"]
+
+
+class Purpose(IntEnum):
+    """Keys that separate the random streams of one epoch."""
+
+    GROUP_ORDER = 1
+    PARTITION_ORDER = 2
+    SAMPLE_ORDER = 3
+    POOL_DRAWS = 4
+
+
+def generator(seed: int, epoch: int, purpose: Purpose, *key: int) -> np.random.Generator:
+    """A generator determined by ``(seed, epoch, purpose, *key)`` alone."""
+    return np.random.default_rng([seed, epoch, int(purpose), *key])
+
+
+def visit_order(
+    count: int, shuffle: bool, seed: int, epoch: int, purpose: Purpose, *key: int
+) -> np.ndarray[Any, Any]:
+    """Order in which ``count`` items (groups, or one group's partitions) are visited."""
+    if not shuffle:
+        return np.arange(count)
+    return generator(seed, epoch, purpose, *key).permutation(count)
+
+
+def sample_order(
+    first: int, stop: int, shuffle: bool, seed: int, epoch: int, group: int, step: int
+) -> np.ndarray[Any, Any]:
+    """Sample indices ``[first, stop)`` in the order one step emits them."""
+    indices = np.arange(first, stop, dtype=np.int64)
+    if shuffle:
+        generator(seed, epoch, Purpose.SAMPLE_ORDER, group, step).shuffle(indices)
+    return indices
+
+
+def draw_sources(rng: np.random.Generator, active: int, size: int) -> np.ndarray[Any, Any]:
+    """How many of ``size`` samples each of ``active`` pool slots gives, drawn uniformly per sample."""
+    return np.bincount(rng.integers(0, active, size=size), minlength=active)
