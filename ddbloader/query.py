@@ -1,8 +1,8 @@
 """The user's SQL, parsed once with sqlglot, and every query the loader derives from it.
 
 Invariants: the user's query is a single read-only statement (SELECT / WITH / set operation /
-PIVOT) without placeholders of its own; every derived query carries values only as sqlglot
-placeholders, so the backend binds them as parameters and no value ever becomes SQL text.
+PIVOT) without parameters of its own; every derived query carries values only as numbered
+parameters (``$1``, ``$2``), so the engine binds them and no value ever becomes SQL text.
 """
 
 from __future__ import annotations
@@ -65,8 +65,9 @@ def _describe(error: ParseError) -> str:
     return f"{first.get('description')} at line {first.get('line')}, column {first.get('col')}"
 
 
-def _placeholder_equals(expression: exp.Expr) -> exp.Expr:
-    return exp.EQ(this=expression.copy(), expression=exp.Placeholder())
+def _parameter_equals(expression: exp.Expr, number: int) -> exp.Expr:
+    """``expression = $number``: numbered, so set-operation branches can share parameters."""
+    return exp.EQ(this=expression.copy(), expression=exp.Parameter(this=exp.Literal.number(number)))
 
 
 class UserQuery:
@@ -113,7 +114,7 @@ class UserQuery:
         if not columns:
             return self.text
         tree = self._tree.copy()
-        predicate = exp.and_(*(_placeholder_equals(c) for c in columns))
+        predicate = exp.and_(*(_parameter_equals(c, n) for n, c in enumerate(columns, start=1)))
         return self.render(_inject(tree, predicate))
 
     def count(self, sql: str) -> str:

@@ -1,0 +1,149 @@
+"""Shared fixtures: real DuckDB tables whose values encode where each row came from."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+import pytest
+
+from ddbloader.backends import Backend, Cursor, DuckDBBackend
+
+SERIES_SQL = "SELECT gid, part, pos, rid, f0, f1, y FROM series ORDER BY gid, part, pos"
+
+
+def make_series(con: duckdb.DuckDBPyConnection, parts: Sequence[Sequence[int]], table: str = "series") -> None:
+    """Create ``table``: group g has partitions with ``parts[g][p]`` rows each.
+
+    Columns: gid INTEGER, part INTEGER, pos BIGINT (row number within the group), rid BIGINT
+    (globally unique, ``gid * 1_000_000 + pos``), f0 DOUBLE = rid, f1 DOUBLE = -rid,
+    y DOUBLE = rid + 0.5. So x[..., f0] names the rows a sample holds.
+    """
+    gids: list[int] = []
+    part_ids: list[int] = []
+    positions: list[int] = []
+    for gid, sizes in enumerate(parts):
+        pos = 0
+        for part, size in enumerate(sizes):
+            gids += [gid] * size
+            part_ids += [part] * size
+            positions += list(range(pos, pos + size))
+            pos += size
+    rid = [g * 1_000_000 + p for g, p in zip(gids, positions, strict=True)]
+    data = pa.table(
+        {
+            "gid": pa.array(gids, pa.int32()),
+            "part": pa.array(part_ids, pa.int32()),
+            "pos": pa.array(positions, pa.int64()),
+            "rid": pa.array(rid, pa.int64()),
+            "f0": pa.array([float(r) for r in rid], pa.float64()),
+            "f1": pa.array([-float(r) for r in rid], pa.float64()),
+            "y": pa.array([r + 0.5 for r in rid], pa.float64()),
+        }
+    )
+    con.execute(f"DROP TABLE IF EXISTS {table}")
+    con.execute(f"CREATE TABLE {table} AS SELECT * FROM data")
+
+
+@pytest.fixture
+def con() -> Iterator[duckdb.DuckDBPyConnection]:
+    connection = duckdb.connect()
+    yield connection
+    connection.close()
+
+
+@pytest.fixture
+def series(con: duckdb.DuckDBPyConnection) -> duckdb.DuckDBPyConnection:
+    """Three groups of 3, 2 and 4 partitions with uneven sizes (6..15 rows)."""
+    make_series(con, [[10, 7, 12], [15, 6], [8, 9, 11, 10]])
+    return con
+
+
+class _FaultyCursor:
+    def __init__(self, inner: Cursor, backend: FaultyBackend) -> None:
+        self._inner = inner
+        self._backend = backend
+
+    def fetch(self, sql: str, params: Sequence[Any]) -> pa.Table:
+        self._backend.before_fetch(sql, params)
+        return self._inner.fetch(sql, params)
+
+    def interrupt(self) -> None:
+        self._inner.interrupt()
+
+    def close(self) -> None:
+        self._inner.close()
+
+
+class FaultyBackend:
+    """A real DuckDB backend with faults injected before chosen partition fetches.
+
+    ``fail_on``: partition-fetch numbers (1-based, counted across threads) that raise ``error``.
+    ``jitter``: maximum random sleep in seconds before every partition fetch.
+    ``hang_on``: partition-fetch numbers that sleep ``hang_seconds`` first.
+    Count, schema and discovery queries (planning) pass untouched.
+    """
+
+    def __init__(
+        self,
+        inner: Backend,
+        *,
+        fail_on: Sequence[int] = (),
+        error: Callable[[], BaseException] = lambda: OSError("injected fault"),
+        jitter: float = 0.0,
+        hang_on: Sequence[int] = (),
+        hang_seconds: float = 0.0,
+        seed: int = 0,
+    ) -> None:
+        self._inner = inner
+        self.dialect = inner.dialect
+        self.engine = inner.engine
+        self.fail_on = set(fail_on)
+        self.error = error
+        self.jitter = jitter
+        self.hang_on = set(hang_on)
+        self.hang_seconds = hang_seconds
+        self.fetches = 0
+        self._lock = threading.Lock()
+        self._random = random.Random(seed)
+        self.planning = True
+
+    def before_fetch(self, sql: str, params: Sequence[Any]) -> None:
+        if self.planning:
+            return
+        with self._lock:
+            self.fetches += 1
+            number = self.fetches
+            delay = self._random.uniform(0, self.jitter) if self.jitter else 0.0
+        if number in self.hang_on:
+            time.sleep(self.hang_seconds)
+        if delay:
+            time.sleep(delay)
+        if number in self.fail_on:
+            raise self.error()
+
+    def cursor(self) -> _FaultyCursor:
+        return _FaultyCursor(self._inner.cursor(), self)
+
+    def close(self) -> None:
+        self._inner.close()
+
+
+@pytest.fixture
+def faulty() -> Callable[..., FaultyBackend]:
+    """``faulty(con, **faults)`` wraps a connection; flip ``.planning = False`` after building."""
+
+    def make(connection: duckdb.DuckDBPyConnection, **faults: Any) -> FaultyBackend:
+        return FaultyBackend(DuckDBBackend(connection), **faults)
+
+    return make
+
+
+def live_threads() -> list[str]:
+    """Names of ddbloader's threads still alive."""
+    return [t.name for t in threading.enumerate() if t.name.startswith("ddbloader")]
