@@ -27,7 +27,7 @@ class _Task:
 def _fetch_worker(
     backend: Backend,
     layout: ColumnLayout,
-    tasks: queue.Queue[_Task],
+    tasks: queue.Queue[_Task | None],
     stop: threading.Event,
     cursors: list[Cursor],
     cursors_lock: threading.Lock,
@@ -38,9 +38,11 @@ def _fetch_worker(
         failure = ThreadFailure(error, "opening a cursor")
         while not stop.is_set():
             try:
-                tasks.get(timeout=POLL_SECONDS).result.fail(failure)
+                task = tasks.get(timeout=POLL_SECONDS)
             except queue.Empty:
                 continue
+            if task is not None:
+                task.result.fail(failure)
         return
     with cursors_lock:
         cursors.append(cursor)
@@ -50,6 +52,12 @@ def _fetch_worker(
                 task = tasks.get(timeout=POLL_SECONDS)
             except queue.Empty:
                 continue
+            if task is None or stop.is_set():
+                # close() may already have interrupted the idle cursors; a query started now
+                # would run to completion and hold up the join.
+                if task is not None:
+                    task.result.cancel()
+                break
             try:
                 table = cursor.fetch(task.spec.sql, task.spec.params)
                 task.result.set(to_block(table, layout))
@@ -66,7 +74,8 @@ class Fetcher:
     """
 
     def __init__(self, backend: Backend, layout: ColumnLayout, threads: int) -> None:
-        self._tasks: queue.Queue[_Task] = queue.Queue()
+        # None is close()'s wake-up call: one per thread, so none waits out its poll.
+        self._tasks: queue.Queue[_Task | None] = queue.Queue()
         self._stop = threading.Event()
         self._cursors: list[Cursor] = []
         self._cursors_lock = threading.Lock()
@@ -91,9 +100,21 @@ class Fetcher:
         return task.result
 
     def close(self) -> None:
-        """Stop the threads, interrupt running queries, and join."""
+        """Stop the threads, interrupt running queries, join, and cancel the fetches never started.
+
+        A cancelled fetch makes its waiter raise :class:`~ddbloader.prefetch.Stopped` at once.
+        """
         self._stop.set()
         with self._cursors_lock:
             for cursor in self._cursors:
                 cursor.interrupt()
+        for _ in self._threads:
+            self._tasks.put(None)
         join_all(self._threads)
+        while True:
+            try:
+                task = self._tasks.get_nowait()
+            except queue.Empty:
+                break
+            if task is not None:
+                task.result.cancel()

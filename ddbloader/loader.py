@@ -28,35 +28,63 @@ _log = logging.getLogger("ddbloader")
 Batch = tuple[torch.Tensor, torch.Tensor]
 
 
-def _epoch_batches(
-    plan: QueryPlan, config: LoaderConfig, backend: Backend, epoch: int, stop: threading.Event
-) -> Iterator[Batch]:
-    """The batches of one epoch, assembled in the calling (assembler) thread."""
-    fetcher = Fetcher(backend, plan.layout, config.fetch_threads)
-    try:
-        pool = GroupPool(plan, config, epoch, fetcher, stop)
+class _EpochBatches:
+    """The batches of one epoch, assembled in the calling (assembler) thread.
+
+    Its fetch threads stop in ``close()``, never on a failure: the driver reports the failure
+    first and closes after, so a slow join (a fetch stuck in the engine) cannot delay the error
+    past the consumer's own timeout and replace it with a vaguer one.
+    """
+
+    def __init__(
+        self, plan: QueryPlan, config: LoaderConfig, backend: Backend, epoch: int, stop: threading.Event
+    ) -> None:
+        self._fetcher = Fetcher(backend, plan.layout, config.fetch_threads)
+        self._batches = self._assemble(plan, config, epoch, stop)
+
+    def _assemble(
+        self, plan: QueryPlan, config: LoaderConfig, epoch: int, stop: threading.Event
+    ) -> Iterator[Batch]:
+        pool = GroupPool(plan, config, epoch, self._fetcher, stop)
         left = plan.samples
         for _ in range(batch_count(plan.samples, config.batch_size, config.drop_last)):
             size = min(config.batch_size, left)
             left -= size
             yield gather(pool.take(size), plan.geometry, plan.layout, config.pin_memory)
-    finally:
-        fetcher.close()
+
+    def __iter__(self) -> _EpochBatches:
+        return self
+
+    def __next__(self) -> Batch:
+        return next(self._batches)
+
+    def close(self) -> None:
+        self._fetcher.close()
 
 
 class _EpochIterator:
-    """One pass over the plan. Single consumer; ``close()`` (or GC) stops its threads."""
+    """One pass over the plan. Single consumer; ``close()`` (or GC) stops its threads.
+
+    Holds its loader, so ``for batch in DDBDataLoader(...)`` does not free (and close) the loader.
+    """
 
     def __init__(
-        self, plan: QueryPlan, config: LoaderConfig, backend: Backend, epoch: int, total: int
+        self,
+        loader: DDBDataLoader,
+        plan: QueryPlan,
+        config: LoaderConfig,
+        backend: Backend,
+        epoch: int,
+        total: int,
     ) -> None:
+        self._loader = loader
         self.epoch = epoch
         self._config = config
         self._total = total
         self.yielded = 0
         self._started = time.perf_counter()
         prefetcher: Prefetcher[Batch] = Prefetcher(
-            functools.partial(_epoch_batches, plan, config, backend, epoch),
+            functools.partial(_EpochBatches, plan, config, backend, epoch),
             depth=config.prefetch_batch,
             name="ddbloader-assemble",
             timeout=2 * config.timeout,
@@ -194,7 +222,7 @@ class DDBDataLoader:
         if self._closed:
             raise RuntimeError("this DDBDataLoader is closed")
         self._close_iterator()
-        iterator = _EpochIterator(self.plan, self.config, self._backend, self._epoch, self._len)
+        iterator = _EpochIterator(self, self.plan, self.config, self._backend, self._epoch, self._len)
         _log.info(
             "epoch %d: %d groups, %d partitions, %d samples, %d batches",
             self._epoch,

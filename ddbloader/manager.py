@@ -42,7 +42,6 @@ class Segment:
     def __init__(self, block: Block, geometry: WindowGeometry) -> None:
         x = torch.from_numpy(block.x)
         y = torch.from_numpy(block.y)
-        self.rows = block.rows
         if geometry.windowed:
             self.x_windows = window_view(x, geometry.x_window)
             self.y_windows = window_view(y, geometry.y_window)

@@ -24,6 +24,7 @@ __all__ = [
     "Prefetcher",
     "Stopped",
     "ThreadFailure",
+    "in_worker_thread",
     "join_all",
     "start_thread",
 ]
@@ -55,9 +56,22 @@ class ThreadFailure:
         raise self.error
 
 
+_worker = threading.local()
+
+
+def _as_worker(body: Callable[..., None], *args: Any) -> None:
+    _worker.active = True
+    body(*args)
+
+
+def in_worker_thread() -> bool:
+    """True in a thread started by :func:`start_thread`."""
+    return bool(getattr(_worker, "active", False))
+
+
 def start_thread(body: Callable[..., None], *args: Any, name: str) -> threading.Thread:
     """Start ``body(*args)`` in a named daemon thread, so a stuck thread never blocks exit."""
-    thread = threading.Thread(target=body, args=args, name=name, daemon=True)
+    thread = threading.Thread(target=_as_worker, args=(body, *args), name=name, daemon=True)
     thread.start()
     return thread
 
@@ -85,6 +99,7 @@ class Pending(Generic[T]):
         self._done = threading.Event()
         self._value: T | None = None
         self._failure: ThreadFailure | None = None
+        self._cancelled = False
 
     def set(self, value: T) -> None:
         self._value = value
@@ -94,6 +109,11 @@ class Pending(Generic[T]):
         self._failure = failure
         self._done.set()
 
+    def cancel(self) -> None:
+        """Give up on the result: waiters raise :class:`Stopped` instead of waiting out their timeout."""
+        self._cancelled = True
+        self._done.set()
+
     def done(self) -> bool:
         return self._done.is_set()
 
@@ -101,7 +121,7 @@ class Pending(Generic[T]):
         """Wait for the result; re-raise a worker's failure in this thread.
 
         Raises:
-            Stopped: ``stop`` was set while waiting.
+            Stopped: ``stop`` was set while waiting, or the result was cancelled.
             TimeoutError: no result within ``timeout`` seconds; the message names what was awaited.
         """
         deadline = time.monotonic() + timeout
@@ -109,7 +129,9 @@ class Pending(Generic[T]):
             if stop.is_set():
                 raise Stopped
             if time.monotonic() > deadline:
-                raise TimeoutError(f"no result after {timeout:.0f} s (timeout=) while {self.what}")
+                raise TimeoutError(f"no result within {timeout:g} s (timeout={timeout:g}) while {self.what}")
+        if self._cancelled:
+            raise Stopped
         if self._failure is not None:
             self._failure.reraise()
         return self._value  # type: ignore[return-value]
@@ -203,10 +225,17 @@ class Prefetcher(Generic[T]):
                         f"background thread {self._thread.name!r} ended without a result"
                     ) from None
                 if time.monotonic() > deadline:
-                    raise TimeoutError(f"no batch within {self._timeout:.0f} s (timeout=)") from None
+                    raise TimeoutError(
+                        f"no batch from thread {self._thread.name!r} within {self._timeout:g} s"
+                    ) from None
 
     def close(self) -> None:
-        """Stop the producer, wake it if it is blocked on a full queue, and join it."""
+        """Stop the producer, wake it if it is blocked on a full queue, and join it.
+
+        From a worker thread it does not join: a worker gets here only when the garbage
+        collector runs a consumer's finalizer there, and the producer it would wait for may be
+        joining that very thread. The producer still stops; it just ends on its own.
+        """
         if self._closed:
             return
         self._closed = True
@@ -220,5 +249,5 @@ class Prefetcher(Generic[T]):
                 self._queue.get_nowait()
             except queue.Empty:
                 break
-        if self._thread is not None:
+        if self._thread is not None and not in_worker_thread():
             join_all([self._thread])

@@ -25,8 +25,13 @@ class Purpose(IntEnum):
 
 
 def generator(seed: int, epoch: int, purpose: Purpose, *key: int) -> np.random.Generator:
-    """A generator determined by ``(seed, epoch, purpose, *key)`` alone."""
-    return np.random.default_rng([seed, epoch, int(purpose), *key])
+    """A generator determined by ``(seed, epoch, purpose, *key)`` alone.
+
+    The seed is the entropy and the rest the spawn key, which SeedSequence keeps apart (it pads
+    the entropy to a fixed width): a flat list would let a seed above 2**32 (two words) alias a
+    smaller seed whose epoch equals its high word.
+    """
+    return np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(epoch, int(purpose), *key)))
 
 
 def visit_order(

@@ -17,7 +17,9 @@ from ddbloader.backends import Backend, Cursor, DuckDBBackend
 SERIES_SQL = "SELECT gid, part, pos, rid, f0, f1, y FROM series ORDER BY gid, part, pos"
 
 
-def make_series(con: duckdb.DuckDBPyConnection, parts: Sequence[Sequence[int]], table: str = "series") -> None:
+def make_series(
+    con: duckdb.DuckDBPyConnection, parts: Sequence[Sequence[int]], table: str = "series"
+) -> None:
     """Create ``table``: group g has partitions with ``parts[g][p]`` rows each.
 
     Columns: gid INTEGER, part INTEGER, pos BIGINT (row number within the group), rid BIGINT

@@ -1,0 +1,96 @@
+"""Split an epoch's samples across DDP ranks and DataLoader workers.
+
+The groups, in the epoch's (shuffled) group order, are laid end to end as one sequence of
+samples; that sequence is cut into ``world_size`` contiguous runs of equal length (±1), and a
+rank's run is cut again the same way for its workers. A run may start or end inside a group: a
+:class:`WorkUnit` is one group's contiguous range of samples, and serving it loads only the
+partitions that range touches (a cut group costs one extra partition fetch on each side).
+
+Every rank yields the same number of samples: with ``even_batches="pad"`` (the default, as
+``DistributedSampler``) a shorter rank repeats the first sample(s) of its own shard; with
+``"drop"`` every rank stops at the shortest rank's count and the remainder is dropped. The split
+is a pure function of (plan, seed, epoch, rank, world_size, worker, num_workers).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from .plan import GroupPlan
+
+__all__ = ["EvenBatches", "WorkUnit", "shard_samples", "split_units"]
+
+EvenBatches = Literal["pad", "drop"]
+
+
+@dataclass(frozen=True)
+class WorkUnit:
+    """Samples ``[first, stop)`` of one group (indices as in the whole group)."""
+
+    group: GroupPlan
+    first: int
+    stop: int
+
+    @property
+    def samples(self) -> int:
+        return self.stop - self.first
+
+
+def shard_samples(total: int, world_size: int, even_batches: EvenBatches) -> int:
+    """Samples every rank yields: the same number on every rank."""
+    return -(-total // world_size) if even_batches == "pad" else total // world_size
+
+
+def _cut(units: Sequence[WorkUnit], begin: int, end: int) -> list[WorkUnit]:
+    """The units covering positions ``[begin, end)`` of the concatenated sample sequence."""
+    cut: list[WorkUnit] = []
+    position = 0
+    for unit in units:
+        lo, hi = max(begin, position), min(end, position + unit.samples)
+        if lo < hi:
+            offset = unit.first - position
+            cut.append(WorkUnit(unit.group, lo + offset, hi + offset))
+        position += unit.samples
+    return cut
+
+
+def _share(units: Sequence[WorkUnit], parts: int, index: int, size: int, total: int) -> list[WorkUnit]:
+    """Part ``index`` of ``parts`` near-equal contiguous runs, topped up to ``size`` samples."""
+    begin = index * total // parts
+    end = (index + 1) * total // parts
+    share = _cut(units, begin, min(end, begin + size))
+    missing = size - sum(u.samples for u in share)
+    source = share or list(units)
+    while missing > 0 and source:
+        wrap = _cut(source, 0, missing)
+        share += wrap
+        missing -= sum(u.samples for u in wrap)
+    return share
+
+
+def split_units(
+    groups_in_order: Sequence[GroupPlan],
+    rank: int,
+    world_size: int,
+    worker: int,
+    num_workers: int,
+    even_batches: EvenBatches,
+) -> list[WorkUnit]:
+    """The work units of one (rank, worker), in the order it serves them.
+
+    Invariants: over all ranks, the units without padding cover every sample exactly once; each
+    rank holds :func:`shard_samples` samples; workers of a rank split its units disjointly.
+    """
+    whole = [WorkUnit(g, 0, g.samples) for g in groups_in_order if g.samples > 0]
+    total = sum(u.samples for u in whole)
+    rank_units = whole
+    if world_size > 1:
+        rank_units = _share(whole, world_size, rank, shard_samples(total, world_size, even_batches), total)
+    if num_workers == 1:
+        return rank_units
+    rank_total = sum(u.samples for u in rank_units)
+    begin = worker * rank_total // num_workers
+    end = (worker + 1) * rank_total // num_workers
+    return _cut(rank_units, begin, end)

@@ -1,0 +1,127 @@
+"""Batch counting and gathering samples into one batch."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch.utils.data import DataLoader, TensorDataset
+
+from ddbloader.batch import batch_count, gather
+from ddbloader.manager import Piece, Segment
+from ddbloader.source import Block, ColumnLayout
+from ddbloader.window import WindowGeometry
+
+
+@settings(max_examples=60, deadline=None)
+@given(samples=st.integers(0, 50), batch_size=st.integers(1, 12), drop_last=st.booleans())
+def test_batch_count_matches_torch(samples: int, batch_size: int, drop_last: bool) -> None:
+    dataset = TensorDataset(torch.arange(samples))
+    torch_loader = DataLoader(dataset, batch_size=batch_size, drop_last=drop_last)
+    assert batch_count(samples, batch_size, drop_last) == len(torch_loader) == len(list(torch_loader))
+
+
+@pytest.mark.parametrize(
+    ("samples", "batch_size", "drop_last", "count"),
+    [
+        (0, 3, False, 0),
+        (0, 3, True, 0),
+        (2, 3, False, 1),
+        (2, 3, True, 0),
+        (9, 3, True, 3),
+        (10, 3, False, 4),
+    ],
+)
+def test_batch_count_examples(samples: int, batch_size: int, drop_last: bool, count: int) -> None:
+    assert batch_count(samples, batch_size, drop_last) == count
+
+
+def layout(fx: int, fy: int, x_dtype: Any, y_dtype: Any) -> ColumnLayout:
+    return ColumnLayout(
+        tuple(f"x{j}" for j in range(fx)),
+        tuple(f"y{j}" for j in range(fy)),
+        np.dtype(x_dtype),
+        np.dtype(y_dtype),
+        frozenset(),
+    )
+
+
+def block(rows: int, fx: int, fy: int, x_dtype: Any, y_dtype: Any, base: int) -> Block:
+    """x[r, j] = base + 10 r + j and y[r, j] = -(base + 10 r + j): every value names its row."""
+    x = base + 10 * np.arange(rows)[:, None] + np.arange(fx)[None, :]
+    y = base + 10 * np.arange(rows)[:, None] + np.arange(fy)[None, :]
+    return Block(np.ascontiguousarray(x, dtype=x_dtype), np.ascontiguousarray(-y, dtype=y_dtype))
+
+
+def piece(segment: Segment, starts: list[int]) -> Piece:
+    return Piece(segment, np.array(starts, dtype=np.int64))
+
+
+@pytest.mark.parametrize(
+    ("x_dtype", "y_dtype"), [(np.float32, np.float32), (np.int32, np.float64), (np.int64, np.int64)]
+)
+def test_gather_windowed(x_dtype: Any, y_dtype: Any) -> None:
+    geometry = WindowGeometry(x_window=3, y_window=2, stride=1, offset=4, windowed=True)
+    first, second = block(9, 2, 1, x_dtype, y_dtype, 0), block(7, 2, 1, x_dtype, y_dtype, 1000)
+    pieces = [
+        piece(Segment(first, geometry), [3, 0]),
+        piece(Segment(second, geometry), [1]),
+    ]
+    x, y = gather(pieces, geometry, layout(2, 1, x_dtype, y_dtype), pin=False)
+    assert x.shape == (3, 3, 2)
+    assert y.shape == (3, 2, 1)
+    assert x.dtype == torch.from_numpy(np.empty(0, x_dtype)).dtype
+    assert y.dtype == torch.from_numpy(np.empty(0, y_dtype)).dtype
+    expected_x = [first.x[3:6], first.x[0:3], second.x[1:4]]
+    expected_y = [first.y[7:9], first.y[4:6], second.y[5:7]]
+    for k in range(3):
+        assert np.array_equal(x[k].numpy(), expected_x[k])
+        assert np.array_equal(y[k].numpy(), expected_y[k])
+    assert x.is_contiguous()
+    assert y.is_contiguous()
+    assert not x.is_pinned()
+
+
+def test_gather_unwindowed_with_offset() -> None:
+    geometry = WindowGeometry(x_window=1, y_window=1, stride=1, offset=2, windowed=False)
+    rows = block(6, 3, 2, np.float64, np.float64, 0)
+    x, y = gather([piece(Segment(rows, geometry), [0, 3, 1])], geometry, layout(3, 2, "f8", "f8"), pin=False)
+    assert x.shape == (3, 3)
+    assert y.shape == (3, 2)
+    assert np.array_equal(x.numpy(), rows.x[[0, 3, 1]])
+    assert np.array_equal(y.numpy(), rows.y[[2, 5, 3]])
+
+
+def test_gather_copies_out_of_the_segments() -> None:
+    geometry = WindowGeometry(x_window=2, y_window=1, stride=1, offset=2, windowed=True)
+    rows = block(5, 1, 1, np.float32, np.float32, 0)
+    segment = Segment(rows, geometry)
+    x, y = gather([piece(segment, [0, 1])], geometry, layout(1, 1, "f4", "f4"), pin=False)
+    before = x.clone(), y.clone()
+    rows.x[:] = -1
+    rows.y[:] = -1
+    assert torch.equal(x, before[0])
+    assert torch.equal(y, before[1])
+    assert segment.x_windows[0, 0, 0].item() == -1  # the segment itself views the block
+
+
+def test_gather_nothing() -> None:
+    geometry = WindowGeometry(x_window=4, y_window=2, stride=1, offset=4, windowed=True)
+    x, y = gather([], geometry, layout(3, 2, "f4", "f8"), pin=False)
+    assert x.shape == (0, 4, 3)
+    assert y.shape == (0, 2, 2)
+    assert y.dtype == torch.float64
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="pinning needs an accelerator")
+def test_gather_pins_when_asked() -> None:
+    geometry = WindowGeometry(x_window=1, y_window=1, stride=1, offset=0, windowed=False)
+    rows = block(3, 1, 1, np.float32, np.float32, 0)
+    x, y = gather([piece(Segment(rows, geometry), [2])], geometry, layout(1, 1, "f4", "f4"), pin=True)
+    assert x.is_pinned()
+    assert y.is_pinned()
+    assert x.item() == 20.0

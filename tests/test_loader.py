@@ -1,0 +1,646 @@
+"""DDBDataLoader: exact small examples, epochs, lifecycle, threads and error transport.
+
+Tables come from ``make_series``: f0 = rid = gid * 1_000_000 + pos and y = rid + 0.5, so the
+expected tensors below are written as the row positions each sample must hold.
+"""
+
+from __future__ import annotations
+
+import gc
+import re
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pytest
+import torch
+from conftest import SERIES_SQL, FaultyBackend, live_threads, make_series
+
+from ddbloader import DDBDataLoader
+
+pytestmark = pytest.mark.timeout(60)
+
+Batch = tuple[torch.Tensor, torch.Tensor]
+REPO = Path(__file__).resolve().parents[1]
+
+
+def rid(group: int, position: int) -> float:
+    return float(group * 1_000_000 + position)
+
+
+def no_threads(grace: float = 2.0) -> bool:
+    """True once no ddbloader thread is alive, allowing ``grace`` seconds for joins to finish."""
+    deadline = time.monotonic() + grace
+    while live_threads():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def f0_loader(con: duckdb.DuckDBPyConnection, **kwargs: Any) -> DDBDataLoader:
+    return DDBDataLoader(con, SERIES_SQL, "y", input_col=["f0"], **kwargs)
+
+
+def expected(samples: Sequence[tuple[Sequence[int], Sequence[int]]], windowed: bool, group: int = 0) -> Batch:
+    """x and y of samples given as (x row positions, y row positions) of one group."""
+    if windowed:
+        x = torch.tensor([[[rid(group, p)] for p in xs] for xs, _ in samples], dtype=torch.float64)
+        y = torch.tensor([[[rid(group, p) + 0.5] for p in ys] for _, ys in samples], dtype=torch.float64)
+    else:
+        x = torch.tensor([[rid(group, xs[0])] for xs, _ in samples], dtype=torch.float64)
+        y = torch.tensor([[rid(group, ys[0]) + 0.5] for _, ys in samples], dtype=torch.float64)
+    return x, y
+
+
+def assert_batches_equal(got: Sequence[Batch], want: Sequence[Batch]) -> None:
+    assert len(got) == len(want)
+    for (gx, gy), (wx, wy) in zip(got, want, strict=True):
+        assert gx.dtype == wx.dtype and gy.dtype == wy.dtype
+        torch.testing.assert_close(gx, wx, rtol=0, atol=0)
+        torch.testing.assert_close(gy, wy, rtol=0, atol=0)
+
+
+# --- exact small examples ------------------------------------------------------------------------
+
+
+def test_plain_case_one_row_per_sample(con: duckdb.DuckDBPyConnection) -> None:
+    make_series(con, [[5]])
+    with DDBDataLoader(con, SERIES_SQL, "y", batch_size=2, input_col=["f0", "f1"]) as loader:
+        assert len(loader) == 3
+        got = list(loader)
+    assert [tuple(x.shape) for x, _ in got] == [(2, 2), (2, 2), (1, 2)]
+    assert [tuple(y.shape) for _, y in got] == [(2, 1), (2, 1), (1, 1)]
+    x = torch.cat([b[0] for b in got])
+    y = torch.cat([b[1] for b in got])
+    assert x.tolist() == [[p, -p] for p in (0.0, 1.0, 2.0, 3.0, 4.0)]
+    assert y.tolist() == [[0.5], [1.5], [2.5], [3.5], [4.5]]
+
+
+def test_plain_case_default_columns_keep_the_target_in_x(con: duckdb.DuckDBPyConnection) -> None:
+    make_series(con, [[2, 1]])
+    with DDBDataLoader(con, SERIES_SQL, "y", batch_size=3) as loader:
+        ((x, y),) = list(loader)
+    # gid, part, pos, rid, f0, f1, y: INTEGER, BIGINT and DOUBLE promote to float64
+    assert x.dtype == torch.float64
+    assert x.tolist() == [
+        [0, 0, 0, 0, 0, -0.0, 0.5],
+        [0, 0, 1, 1, 1, -1, 1.5],
+        [0, 1, 2, 2, 2, -2, 2.5],
+    ]
+    assert y.tolist() == [[0.5], [1.5], [2.5]]
+
+
+WINDOW_CASES = [
+    pytest.param(5, {"offset": 2}, [([0], [2]), ([1], [3]), ([2], [4])], id="offset-no-window"),
+    pytest.param(3, {"window_size": 1}, [([0], [1]), ([1], [2])], id="window-1-is-windowed"),
+    pytest.param(
+        6,
+        {"window_size": 2},
+        [([0, 1], [2]), ([1, 2], [3]), ([2, 3], [4]), ([3, 4], [5])],
+        id="window-n",
+    ),
+    pytest.param(
+        7,
+        {"window_size": [3, 2]},
+        [([0, 1, 2], [3, 4]), ([1, 2, 3], [4, 5]), ([2, 3, 4], [5, 6])],
+        id="window-pair",
+    ),
+    pytest.param(
+        5,
+        {"window_size": [3, 2], "offset": 1},
+        [([0, 1, 2], [1, 2]), ([1, 2, 3], [2, 3]), ([2, 3, 4], [3, 4])],
+        id="window-pair-offset-inside-x",
+    ),
+    pytest.param(
+        4, {"window_size": 2, "offset": 0}, [([0, 1], [0]), ([1, 2], [1]), ([2, 3], [2])], id="offset-0"
+    ),
+    pytest.param(
+        7,
+        {"window_size": 2, "window_stride": 2},
+        [([0, 1], [2]), ([2, 3], [4]), ([4, 5], [6])],
+        id="stride",
+    ),
+    pytest.param(
+        7,
+        {"window_size": 2, "window_stride": [2, 3]},
+        [([0, 1], [2]), ([2, 3], [4]), ([4, 5], [6])],
+        id="stride-pair-second-value-does-not-move-y",
+    ),
+    pytest.param(
+        9,
+        {"window_size": [2, 2], "window_stride": 3},
+        [([0, 1], [2, 3]), ([3, 4], [5, 6])],
+        id="stride-window-pair",
+    ),
+]
+
+
+@pytest.mark.parametrize(("rows", "kwargs", "samples"), WINDOW_CASES)
+def test_windows_offsets_and_strides(
+    con: duckdb.DuckDBPyConnection,
+    rows: int,
+    kwargs: dict[str, Any],
+    samples: list[tuple[list[int], list[int]]],
+) -> None:
+    make_series(con, [[rows]])
+    with f0_loader(con, batch_size=len(samples), **kwargs) as loader:
+        assert len(loader) == 1
+        got = list(loader)
+    assert_batches_equal(got, [expected(samples, windowed="window_size" in kwargs)])
+
+
+def test_windows_continue_across_repartitions_but_not_across_groups(
+    con: duckdb.DuckDBPyConnection,
+) -> None:
+    make_series(con, [[2, 3], [3, 1]])
+    with f0_loader(con, batch_size=2, window_size=2, group_col="gid", repartition_col="part") as loader:
+        assert len(loader) == 3
+        got = list(loader)
+    g0 = expected([([0, 1], [2]), ([1, 2], [3]), ([2, 3], [4])], windowed=True, group=0)
+    g1 = expected([([0, 1], [2]), ([1, 2], [3])], windowed=True, group=1)
+    x = torch.cat([g0[0], g1[0]])
+    y = torch.cat([g0[1], g1[1]])
+    assert_batches_equal(got, [(x[0:2], y[0:2]), (x[2:4], y[2:4]), (x[4:5], y[4:5])])
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_a_window_spans_several_small_repartitions(con: duckdb.DuckDBPyConnection, shuffle: bool) -> None:
+    make_series(con, [[1, 1, 1, 2]])
+    with f0_loader(
+        con, batch_size=4, window_size=3, repartition_col="part", shuffle=shuffle, seed=3
+    ) as loader:
+        ((x, y),) = list(loader)
+    order = torch.argsort(x[:, 0, 0])
+    assert_batches_equal([(x[order], y[order])], [expected([([0, 1, 2], [3]), ([1, 2, 3], [4])], True)])
+
+
+def test_groups_too_short_for_a_window_yield_nothing_even_if_their_rows_would_chain(
+    con: duckdb.DuckDBPyConnection,
+) -> None:
+    make_series(con, [[2], [2]])
+    with (
+        pytest.warns(UserWarning, match="yield no samples"),
+        f0_loader(con, window_size=2, group_col="gid") as loader,
+    ):
+        assert len(loader) == 0
+        assert list(loader) == []
+    # the same rows as one series do chain into samples
+    sql = "SELECT f0, y FROM series ORDER BY rid"
+    with DDBDataLoader(con, sql, "y", input_col=["f0"], window_size=2) as loader:
+        assert len(loader) == 2
+
+
+def test_a_query_without_rows_yields_no_batches(con: duckdb.DuckDBPyConnection) -> None:
+    make_series(con, [[3]])
+    with f0_loader(con, window_size=2) as loader:
+        assert len(loader) == 1
+    with DDBDataLoader(con, "SELECT f0, y FROM series WHERE f0 < 0", "y") as loader:
+        assert len(loader) == 0
+        assert list(loader) == []
+    assert no_threads()
+
+
+@pytest.mark.parametrize("rows", [5, 6])
+@pytest.mark.parametrize("batch_size", [1, 2, 3, 6, 7])
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_batch_size_and_drop_last_count_as_torch(
+    con: duckdb.DuckDBPyConnection, rows: int, batch_size: int, drop_last: bool
+) -> None:
+    make_series(con, [[rows]])
+    reference = list(torch.utils.data.DataLoader(range(rows), batch_size=batch_size, drop_last=drop_last))
+    with f0_loader(con, batch_size=batch_size, drop_last=drop_last) as loader:
+        assert len(loader) == len(reference)
+        got = list(loader)
+    assert [len(x) for x, _ in got] == [len(b) for b in reference]
+    seen = [int(v) for x, _ in got for v in x[:, 0].tolist()]
+    assert seen == [int(v) for b in reference for v in b.tolist()]
+
+
+@pytest.mark.parametrize("device", ["cpu", torch.device("cpu")])
+def test_device_cpu(con: duckdb.DuckDBPyConnection, device: str | torch.device) -> None:
+    make_series(con, [[4]])
+    with f0_loader(con, batch_size=2, window_size=2, device=device) as loader:
+        got = list(loader)
+    assert len(got) == 1
+    assert all(t.device == torch.device("cpu") for batch in got for t in batch)
+
+
+@pytest.mark.parametrize(
+    ("columns", "dtype", "x_dtype", "y_dtype"),
+    [
+        (["f0"], None, torch.float64, torch.float64),
+        (["pos"], None, torch.int64, torch.float64),
+        (["gid"], None, torch.int32, torch.float64),
+        (["gid", "pos"], None, torch.int64, torch.float64),
+        (["pos", "f0"], None, torch.float64, torch.float64),
+        (["pos", "f0"], torch.float32, torch.float32, torch.float32),
+        (["pos"], (torch.float64, torch.float32), torch.float64, torch.float32),
+    ],
+)
+def test_dtype(
+    con: duckdb.DuckDBPyConnection,
+    columns: list[str],
+    dtype: Any,
+    x_dtype: torch.dtype,
+    y_dtype: torch.dtype,
+) -> None:
+    make_series(con, [[3]])
+    with DDBDataLoader(con, SERIES_SQL, "y", batch_size=3, input_col=columns, dtype=dtype) as loader:
+        ((x, y),) = list(loader)
+    assert (x.dtype, y.dtype) == (x_dtype, y_dtype)
+    by_name = {"f0": [0.0, 1.0, 2.0], "pos": [0, 1, 2], "gid": [0, 0, 0]}
+    assert x.tolist() == [list(row) for row in zip(*(by_name[c] for c in columns), strict=True)]
+    assert y.tolist() == [[0.5], [1.5], [2.5]]
+
+
+# --- len, epochs, lifecycle ----------------------------------------------------------------------
+
+
+def _shuffled(source: Any, **kwargs: Any) -> DDBDataLoader:
+    options: dict[str, Any] = {
+        "batch_size": 4,
+        "window_size": 3,
+        "shuffle": True,
+        "seed": 11,
+        "group_col": "gid",
+        "repartition_col": "part",
+        "group_pool_size": 2,
+    }
+    options.update(kwargs)
+    return DDBDataLoader(source, SERIES_SQL, "y", input_col=["f0"], **options)
+
+
+def _starts(batches: Sequence[Batch]) -> list[float]:
+    return [float(v) for x, _ in batches for v in x[:, 0, 0].tolist()]
+
+
+def _series_windows() -> list[float]:
+    parts = [[10, 7, 12], [15, 6], [8, 9, 11, 10]]
+    return sorted(rid(g, s) for g, sizes in enumerate(parts) for s in range(sum(sizes) - 3))
+
+
+def test_len_is_exact_before_any_partition_is_fetched(
+    series: duckdb.DuckDBPyConnection, faulty: Callable[..., FaultyBackend]
+) -> None:
+    backend = faulty(series)
+    loader = _shuffled(backend)
+    backend.planning = False
+    # (10+7+12-3) + (15+6-3) + (8+9+11+10-3) = 79 windows in batches of 4
+    assert len(loader) == 20
+    assert backend.fetches == 0
+    iterator = iter(loader)
+    assert len(iterator) == 20
+    next(iterator)
+    assert len(iterator) == 19
+    assert len(list(iterator)) == 19
+    assert backend.fetches == 9
+    loader.close()
+
+
+def test_iterating_again_runs_the_next_epoch_and_set_epoch_replays_one(
+    series: duckdb.DuckDBPyConnection,
+) -> None:
+    with _shuffled(series) as loader:
+        assert loader.epoch == 0
+        first = list(loader)
+        assert loader.epoch == 1
+        second = list(loader)
+        assert loader.epoch == 2
+        loader.set_epoch(0)
+        again = list(loader)
+    assert sorted(_starts(first)) == sorted(_starts(second)) == _series_windows()
+    assert _starts(first) != _starts(second)
+    assert_batches_equal(again, first)
+    with _shuffled(series) as other:
+        other.set_epoch(1)
+        assert_batches_equal(list(other), second)
+        assert other.epoch == 2
+
+
+def test_without_shuffle_every_epoch_is_the_same(series: duckdb.DuckDBPyConnection) -> None:
+    with _shuffled(series, shuffle=False) as loader:
+        first, second = list(loader), list(loader)
+    assert_batches_equal(first, second)
+    assert _starts(first) == _series_windows()
+
+
+@pytest.mark.parametrize("epoch", [-1, 1.0, True, "1"])
+def test_set_epoch_refuses_what_is_not_an_epoch(series: duckdb.DuckDBPyConnection, epoch: Any) -> None:
+    with _shuffled(series) as loader, pytest.raises(ValueError, match="epoch"):
+        loader.set_epoch(epoch)
+
+
+def test_with_block_closes_the_loader_and_what_it_opened(tmp_path: Path) -> None:
+    path = tmp_path / "series.duckdb"
+    writer = duckdb.connect(str(path))
+    make_series(writer, [[6, 5]])
+    writer.close()
+    with _shuffled(str(path)) as loader:
+        iterator = iter(loader)
+        assert next(iterator)[0].shape == (4, 3, 1)
+        assert live_threads()
+        with pytest.raises(duckdb.ConnectionException):
+            duckdb.connect(str(path))  # the loader holds the file open read-only
+    assert no_threads()
+    with pytest.raises(RuntimeError, match="closed"):
+        iter(loader)
+    duckdb.connect(str(path)).close()
+
+
+def test_with_block_exited_by_an_exception_stops_the_threads(series: duckdb.DuckDBPyConnection) -> None:
+    with pytest.raises(ZeroDivisionError), _shuffled(series) as loader:
+        iterator = iter(loader)
+        next(iterator)
+        assert live_threads()
+        _ = 1 / 0
+    assert no_threads()
+
+
+def test_closed_loader_refuses_to_iterate_and_its_iterator_stops(series: duckdb.DuckDBPyConnection) -> None:
+    loader = _shuffled(series)
+    iterator = iter(loader)
+    next(iterator)
+    loader.close()
+    loader.close()
+    assert no_threads()
+    with pytest.raises(StopIteration):
+        next(iterator)
+    with pytest.raises(RuntimeError, match="closed"):
+        iter(loader)
+    with pytest.raises(RuntimeError, match="closed"):
+        for _ in loader:
+            pass
+
+
+def test_a_temporary_loader_stays_alive_while_its_iterator_runs(series: duckdb.DuckDBPyConnection) -> None:
+    count = sum(1 for _ in _shuffled(series))
+    assert count == 20
+    assert no_threads()
+
+
+def test_a_new_iteration_over_an_abandoned_one_is_safe(series: duckdb.DuckDBPyConnection) -> None:
+    with _shuffled(series) as reference:
+        epoch0, epoch1 = list(reference), list(reference)
+    with _shuffled(series) as loader:
+        old = iter(loader)
+        head = [next(old), next(old)]
+        new = iter(loader)
+        with pytest.raises(StopIteration):
+            next(old)
+        rest = list(new)
+    assert_batches_equal(head, epoch0[:2])
+    assert_batches_equal(rest, epoch1)
+    assert no_threads()
+
+
+def test_inline_assembly_gives_the_same_batches(series: duckdb.DuckDBPyConnection) -> None:
+    runs = []
+    for prefetch_batch, fetch_threads in [(0, 1), (1, 2), (3, 3)]:
+        with _shuffled(series, prefetch_batch=prefetch_batch, fetch_threads=fetch_threads) as loader:
+            runs.append(list(loader))
+    assert len(runs[0]) == 20
+    assert_batches_equal(runs[1], runs[0])
+    assert_batches_equal(runs[2], runs[0])
+
+
+# --- threads -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("prefetch_batch", "assembler"), [(0, []), (2, ["ddbloader-assemble"])])
+def test_threads_are_named_daemons(
+    series: duckdb.DuckDBPyConnection, prefetch_batch: int, assembler: list[str]
+) -> None:
+    with _shuffled(series, prefetch_batch=prefetch_batch, fetch_threads=3) as loader:
+        iterator = iter(loader)
+        next(iterator)
+        threads = [t for t in threading.enumerate() if t.name.startswith("ddbloader")]
+        assert sorted(t.name for t in threads) == [
+            *assembler,
+            "ddbloader-fetch-0",
+            "ddbloader-fetch-1",
+            "ddbloader-fetch-2",
+        ]
+        assert all(t.daemon for t in threads)
+    assert no_threads()
+
+
+def test_no_threads_left_after_200_early_breaks(series: duckdb.DuckDBPyConnection) -> None:
+    with _shuffled(series) as loader:
+        for _ in range(200):
+            for x, _y in loader:
+                assert x.shape == (4, 3, 1)
+                break
+            assert no_threads(), live_threads()
+        assert loader.epoch == 200
+        assert len(list(loader)) == 20
+    assert no_threads()
+
+
+def test_no_threads_left_after_close(series: duckdb.DuckDBPyConnection) -> None:
+    loader = _shuffled(series)
+    iterator = iter(loader)
+    next(iterator)
+    assert live_threads()
+    loader.close()
+    assert no_threads()
+
+
+def test_no_threads_left_after_gc_of_an_abandoned_iterator(series: duckdb.DuckDBPyConnection) -> None:
+    with _shuffled(series) as loader:
+        iterator = iter(loader)
+        next(iterator)
+        del iterator
+        gc.collect()
+        assert no_threads()
+        # only the garbage collector can reach an iterator caught in a reference cycle
+        gc.disable()
+        try:
+            cycle: dict[str, Any] = {"iterator": iter(loader)}
+            cycle["self"] = cycle
+            next(cycle["iterator"])
+            del cycle
+            assert live_threads()
+            gc.collect()
+        finally:
+            gc.enable()
+        assert no_threads()
+
+
+def test_gc_running_in_the_abandoned_iterators_own_fetch_thread_does_not_stall(
+    series: duckdb.DuckDBPyConnection, faulty: Callable[..., FaultyBackend]
+) -> None:
+    def collect_then_fail() -> BaseException:
+        gc.collect()
+        return OSError("fetch after the collection")
+
+    # one fetch thread, three partitions requested up front: the third fetch starts after the
+    # iterator is dropped and runs the collection (hence its finalizer) in that fetch thread
+    backend = faulty(series, fail_on=[3], hang_on=[3], hang_seconds=0.3, error=collect_then_fail)
+    loader = _shuffled(backend, shuffle=False, fetch_threads=1, group_pool_size=1, prepartition_num=3)
+    backend.planning = False
+    gc.disable()
+    try:
+        cycle: dict[str, Any] = {"iterator": iter(loader)}
+        cycle["self"] = cycle
+        next(cycle["iterator"])
+        assert backend.fetches < 3
+        del cycle
+        started = time.monotonic()
+        assert no_threads(grace=4.0)
+        assert time.monotonic() - started < 2.0
+        assert backend.fetches == 3
+    finally:
+        gc.enable()
+        loader.close()
+
+
+def test_no_threads_left_after_an_exception_in_the_loop_body(series: duckdb.DuckDBPyConnection) -> None:
+    with _shuffled(series) as loader:
+        with pytest.raises(KeyError):
+            for _ in loader:
+                raise KeyError("consumer failed")
+        assert no_threads()
+        assert len(list(loader)) == 20
+
+
+def test_interpreter_exit_never_hangs_on_abandoned_iterators(tmp_path: Path) -> None:
+    script = textwrap.dedent(
+        f"""
+        import sys
+        sys.path[:0] = [{str(REPO)!r}, {str(REPO / "tests")!r}]
+        import duckdb
+        from conftest import SERIES_SQL, make_series
+        from ddbloader import DDBDataLoader
+
+        con = duckdb.connect()
+        make_series(con, [[40, 40], [40]])
+        kwargs = dict(batch_size=2, window_size=3, group_col="gid", repartition_col="part")
+        # the assembler fills its queue and blocks; nobody closes anything
+        held = iter(DDBDataLoader(con, SERIES_SQL, "y", prefetch_batch=1, **kwargs))
+        next(held)
+        cycle = {{"it": iter(DDBDataLoader(con, SERIES_SQL, "y", shuffle=True, **kwargs))}}
+        cycle["self"] = cycle
+        next(cycle["it"])
+        del cycle
+        print("done", flush=True)
+        """
+    )
+    started = time.monotonic()
+    result = subprocess.run(
+        [sys.executable, "-c", script], check=False, capture_output=True, text=True, timeout=60, cwd=tmp_path
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "done"
+    assert time.monotonic() - started < 30
+
+
+# --- errors --------------------------------------------------------------------------------------
+
+
+class InjectedError(Exception):
+    """A library-specific failure whose type the consumer must see."""
+
+    def __init__(self, code: int, detail: str) -> None:
+        super().__init__(f"[{code}] {detail}")
+
+
+class InjectedAbort(BaseException):
+    """Not an Exception: must still travel, not vanish in a thread."""
+
+
+ERRORS: list[Any] = [
+    pytest.param(lambda: OSError("injected fault"), id="OSError"),
+    pytest.param(lambda: InjectedError(7, "custom"), id="custom"),
+    pytest.param(lambda: InjectedAbort("abort"), id="BaseException"),
+]
+
+
+@pytest.mark.timeout(20)
+@pytest.mark.parametrize("make_error", ERRORS)
+@pytest.mark.parametrize("prefetch_batch", [0, 2])
+def test_fetch_error_reaches_the_consumer_with_its_type_subquery_and_frames(
+    series: duckdb.DuckDBPyConnection,
+    faulty: Callable[..., FaultyBackend],
+    make_error: Callable[[], BaseException],
+    prefetch_batch: int,
+) -> None:
+    raised: list[BaseException] = []
+
+    def record() -> BaseException:
+        raised.append(make_error())
+        return raised[-1]
+
+    backend = faulty(series, fail_on=[2], error=record)
+    loader = _shuffled(backend, shuffle=False, fetch_threads=1, prefetch_batch=prefetch_batch)
+    backend.planning = False
+    error_type = type(make_error())
+    with pytest.raises(error_type) as caught:
+        for _ in loader:
+            pass
+    assert caught.value is raised[0]
+    notes = caught.value.__notes__
+    # one fetch thread fetches in submission order: fetch 2 is group 0's second partition
+    fetch_note = (
+        f"raised in thread 'ddbloader-fetch-0' while fetching partition 1 of group 0 "
+        f"(subquery {loader.plan.groups[0].partitions[1].sql!r} with parameters [0, 1])"
+    )
+    assert fetch_note in notes
+    assert re.search(r"WHERE gid = \$1 AND part = \$2", fetch_note)
+    assert ("raised in thread 'ddbloader-assemble' while assembling batches" in notes) == bool(prefetch_batch)
+    frames = "".join(traceback.format_exception(caught.value))
+    assert "in before_fetch" in frames
+    assert "in _fetch_worker" in frames
+    assert no_threads()
+    # the failure does not poison the loader: the next epoch runs whole
+    assert len(list(loader)) == len(loader)
+    loader.close()
+
+
+@pytest.mark.timeout(20)
+def test_fetch_error_with_several_fetch_threads_names_its_subquery(
+    series: duckdb.DuckDBPyConnection, faulty: Callable[..., FaultyBackend]
+) -> None:
+    backend = faulty(series, fail_on=[4], jitter=0.01)
+    loader = _shuffled(backend, fetch_threads=3)
+    backend.planning = False
+    with pytest.raises(OSError, match="injected fault") as caught:
+        list(loader)
+    (note,) = [n for n in caught.value.__notes__ if "fetching" in n]
+    assert re.fullmatch(
+        r"raised in thread 'ddbloader-fetch-[0-2]' while fetching partition \d of group \d "
+        r"\(subquery '.*' with parameters \[\d, \d\]\)",
+        note,
+    )
+    assert no_threads()
+    loader.close()
+
+
+@pytest.mark.timeout(20)
+@pytest.mark.parametrize("prefetch_batch", [0, 1])
+def test_a_hanging_fetch_times_out_promptly_and_leaves_no_threads(
+    series: duckdb.DuckDBPyConnection, faulty: Callable[..., FaultyBackend], prefetch_batch: int
+) -> None:
+    backend = faulty(series, hang_on=[1], hang_seconds=1.5)
+    loader = _shuffled(backend, shuffle=False, fetch_threads=1, timeout=0.5, prefetch_batch=prefetch_batch)
+    backend.planning = False
+    started = time.monotonic()
+    with pytest.raises(TimeoutError) as caught:
+        next(iter(loader))
+    elapsed = time.monotonic() - started
+    message = str(caught.value)
+    assert "0.5 s" in message
+    assert "fetching partition 0 of group 0" in message
+    assert "with parameters [0, 0]" in message
+    # The fetch wait times out at 0.5 s; joining the hung thread takes until its sleep ends, and
+    # must not let the consumer's batch timeout (1 s) replace the error that names the subquery.
+    assert 0.5 <= elapsed < 1.5 + 1.0
+    assert no_threads()
+    loader.close()

@@ -1,0 +1,305 @@
+"""Sample emission through the real loader: coverage, group boundaries, alignment, batching, memory.
+
+Every table comes from ``make_series``: x is the single column ``f0`` (the row id ``rid``, which
+is ``gid * 1_000_000 + row number within the group``) and y is ``rid + 0.5``, so each batch says
+exactly which rows every sample holds. The expected samples are computed here from the group
+sizes alone, independently of the library's window arithmetic.
+"""
+
+from __future__ import annotations
+
+import threading
+import warnings
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import duckdb
+import pytest
+import torch
+from conftest import SERIES_SQL, FaultyBackend, make_series
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ddbloader import DDBDataLoader
+from ddbloader.backends import DuckDBBackend
+from ddbloader.fetch import Fetcher
+from ddbloader.manager import GroupPool
+
+GROUP_ROWS = 1_000_000
+
+
+@dataclass(frozen=True)
+class Case:
+    """One loader configuration over one table."""
+
+    parts: list[list[int]]
+    windowed: bool
+    x_window: int
+    y_window: int
+    stride: int
+    offset: int | None
+    batch_size: int
+    drop_last: bool
+    shuffle: bool
+    seed: int
+    epoch: int
+    group_pool_size: int
+    prepartition_num: int
+    fetch_threads: int
+    prefetch_batch: int
+    repartitioned: bool
+    grouped: bool
+
+    @property
+    def effective_offset(self) -> int:
+        if self.offset is not None:
+            return self.offset
+        return self.x_window if self.windowed else 0
+
+    @property
+    def span(self) -> int:
+        return max(self.x_window, self.effective_offset + self.y_window)
+
+    def kwargs(self) -> dict[str, Any]:
+        return {
+            "batch_size": self.batch_size,
+            "shuffle": self.shuffle,
+            "window_size": [self.x_window, self.y_window] if self.windowed else None,
+            "window_stride": self.stride,
+            "offset": self.offset,
+            "input_col": ["f0"],
+            "group_col": "gid" if self.grouped else None,
+            "repartition_col": "part" if self.repartitioned else None,
+            "seed": self.seed,
+            "drop_last": self.drop_last,
+            "group_pool_size": self.group_pool_size,
+            "prepartition_num": self.prepartition_num,
+            "fetch_threads": self.fetch_threads,
+            "prefetch_batch": self.prefetch_batch,
+            "timeout": 30.0,
+        }
+
+
+def expected_starts(case: Case) -> list[int]:
+    """Start rids of every valid window, group by group in row order."""
+    starts = []
+    for gid, sizes in enumerate(case.parts):
+        rows = sum(sizes)
+        s = 0
+        while s + case.span <= rows:
+            starts.append(gid * GROUP_ROWS + s)
+            s += case.stride
+    return starts
+
+
+def touched_partitions(case: Case) -> int:
+    """Non-empty partitions that hold at least one row of some sample: these must be fetched."""
+    touched = 0
+    for sizes in case.parts if case.repartitioned else [[sum(p)] for p in case.parts]:
+        rows = sum(sizes)
+        starts = range(0, max(rows - case.span + 1, 0), case.stride)
+        first = 0
+        for size in sizes:
+            if size and any(s < first + size and s + case.span > first for s in starts):
+                touched += 1
+            first += size
+    return touched
+
+
+@st.composite
+def cases(draw: st.DrawFn) -> Case:
+    # Small partitions (often shorter than the window, often a single row) next to larger ones.
+    size = st.one_of(st.integers(1, 3), st.integers(0, 12))
+    parts = draw(st.lists(st.lists(size, min_size=1, max_size=4), min_size=1, max_size=4))
+    windowed = draw(st.booleans())
+    x_window, y_window = (draw(st.integers(1, 4)), draw(st.integers(1, 3))) if windowed else (1, 1)
+    return Case(
+        parts=parts,
+        windowed=windowed,
+        x_window=x_window,
+        y_window=y_window,
+        stride=draw(st.integers(1, 4)),
+        offset=draw(st.none() | st.integers(0, 5)),
+        batch_size=draw(st.integers(1, 7)),
+        drop_last=draw(st.booleans()),
+        shuffle=draw(st.booleans()),
+        seed=draw(st.integers(0, 2**63 - 1)),
+        epoch=draw(st.integers(0, 3)),
+        group_pool_size=draw(st.integers(1, 4)),
+        prepartition_num=draw(st.integers(1, 3)),
+        fetch_threads=draw(st.integers(1, 3)),
+        prefetch_batch=draw(st.integers(0, 2)),
+        repartitioned=draw(st.booleans()),
+        # Without group_col the whole table is one series, which is only right for one gid.
+        grouped=len(parts) > 1 or draw(st.booleans()),
+    )
+
+
+def as_windows(x: torch.Tensor, y: torch.Tensor, windowed: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rids of x ``[B, wx]`` and of y ``[B, wy]`` (y's ``+ 0.5`` removed)."""
+    if not windowed:
+        x, y = x[:, None, :], y[:, None, :]
+    assert x.shape[-1] == 1
+    assert y.shape[-1] == 1
+    assert x.dtype == torch.float64
+    assert y.dtype == torch.float64
+    return x[..., 0], y[..., 0] - 0.5
+
+
+def run_epoch(case: Case) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], int, int, FaultyBackend]:
+    """Batches of one epoch, ``len(loader)``, the number of partitions planned, and the backend."""
+    con = duckdb.connect()
+    try:
+        make_series(con, case.parts)
+        backend = FaultyBackend(DuckDBBackend(con))
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="samples need")
+            loader = DDBDataLoader(backend, SERIES_SQL, "y", **case.kwargs())
+        backend.planning = False
+        with loader:
+            loader.set_epoch(case.epoch)
+            batches = list(loader)
+            return batches, len(loader), loader.plan.partitions, backend
+    finally:
+        con.close()
+
+
+@settings(max_examples=60, deadline=None)
+@given(case=cases())
+def test_every_window_exactly_once_aligned_and_within_its_group(case: Case) -> None:
+    batches, length, partitions, backend = run_epoch(case)
+    expected = expected_starts(case)
+
+    assert length == len(batches)
+    sizes = [x.shape[0] for x, _ in batches]
+    assert all(len(y) == n for (_, y), n in zip(batches, sizes, strict=True))
+    if case.drop_last:
+        assert sizes == [case.batch_size] * (len(expected) // case.batch_size)
+    else:
+        assert sum(sizes) == len(expected)
+        assert all(n == case.batch_size for n in sizes[:-1])
+        assert all(1 <= n <= case.batch_size for n in sizes[-1:])
+
+    starts: list[int] = []
+    for x, y in batches:
+        assert x.shape[1:] == ((case.x_window, 1) if case.windowed else (1,))
+        assert y.shape[1:] == ((case.y_window, 1) if case.windowed else (1,))
+        x_rids, y_rids = as_windows(x, y, case.windowed)
+        for xs, ys in zip(x_rids.tolist(), y_rids.tolist(), strict=True):
+            start = int(xs[0])
+            gid = start // GROUP_ROWS
+            assert {int(r) // GROUP_ROWS for r in xs + ys} == {gid}, "a sample crosses groups"
+            assert xs == [float(start + k) for k in range(case.x_window)], "x rows are not consecutive"
+            y_first = start + case.effective_offset
+            assert ys == [float(y_first + k) for k in range(case.y_window)], "y is not anchored to x"
+            starts.append(start)
+
+    if case.drop_last:
+        assert Counter(starts) <= Counter(expected)
+        assert len(starts) == len(expected) - len(expected) % case.batch_size
+    else:
+        assert Counter(starts) == Counter(expected)
+    if not case.shuffle:
+        assert starts == expected[: len(starts)]
+
+    # Each partition is fetched at most once, and every one an emitted sample needs is fetched.
+    assert backend.fetches <= partitions
+    if len(starts) == len(expected):
+        assert backend.fetches >= touched_partitions(case)
+
+
+def test_unshuffled_order_example(con: duckdb.DuckDBPyConnection) -> None:
+    make_series(con, [[2, 3], [1, 1, 1, 1]])
+    with DDBDataLoader(
+        con,
+        SERIES_SQL,
+        "y",
+        batch_size=2,
+        window_size=[2, 1],
+        input_col=["f0"],
+        group_col="gid",
+        repartition_col="part",
+        prepartition_num=1,
+        group_pool_size=2,
+    ) as loader:
+        batches = list(loader)
+    assert len(loader) == 3
+    firsts = [x[:, 0, 0].tolist() for x, _ in batches]
+    assert firsts == [[0.0, 1.0], [2.0, 1_000_000.0], [1_000_001.0]]
+    assert [y[:, 0, 0].tolist() for _, y in batches] == [[2.5, 3.5], [4.5, 1_000_002.5], [1_000_003.5]]
+
+
+def drain(pool: GroupPool, samples: int, batch_size: int, limit: int) -> int:
+    """Take every sample of the epoch in batches; check the gauge after each take."""
+    taken = 0
+    while taken < samples:
+        want = min(batch_size, samples - taken)
+        pieces = pool.take(want)
+        assert sum(len(p.starts) for p in pieces) == want
+        assert pool.gauge.held <= limit
+        taken += want
+    return pool.gauge.high_water
+
+
+def held_partitions(con: duckdb.DuckDBPyConnection, case: Case) -> tuple[int, int]:
+    """Drive a real GroupPool over one epoch; return its high-water mark and what it holds after."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="samples need")
+        loader = DDBDataLoader(con, SERIES_SQL, "y", **case.kwargs())
+    with loader:
+        fetcher = Fetcher(DuckDBBackend(con), loader.plan.layout, case.fetch_threads)
+        stop = threading.Event()
+        try:
+            pool = GroupPool(loader.plan, loader.config, case.epoch, fetcher, stop)
+            limit = case.group_pool_size * case.prepartition_num
+            high_water = drain(pool, loader.plan.samples, case.batch_size, limit)
+            return high_water, pool.gauge.held
+        finally:
+            stop.set()
+            fetcher.close()
+
+
+@settings(max_examples=40, deadline=None)
+@given(case=cases())
+def test_partitions_held_never_exceed_pool_times_prepartition(case: Case) -> None:
+    con = duckdb.connect()
+    try:
+        make_series(con, case.parts)
+        high_water, held_after = held_partitions(con, case)
+    finally:
+        con.close()
+    assert high_water <= case.group_pool_size * case.prepartition_num
+    assert held_after == 0
+    if expected_starts(case):
+        assert high_water >= 1
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_partition_gauge_reaches_its_bound(con: duckdb.DuckDBPyConnection, shuffle: bool) -> None:
+    # Five groups of four partitions: the pool fills to exactly 2 groups x 3 partitions.
+    parts: Sequence[list[int]] = [[5, 5, 5, 5]] * 5
+    make_series(con, parts)
+    case = Case(
+        parts=list(parts),
+        windowed=True,
+        x_window=3,
+        y_window=1,
+        stride=1,
+        offset=None,
+        batch_size=4,
+        drop_last=False,
+        shuffle=shuffle,
+        seed=7,
+        epoch=0,
+        group_pool_size=2,
+        prepartition_num=3,
+        fetch_threads=2,
+        prefetch_batch=1,
+        repartitioned=True,
+        grouped=True,
+    )
+    high_water, held_after = held_partitions(con, case)
+    assert high_water == 6
+    assert held_after == 0

@@ -1,0 +1,333 @@
+"""The background-thread driver: Prefetcher, Pending, ThreadFailure, start_thread, join_all."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import traceback
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from ddbloader.prefetch import (
+    Pending,
+    Prefetcher,
+    Stopped,
+    ThreadFailure,
+    in_worker_thread,
+    join_all,
+    start_thread,
+)
+
+pytestmark = pytest.mark.timeout(30)
+
+
+class ProducerError(Exception):
+    """A failure only the producer raises."""
+
+
+def _wait_until(condition: Callable[[], bool], seconds: float = 5.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.005)
+    return True
+
+
+class Recorder:
+    """A producer that records what it produced, in which thread, and whether it was closed."""
+
+    def __init__(self, count: int | None, fail_after: int | None = None) -> None:
+        self.count = count
+        self.fail_after = fail_after
+        self.produced = 0
+        self.threads: set[str] = set()
+        self.finalised = threading.Event()
+
+    def __call__(self, stop: threading.Event) -> Iterator[int]:
+        try:
+            while self.count is None or self.produced < self.count:
+                if self.fail_after is not None and self.produced == self.fail_after:
+                    raise ProducerError(f"failed after {self.produced} items")
+                self.threads.add(threading.current_thread().name)
+                self.produced += 1
+                yield self.produced
+        finally:
+            self.finalised.set()
+
+
+def _named(name: str) -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == name]
+
+
+@pytest.mark.parametrize("depth", [0, 1, 3])
+def test_yields_every_item_in_order(depth: int) -> None:
+    producer = Recorder(count=7)
+    prefetcher: Prefetcher[int] = Prefetcher(producer, depth=depth, name="ddbloader-test-order", timeout=5)
+    assert list(prefetcher) == [1, 2, 3, 4, 5, 6, 7]
+    assert producer.finalised.is_set()
+    with pytest.raises(StopIteration):
+        next(prefetcher)
+    assert _wait_until(lambda: not _named("ddbloader-test-order"), 2)
+
+
+def test_depth_zero_runs_in_the_consumer_thread() -> None:
+    producer = Recorder(count=3)
+    prefetcher: Prefetcher[int] = Prefetcher(producer, depth=0, name="ddbloader-test-inline", timeout=5)
+    assert not _named("ddbloader-test-inline")
+    assert list(prefetcher) == [1, 2, 3]
+    assert producer.threads == {threading.current_thread().name}
+
+
+def test_background_thread_is_named_daemon_and_bounded() -> None:
+    producer = Recorder(count=None)
+    prefetcher: Prefetcher[int] = Prefetcher(producer, depth=2, name="ddbloader-test-bounded", timeout=5)
+    try:
+        assert next(prefetcher) == 1
+        (thread,) = _named("ddbloader-test-bounded")
+        assert thread.daemon
+        time.sleep(0.3)
+        assert producer.threads == {"ddbloader-test-bounded"}
+        # one taken, ``depth`` queued, one more held by the producer while it waits for room
+        assert producer.produced <= 1 + 2 + 1
+    finally:
+        prefetcher.close()
+    assert not thread.is_alive()
+
+
+@pytest.mark.parametrize("depth", [0, 2])
+def test_producer_error_reraised_with_type_note_and_frames(depth: int) -> None:
+    producer = Recorder(count=10, fail_after=2)
+    prefetcher: Prefetcher[int] = Prefetcher(producer, depth=depth, name="ddbloader-test-error", timeout=5)
+    assert next(prefetcher) == 1
+    assert next(prefetcher) == 2
+    with pytest.raises(ProducerError, match="failed after 2 items") as caught:
+        next(prefetcher)
+    frames = "".join(traceback.format_exception(caught.value))
+    assert 'raise ProducerError(f"failed after' in frames
+    if depth:
+        assert "in _produce" in frames
+        assert "raised in thread 'ddbloader-test-error' while assembling batches" in caught.value.__notes__
+    assert producer.finalised.is_set()
+    with pytest.raises(StopIteration):
+        next(prefetcher)
+    assert _wait_until(lambda: not _named("ddbloader-test-error"), 2)
+
+
+def test_base_exception_from_the_producer_travels_too() -> None:
+    def interrupted(stop: threading.Event) -> Iterator[int]:
+        yield 1
+        raise KeyboardInterrupt
+
+    prefetcher: Prefetcher[int] = Prefetcher(interrupted, depth=1, name="ddbloader-test-base", timeout=5)
+    assert next(prefetcher) == 1
+    with pytest.raises(KeyboardInterrupt):
+        next(prefetcher)
+    assert _wait_until(lambda: not _named("ddbloader-test-base"), 2)
+
+
+def test_close_while_the_producer_is_blocked_on_a_full_queue() -> None:
+    producer = Recorder(count=None)
+    prefetcher: Prefetcher[int] = Prefetcher(producer, depth=1, name="ddbloader-test-full", timeout=5)
+    assert _wait_until(lambda: producer.produced == 2)
+    time.sleep(0.2)
+    assert producer.produced == 2, "the producer should be blocked on the full queue"
+    (thread,) = _named("ddbloader-test-full")
+    started = time.monotonic()
+    prefetcher.close()
+    assert time.monotonic() - started < 1.0
+    assert not thread.is_alive()
+    assert producer.finalised.is_set(), "the producer's finally must run on close"
+    with pytest.raises(StopIteration):
+        next(prefetcher)
+
+
+def test_close_is_idempotent_and_inline_close_finalises_the_producer() -> None:
+    producer = Recorder(count=None)
+    prefetcher: Prefetcher[int] = Prefetcher(producer, depth=0, name="ddbloader-test-idem", timeout=5)
+    assert next(prefetcher) == 1
+    prefetcher.close()
+    prefetcher.close()
+    assert producer.finalised.is_set()
+    with pytest.raises(StopIteration):
+        next(prefetcher)
+
+
+def test_close_sets_the_stop_event_the_producer_sees() -> None:
+    seen = threading.Event()
+
+    def watcher(stop: threading.Event) -> Iterator[int]:
+        yield 1
+        while not stop.wait(0.01):
+            pass
+        seen.set()
+        raise Stopped
+
+    prefetcher: Prefetcher[int] = Prefetcher(watcher, depth=1, name="ddbloader-test-stop", timeout=5)
+    assert next(prefetcher) == 1
+    prefetcher.close()
+    assert seen.is_set()
+    assert not _named("ddbloader-test-stop")
+
+
+def test_slow_producer_times_out_naming_the_thread() -> None:
+    release = threading.Event()
+
+    def stuck(stop: threading.Event) -> Iterator[int]:
+        release.wait(10)
+        yield 1
+
+    prefetcher: Prefetcher[int] = Prefetcher(stuck, depth=1, name="ddbloader-test-slow", timeout=0.3)
+    started = time.monotonic()
+    try:
+        with pytest.raises(TimeoutError, match=r"ddbloader-test-slow.*0\.3 s"):
+            next(prefetcher)
+        assert 0.3 <= time.monotonic() - started < 2.0
+    finally:
+        release.set()
+        prefetcher.close()
+    assert not _named("ddbloader-test-slow")
+
+
+def _set_later(action: Callable[[], None], delay: float) -> threading.Thread:
+    def body() -> None:
+        time.sleep(delay)
+        action()
+
+    thread = threading.Thread(target=body, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_pending_returns_a_value_set_by_another_thread() -> None:
+    pending: Pending[str] = Pending("computing the answer")
+    assert not pending.done()
+    _set_later(lambda: pending.set("answer"), 0.1)
+    assert pending.wait(threading.Event(), timeout=5) == "answer"
+    assert pending.done()
+
+
+def test_pending_timeout_names_what_was_awaited() -> None:
+    pending: Pending[int] = Pending("fetching partition 3 of group 1")
+    started = time.monotonic()
+    with pytest.raises(TimeoutError, match=r"within 0\.2 s .*fetching partition 3 of group 1"):
+        pending.wait(threading.Event(), timeout=0.2)
+    assert 0.2 <= time.monotonic() - started < 1.0
+
+
+def test_pending_wait_stops_when_the_stop_event_is_set() -> None:
+    pending: Pending[int] = Pending("never arriving")
+    stop = threading.Event()
+    _set_later(stop.set, 0.1)
+    started = time.monotonic()
+    with pytest.raises(Stopped):
+        pending.wait(stop, timeout=30)
+    assert time.monotonic() - started < 1.0
+
+
+def test_pending_cancel_stops_the_waiter_at_once() -> None:
+    pending: Pending[int] = Pending("cancelled work")
+    _set_later(pending.cancel, 0.1)
+    started = time.monotonic()
+    with pytest.raises(Stopped):
+        pending.wait(threading.Event(), timeout=30)
+    assert time.monotonic() - started < 1.0
+
+
+def test_pending_failure_reraises_the_original_object_with_one_note() -> None:
+    pending: Pending[int] = Pending("work")
+    error = ProducerError("in the worker")
+
+    def worker() -> None:
+        try:
+            raise error
+        except ProducerError as caught:
+            pending.fail(ThreadFailure(caught, "doing the work"))
+
+    thread = start_thread(worker, name="ddbloader-test-worker")
+    thread.join(5)
+    for _ in range(2):
+        with pytest.raises(ProducerError) as caught:
+            pending.wait(threading.Event(), timeout=5)
+        assert caught.value is error
+    assert error.__notes__ == ["raised in thread 'ddbloader-test-worker' while doing the work"]
+    assert "in worker" in "".join(traceback.format_exception(error))
+
+
+def test_start_thread_makes_named_daemon_workers() -> None:
+    release = threading.Event()
+    inside: list[bool] = []
+
+    def body() -> None:
+        inside.append(in_worker_thread())
+        release.wait(5)
+
+    thread = start_thread(body, name="ddbloader-test-daemon")
+    try:
+        assert thread.daemon
+        assert thread.name == "ddbloader-test-daemon"
+        assert thread.is_alive()
+    finally:
+        release.set()
+        thread.join(5)
+    assert inside == [True]
+    assert not in_worker_thread()
+
+
+def test_close_from_a_worker_thread_stops_without_joining() -> None:
+    # A garbage collection in a worker may run a consumer's finalizer there; joining the
+    # producer from that thread could wait on a producer that is waiting on the worker.
+    finished = threading.Event()
+
+    def slow_to_notice(stop: threading.Event) -> Iterator[int]:
+        yield 1
+        while not stop.is_set():
+            time.sleep(0.01)
+        time.sleep(0.5)
+        finished.set()
+
+    prefetcher: Prefetcher[int] = Prefetcher(slow_to_notice, depth=1, name="ddbloader-test-gc", timeout=5)
+    assert next(prefetcher) == 1
+    took: list[float] = []
+
+    def close_in_worker() -> None:
+        started = time.monotonic()
+        prefetcher.close()
+        took.append(time.monotonic() - started)
+
+    start_thread(close_in_worker, name="ddbloader-test-closer").join(5)
+    assert took and took[0] < 0.3
+    assert not finished.is_set()
+    assert _wait_until(finished.is_set, 3)
+    assert _wait_until(lambda: not _named("ddbloader-test-gc"), 2)
+
+
+def test_join_all_gives_up_on_a_stuck_thread_and_says_so(caplog: pytest.LogCaptureFixture) -> None:
+    release = threading.Event()
+    stuck = start_thread(release.wait, 10, name="ddbloader-test-stuck")
+    quick = start_thread(lambda: None, name="ddbloader-test-quick")
+    started = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger="ddbloader"):
+        join_all([quick, stuck], timeout=0.2)
+    try:
+        assert time.monotonic() - started < 1.0
+        assert not quick.is_alive()
+        assert "ddbloader-test-stuck" in caplog.text
+        assert "ddbloader-test-quick" not in caplog.text
+    finally:
+        release.set()
+        stuck.join(5)
+
+
+def test_join_all_skips_the_calling_thread() -> None:
+    joined = threading.Event()
+
+    def join_self() -> None:
+        join_all([threading.current_thread()], timeout=5)
+        joined.set()
+
+    thread = start_thread(join_self, name="ddbloader-test-self")
+    thread.join(5)
+    assert joined.is_set()

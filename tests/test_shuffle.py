@@ -1,0 +1,274 @@
+"""Shuffle and determinism: the emitted order is a pure function of (plan, seed, epoch).
+
+The pure functions of ``ddbloader.shuffle`` are checked directly; the rest goes through the real
+loader on ``make_series`` tables, where x's single column ``f0`` is the row id
+``gid * 1_000_000 + row number within the group``.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+import duckdb
+import numpy as np
+import pytest
+import torch
+from conftest import SERIES_SQL, FaultyBackend, make_series
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ddbloader import DDBDataLoader
+from ddbloader.backends import DuckDBBackend
+from ddbloader.shuffle import Purpose, draw_sources, generator, sample_order, visit_order
+
+GROUP_ROWS = 1_000_000
+Batches = list[tuple[torch.Tensor, torch.Tensor]]
+
+
+def open_loader(source: Any, **kwargs: Any) -> DDBDataLoader:
+    options: dict[str, Any] = {
+        "input_col": ["f0"],
+        "group_col": "gid",
+        "repartition_col": "part",
+        "timeout": 30.0,
+        **kwargs,
+    }
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="samples need")
+        return DDBDataLoader(source, SERIES_SQL, "y", **options)
+
+
+def identical(a: Batches, b: Batches) -> bool:
+    """Bitwise equality of two batch sequences (shapes, dtypes and values)."""
+    return len(a) == len(b) and all(
+        xa.dtype == xb.dtype and ya.dtype == yb.dtype and torch.equal(xa, xb) and torch.equal(ya, yb)
+        for (xa, ya), (xb, yb) in zip(a, b, strict=True)
+    )
+
+
+def starts(batches: Batches) -> list[int]:
+    """The first x row id of every sample, in emission order."""
+    out: list[int] = []
+    for x, _ in batches:
+        first = x[:, 0, 0] if x.dim() == 3 else x[:, 0]
+        out += [int(v) for v in first.tolist()]
+    return out
+
+
+# --- the pure functions ---------------------------------------------------------------------
+
+
+def test_visit_order_without_shuffle_is_plan_order() -> None:
+    assert visit_order(5, False, 123, 4, Purpose.GROUP_ORDER).tolist() == [0, 1, 2, 3, 4]
+
+
+def test_visit_order_is_a_keyed_permutation() -> None:
+    order = visit_order(50, True, 123, 0, Purpose.PARTITION_ORDER, 3)
+    assert sorted(order.tolist()) == list(range(50))
+    assert order.tolist() != list(range(50))
+    assert np.array_equal(order, visit_order(50, True, 123, 0, Purpose.PARTITION_ORDER, 3))
+    for other in (
+        visit_order(50, True, 124, 0, Purpose.PARTITION_ORDER, 3),  # seed
+        visit_order(50, True, 123, 1, Purpose.PARTITION_ORDER, 3),  # epoch
+        visit_order(50, True, 123, 0, Purpose.PARTITION_ORDER, 4),  # group
+        visit_order(50, True, 123, 0, Purpose.GROUP_ORDER, 3),  # purpose
+    ):
+        assert not np.array_equal(order, other)
+
+
+def test_streams_of_different_seeds_do_not_alias() -> None:
+    # A seed above 2**32 is two words; its high word must not act as another seed's epoch.
+    high = 5 + 7 * 2**32
+    assert (
+        generator(high, 2, Purpose.GROUP_ORDER).random()
+        != generator(5, 7, Purpose.PARTITION_ORDER, 1).random()
+    )
+    assert generator(high, 0, Purpose.POOL_DRAWS).random() != generator(5, 7, Purpose.GROUP_ORDER).random()
+
+
+def test_sample_order_keys() -> None:
+    assert sample_order(3, 9, False, 1, 0, 0, 0).tolist() == [3, 4, 5, 6, 7, 8]
+    order = sample_order(3, 43, True, 1, 0, 0, 0)
+    assert order.dtype == np.int64
+    assert sorted(order.tolist()) == list(range(3, 43))
+    assert np.array_equal(order, sample_order(3, 43, True, 1, 0, 0, 0))
+    assert not np.array_equal(order, sample_order(3, 43, True, 1, 0, 1, 0))  # another group
+    assert not np.array_equal(order, sample_order(3, 43, True, 1, 0, 0, 1))  # another step
+    assert not np.array_equal(order, sample_order(3, 43, True, 1, 1, 0, 0))  # another epoch
+    assert sample_order(5, 5, True, 1, 0, 0, 0).tolist() == []
+
+
+@settings(max_examples=50, deadline=None)
+@given(seed=st.integers(0, 2**63 - 1), active=st.integers(1, 5), size=st.integers(0, 40))
+def test_draw_sources_splits_the_batch(seed: int, active: int, size: int) -> None:
+    counts = draw_sources(generator(seed, 0, Purpose.POOL_DRAWS), active, size)
+    assert counts.shape == (active,)
+    assert counts.sum() == size
+    assert (counts >= 0).all()
+    again = draw_sources(generator(seed, 0, Purpose.POOL_DRAWS), active, size)
+    assert np.array_equal(counts, again)
+
+
+def test_draw_sources_reaches_every_slot() -> None:
+    rng = generator(5, 0, Purpose.POOL_DRAWS)
+    totals = np.sum([draw_sources(rng, 3, 8) for _ in range(50)], axis=0)
+    assert all(t > 100 for t in totals.tolist())
+
+
+# --- through the loader ---------------------------------------------------------------------
+
+
+@pytest.fixture
+def table(con: duckdb.DuckDBPyConnection) -> duckdb.DuckDBPyConnection:
+    """Four groups of uneven partitions (some shorter than the windows used below)."""
+    make_series(con, [[10, 7, 12], [15, 2, 6], [8, 1, 9, 11, 10], [13, 13]])
+    return con
+
+
+SHUFFLED: dict[str, Any] = {"shuffle": True, "batch_size": 5, "window_size": [3, 2], "group_pool_size": 2}
+
+
+def test_same_seed_identical_batches_despite_fetch_jitter(
+    table: duckdb.DuckDBPyConnection,
+) -> None:
+    with open_loader(table, seed=11, fetch_threads=1, prefetch_batch=0, **SHUFFLED) as calm:
+        reference = [list(calm) for _ in range(2)]
+    backend = FaultyBackend(DuckDBBackend(table), jitter=0.01, seed=3)
+    with open_loader(backend, seed=11, fetch_threads=3, prefetch_batch=3, **SHUFFLED) as jittery:
+        backend.planning = False
+        runs = [list(jittery) for _ in range(2)]
+    assert backend.fetches > 0, "the jitter was never injected"
+    assert all(identical(a, b) for a, b in zip(reference, runs, strict=True))
+    assert len(reference[0]) == len(calm) > 0
+
+
+@st.composite
+def shuffled_configs(draw: st.DrawFn) -> dict[str, Any]:
+    windowed = draw(st.booleans())
+    return {
+        "parts": draw(st.lists(st.lists(st.integers(1, 8), min_size=1, max_size=4), min_size=1, max_size=4)),
+        "shuffle": True,
+        "seed": draw(st.integers(0, 2**63 - 1)),
+        "batch_size": draw(st.integers(1, 6)),
+        "drop_last": draw(st.booleans()),
+        "window_size": [draw(st.integers(1, 3)), draw(st.integers(1, 2))] if windowed else None,
+        "window_stride": draw(st.integers(1, 3)),
+        "group_pool_size": draw(st.integers(1, 3)),
+    }
+
+
+@settings(max_examples=25, deadline=None)
+@given(config=shuffled_configs(), prepartitions=st.tuples(st.integers(1, 3), st.integers(1, 3)))
+def test_order_depends_on_seed_and_epoch_only(config: dict[str, Any], prepartitions: tuple[int, int]) -> None:
+    """Thread count, prefetch depth, partitions held and fetch timing never change the order."""
+    parts = config.pop("parts")
+    con = duckdb.connect()
+    try:
+        make_series(con, parts)
+        with open_loader(
+            con, fetch_threads=1, prefetch_batch=0, prepartition_num=prepartitions[0], **config
+        ) as calm:
+            reference = [list(calm) for _ in range(2)]
+        backend = FaultyBackend(DuckDBBackend(con), jitter=0.003, seed=config["seed"] % 1000)
+        with open_loader(
+            backend, fetch_threads=3, prefetch_batch=2, prepartition_num=prepartitions[1], **config
+        ) as jittery:
+            backend.planning = False
+            runs = [list(jittery) for _ in range(2)]
+    finally:
+        con.close()
+    assert all(identical(a, b) for a, b in zip(reference, runs, strict=True))
+
+
+def test_next_epoch_new_order_same_samples(table: duckdb.DuckDBPyConnection) -> None:
+    with open_loader(table, seed=5, **SHUFFLED) as loader:
+        first, second = list(loader), list(loader)
+    assert starts(first) != starts(second)
+    assert sorted(starts(first)) == sorted(starts(second))
+    assert len(set(starts(first))) == len(starts(first))
+
+
+def test_another_seed_another_order(table: duckdb.DuckDBPyConnection) -> None:
+    with open_loader(table, seed=5, **SHUFFLED) as a, open_loader(table, seed=6, **SHUFFLED) as b:
+        order_a, order_b = starts(list(a)), starts(list(b))
+    assert order_a != order_b
+    assert sorted(order_a) == sorted(order_b)
+
+
+def test_shuffled_order_is_not_row_order(table: duckdb.DuckDBPyConnection) -> None:
+    with open_loader(table, seed=5, **SHUFFLED) as loader:
+        order = starts(list(loader))
+    assert order != sorted(order)
+
+
+def test_set_epoch_reproduces_iterating_to_that_epoch(table: duckdb.DuckDBPyConnection) -> None:
+    with open_loader(table, seed=9, **SHUFFLED) as walked:
+        epochs = [list(walked) for _ in range(3)]
+        walked.set_epoch(0)
+        again = list(walked)
+    assert identical(again, epochs[0])
+    with open_loader(table, seed=9, **SHUFFLED) as jumped:
+        jumped.set_epoch(2)
+        assert jumped.epoch == 2
+        third = list(jumped)
+        assert jumped.epoch == 3
+    assert identical(third, epochs[2])
+    assert not identical(epochs[1], epochs[2])
+
+
+def test_drawn_seed_is_recorded_and_reproduces(table: duckdb.DuckDBPyConnection) -> None:
+    with open_loader(table, seed=None, **SHUFFLED) as drawn:
+        seed = drawn.config.seed
+        batches = list(drawn)
+    with open_loader(table, seed=seed, **SHUFFLED) as replay:
+        assert identical(batches, list(replay))
+
+
+def per_group_positions(order: Sequence[int]) -> dict[int, list[int]]:
+    positions: dict[int, list[int]] = {}
+    for rid in order:
+        positions.setdefault(rid // GROUP_ROWS, []).append(rid % GROUP_ROWS)
+    return positions
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_groups_of_equal_size_get_different_permutations(con: duckdb.DuckDBPyConnection, seed: int) -> None:
+    make_series(con, [[30], [30], [30]])
+    with open_loader(con, seed=seed, shuffle=True, batch_size=4, group_pool_size=1) as loader:
+        positions = per_group_positions(starts(list(loader)))
+    assert all(sorted(p) == list(range(30)) for p in positions.values())
+    assert positions[0] != positions[1]
+    assert positions[1] != positions[2]
+    assert positions[0] != positions[2]
+
+
+def test_shuffled_batches_mix_groups(table: duckdb.DuckDBPyConnection) -> None:
+    with open_loader(table, seed=1, shuffle=True, batch_size=8, group_pool_size=3) as loader:
+        batches = list(loader)
+    groups_per_batch = [{rid // GROUP_ROWS for rid in starts([b])} for b in batches]
+    assert any(len(g) > 1 for g in groups_per_batch)
+    with open_loader(table, seed=1, shuffle=True, batch_size=8, group_pool_size=1) as single:
+        # One active group at a time: a batch mixes groups only where one runs out.
+        changes = np.diff([rid // GROUP_ROWS for rid in starts(list(single))]) != 0
+    assert changes.sum() == 3
+
+
+def test_partition_and_group_orders_are_shuffled(con: duckdb.DuckDBPyConnection) -> None:
+    # Unwindowed samples are single rows: each partition's samples come out as one run (in
+    # random order inside it), one group after another, so the runs show the visit orders.
+    make_series(con, [[6] * 5, [6] * 5, [6] * 5])
+    group_orders: set[tuple[int, ...]] = set()
+    partition_orders: set[tuple[int, ...]] = set()
+    for seed in range(6):
+        with open_loader(con, seed=seed, shuffle=True, batch_size=7, group_pool_size=1) as loader:
+            order = starts(list(loader))
+        runs = [order[k : k + 6] for k in range(0, len(order), 6)]
+        keys = [(run[0] // GROUP_ROWS, run[0] % GROUP_ROWS // 6) for run in runs]
+        for run, (gid, part) in zip(runs, keys, strict=True):
+            assert sorted(run) == [gid * GROUP_ROWS + part * 6 + k for k in range(6)]
+        group_orders.add(tuple(dict.fromkeys(gid for gid, _ in keys)))
+        partition_orders.update(tuple(p for g, p in keys if g == gid) for gid in range(3))
+    assert len(group_orders) > 1
+    assert len(partition_orders) > 3
