@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> None:
             for x, y in loader:
                 loss = torch.nn.functional.mse_loss(model(x), y[:, 0, :])
                 optimiser.zero_grad()
-                loss.backward()
+                loss.backward()  # type: ignore[no-untyped-call]
                 optimiser.step()
                 windows += len(x)
                 last_loss = loss.item()

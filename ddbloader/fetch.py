@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from .backends import Backend, Cursor
@@ -31,6 +33,7 @@ def _fetch_worker(
     stop: threading.Event,
     cursors: list[Cursor],
     cursors_lock: threading.Lock,
+    on_fetched: Callable[[float], None],
 ) -> None:
     try:
         cursor = backend.cursor()
@@ -59,8 +62,11 @@ def _fetch_worker(
                     task.result.cancel()
                 break
             try:
+                started = time.perf_counter()
                 table = cursor.fetch(task.spec.sql, task.spec.params)
-                task.result.set(to_block(table, layout))
+                block = to_block(table, layout)
+                on_fetched(time.perf_counter() - started)
+                task.result.set(block)
             except BaseException as error:  # every failure must reach the consumer, whatever its type
                 task.result.fail(ThreadFailure(error, f"fetching {task.spec.describe()}"))
     finally:
@@ -73,7 +79,13 @@ class Fetcher:
     ``submit`` is called from one thread (the assembler); ``close`` from any, once or more.
     """
 
-    def __init__(self, backend: Backend, layout: ColumnLayout, threads: int) -> None:
+    def __init__(
+        self,
+        backend: Backend,
+        layout: ColumnLayout,
+        threads: int,
+        on_fetched: Callable[[float], None] = lambda seconds: None,
+    ) -> None:
         # None is close()'s wake-up call: one per thread, so none waits out its poll.
         self._tasks: queue.Queue[_Task | None] = queue.Queue()
         self._stop = threading.Event()
@@ -88,6 +100,7 @@ class Fetcher:
                 self._stop,
                 self._cursors,
                 self._cursors_lock,
+                on_fetched,
                 name=f"ddbloader-fetch-{n}",
             )
             for n in range(threads)

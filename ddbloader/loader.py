@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import logging
+import os
 import threading
 import time
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
@@ -17,9 +20,11 @@ from .backends import Backend, connect
 from .batch import batch_count, gather
 from .config import LoaderConfig, normalise_config, resolve_aliases
 from .fetch import Fetcher
-from .manager import GroupPool
+from .manager import GroupPool, epoch_units
 from .plan import QueryPlan, build_plan
 from .prefetch import Prefetcher
+from .shard import WorkUnit, resolve_sharding, shard_samples
+from .stats import LoaderStats, StatsRecorder
 
 __all__ = ["DDBDataLoader"]
 
@@ -29,28 +34,28 @@ Batch = tuple[torch.Tensor, torch.Tensor]
 
 
 class _EpochBatches:
-    """The batches of one epoch, assembled in the calling (assembler) thread.
+    """The batches of one epoch's work units, assembled in the calling (assembler) thread.
 
-    Its fetch threads stop in ``close()``, never on a failure: the driver reports the failure
-    first and closes after, so a slow join (a fetch stuck in the engine) cannot delay the error
-    past the consumer's own timeout and replace it with a vaguer one.
+    The first ``skip`` batches are drawn but not gathered (exact resume). Its fetch threads stop in
+    ``close()``, never on a failure: the driver reports the failure first and closes after, so a
+    slow join (a fetch stuck in the engine) cannot delay the error past the consumer's own timeout
+    and replace it with a vaguer one.
     """
 
-    def __init__(
-        self, plan: QueryPlan, config: LoaderConfig, backend: Backend, epoch: int, stop: threading.Event
-    ) -> None:
-        self._fetcher = Fetcher(backend, plan.layout, config.fetch_threads)
-        self._batches = self._assemble(plan, config, epoch, stop)
+    def __init__(self, run: _EpochRun, backend: Backend, stop: threading.Event) -> None:
+        self._fetcher = Fetcher(backend, run.plan.layout, run.config.fetch_threads, run.recorder.fetched)
+        self._batches = self._assemble(run, stop)
 
-    def _assemble(
-        self, plan: QueryPlan, config: LoaderConfig, epoch: int, stop: threading.Event
-    ) -> Iterator[Batch]:
-        pool = GroupPool(plan, config, epoch, self._fetcher, stop)
-        left = plan.samples
-        for _ in range(batch_count(plan.samples, config.batch_size, config.drop_last)):
+    def _assemble(self, run: _EpochRun, stop: threading.Event) -> Iterator[Batch]:
+        plan, config = run.plan, run.config
+        pool = GroupPool(run.units, plan.geometry, config, run.epoch, self._fetcher, stop)
+        left = sum(u.samples for u in run.units)
+        for index in range(run.batches):
             size = min(config.batch_size, left)
             left -= size
-            yield gather(pool.take(size), plan.geometry, plan.layout, config.pin_memory)
+            pieces = pool.take(size)
+            if index >= run.skip:
+                yield gather(pieces, plan.geometry, plan.layout, config.pin_memory)
 
     def __iter__(self) -> _EpochBatches:
         return self
@@ -62,32 +67,37 @@ class _EpochBatches:
         self._fetcher.close()
 
 
+@dataclass(frozen=True)
+class _EpochRun:
+    """What one iteration serves: the units of this (rank, worker), its batch count, the resume skip."""
+
+    plan: QueryPlan
+    config: LoaderConfig
+    epoch: int
+    units: tuple[WorkUnit, ...]
+    batches: int
+    skip: int
+    recorder: StatsRecorder
+
+
 class _EpochIterator:
     """One pass over the plan. Single consumer; ``close()`` (or GC) stops its threads.
 
-    Holds its loader, so ``for batch in DDBDataLoader(...)`` does not free (and close) the loader.
+    Holds its loader, so ``for batch in DDBDataLoader(...)`` does not free (and close) the loader,
+    and reports its position to it after every batch (for ``state_dict``).
     """
 
-    def __init__(
-        self,
-        loader: DDBDataLoader,
-        plan: QueryPlan,
-        config: LoaderConfig,
-        backend: Backend,
-        epoch: int,
-        total: int,
-    ) -> None:
+    def __init__(self, loader: DDBDataLoader, run: _EpochRun, backend: Backend) -> None:
         self._loader = loader
-        self.epoch = epoch
-        self._config = config
-        self._total = total
-        self.yielded = 0
+        self._run = run
+        self.epoch = run.epoch
+        self.yielded = run.skip
         self._started = time.perf_counter()
         prefetcher: Prefetcher[Batch] = Prefetcher(
-            functools.partial(_EpochBatches, plan, config, backend, epoch),
-            depth=config.prefetch_batch,
+            functools.partial(_EpochBatches, run, backend),
+            depth=run.config.prefetch_batch,
             name="ddbloader-assemble",
-            timeout=2 * config.timeout,
+            timeout=2 * run.config.timeout,
         )
         self._prefetcher = prefetcher
         self._close = weakref.finalize(self, prefetcher.close)
@@ -96,25 +106,30 @@ class _EpochIterator:
         return self
 
     def __len__(self) -> int:
-        return self._total - self.yielded
+        return self._run.batches - self.yielded
 
     def __next__(self) -> Batch:
+        waiting = time.perf_counter()
+        ready = self._prefetcher.ready()
         try:
             x, y = next(self._prefetcher)
         except StopIteration:
             if self._close.alive:
                 elapsed = time.perf_counter() - self._started
                 _log.info("epoch %d done: %d batches in %.2f s", self.epoch, self.yielded, elapsed)
+                self._loader._progress = (self.epoch, self.yielded, True)
             self.close()
             raise
         except BaseException:
             self.close()
             raise
         self.yielded += 1
-        device = self._config.device
+        self._loader._progress = (self.epoch, self.yielded, self.yielded == self._run.batches)
+        self._run.recorder.delivered(len(x), x.nbytes + y.nbytes, time.perf_counter() - waiting, ready)
+        device = self._run.config.device
         if device.type != "cpu":
-            x = x.to(device, non_blocking=self._config.pin_memory)
-            y = y.to(device, non_blocking=self._config.pin_memory)
+            x = x.to(device, non_blocking=self._run.config.pin_memory)
+            y = y.to(device, non_blocking=self._run.config.pin_memory)
         return x, y
 
     def close(self) -> None:
@@ -185,6 +200,9 @@ class DDBDataLoader:
         pin_memory: bool | Literal["auto"] = "auto",
         fetch_threads: int = 2,
         timeout: float = 300.0,
+        rank: int | None = None,
+        world_size: int | None = None,
+        even_batches: str = "pad",
         **aliases: Any,
     ) -> None:
         explicit = {
@@ -192,7 +210,10 @@ class DDBDataLoader:
         }
         args = resolve_aliases(explicit, _DEFAULTS, aliases)
         self.config = normalise_config(args)
-        self._backend = connect(source)
+        self.sharding = resolve_sharding(rank, world_size, even_batches)
+        self._source = source
+        self._backend_pid = os.getpid()
+        self._backend: Backend | None = connect(source)
         try:
             self.plan = build_plan(self._backend, sql, self.config)
         except BaseException:
@@ -200,12 +221,29 @@ class DDBDataLoader:
             raise
         self.sql = sql
         self._epoch = 0
+        self._resume_skip = 0
+        self._progress: tuple[int, int, bool] | None = None
         self._iterator: weakref.ref[_EpochIterator] | None = None
+        self._recorder: StatsRecorder | None = None
         self._closed = False
-        self._len = batch_count(self.plan.samples, self.config.batch_size, self.config.drop_last)
+        self._len = self.batches()
 
     def __len__(self) -> int:
+        """Batches this rank yields per epoch (the same on every rank)."""
         return self._len
+
+    def batches(self, num_workers: int = 1) -> int:
+        """Batches per epoch on this rank when its share is split over ``num_workers`` workers."""
+        sharding = self.sharding
+        samples = shard_samples(self.plan.samples, sharding.world_size, sharding.even_batches)
+        return sum(
+            batch_count(
+                (w + 1) * samples // num_workers - w * samples // num_workers,
+                self.config.batch_size,
+                self.config.drop_last,
+            )
+            for w in range(num_workers)
+        )
 
     @property
     def epoch(self) -> int:
@@ -213,27 +251,132 @@ class DDBDataLoader:
         return self._epoch
 
     def set_epoch(self, epoch: int) -> None:
-        """Make the next iteration run ``epoch`` (its order is a function of seed and epoch)."""
+        """Make the next iteration run ``epoch`` (its order is a function of seed and epoch).
+
+        In DataLoader worker mode call it before every epoch, as with ``DistributedSampler``:
+        worker processes iterate copies, so the original cannot count epochs itself.
+        """
         if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
             raise ValueError(f"epoch must be a non-negative int, got {epoch!r}")
         self._epoch = epoch
+        self._resume_skip = 0
+        self._progress = None
 
     def __iter__(self) -> _EpochIterator:
+        return self.iterate()
+
+    def iterate(self, worker: int = 0, num_workers: int = 1) -> _EpochIterator:
+        """Start the next epoch for one of ``num_workers`` workers (``iter(loader)`` is worker 0 of 1)."""
         if self._closed:
             raise RuntimeError("this DDBDataLoader is closed")
         self._close_iterator()
-        iterator = _EpochIterator(self, self.plan, self.config, self._backend, self._epoch, self._len)
+        epoch = self._epoch
+        units = tuple(
+            epoch_units(
+                self.plan,
+                self.config,
+                epoch,
+                self.sharding.rank,
+                self.sharding.world_size,
+                worker,
+                num_workers,
+                self.sharding.even_batches,
+            )
+        )
+        batches = batch_count(sum(u.samples for u in units), self.config.batch_size, self.config.drop_last)
+        skip = min(self._resume_skip, batches)
+        self._recorder = StatsRecorder(epoch)
+        run = _EpochRun(self.plan, self.config, epoch, units, batches, skip, self._recorder)
+        iterator = _EpochIterator(self, run, self._backend_here())
         _log.info(
-            "epoch %d: %d groups, %d partitions, %d samples, %d batches",
-            self._epoch,
+            "epoch %d: %d groups, %d partitions, %d samples, %d batches%s",
+            epoch,
             len(self.plan.groups),
             self.plan.partitions,
             self.plan.samples,
-            self._len,
+            batches,
+            f" (resuming after batch {skip})" if skip else "",
         )
         self._epoch += 1
+        self._resume_skip = 0
+        self._progress = (epoch, skip, skip == batches)
         self._iterator = weakref.ref(iterator)
         return iterator
+
+    def stats(self) -> LoaderStats:
+        """Throughput of the current (or last) epoch; renders as a table in Jupyter."""
+        if self._recorder is None:
+            raise RuntimeError("no epoch has started yet: iterate the loader first")
+        return self._recorder.snapshot()
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the consumer is: small, JSON-serialisable, counting batches handed out.
+
+        A fresh loader built with the same arguments that loads this state yields exactly the
+        rest of the interrupted epoch, then the following epochs as if never interrupted.
+        """
+        if self._progress is None:
+            epoch, batches = self._epoch, self._resume_skip
+        else:
+            epoch, batches, finished = self._progress
+            if finished:
+                epoch, batches = epoch + 1, 0
+        return {
+            "version": _STATE_VERSION,
+            "epoch": epoch,
+            "batches": batches,
+            "seed": self.config.seed,
+            "samples": self.plan.samples,
+            "world_size": self.sharding.world_size,
+            "rank": self.sharding.rank,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue from ``state``: the next iteration resumes that epoch after its last batch.
+
+        Raises:
+            ValueError: the state belongs to another plan (sample count), world size or version.
+        """
+        if state.get("version") != _STATE_VERSION:
+            raise ValueError(f"state version {state.get('version')!r} is not {_STATE_VERSION}")
+        if state["samples"] != self.plan.samples:
+            raise ValueError(
+                f"state was saved by a loader with {state['samples']} samples per epoch; this one has "
+                f"{self.plan.samples}: the query, the data or the window arguments differ"
+            )
+        if state["world_size"] != self.sharding.world_size:
+            raise ValueError(
+                f"state was saved with world_size={state['world_size']}; this loader has "
+                f"world_size={self.sharding.world_size}, which splits the epoch differently"
+            )
+        self._close_iterator()
+        if state["seed"] != self.config.seed:
+            self.config = dataclasses.replace(self.config, seed=int(state["seed"]))
+        self._epoch = int(state["epoch"])
+        self._resume_skip = int(state["batches"])
+        self._progress = None
+
+    def _backend_here(self) -> Backend:
+        """This process's backend: reopened from the source in a worker process."""
+        if self._backend is None or self._backend_pid != os.getpid():
+            if not _reopenable(self._source):
+                raise RuntimeError(
+                    "this loader's connection belongs to another process; for DataLoader workers "
+                    "give source as a database path, a URI or a factory that opens a connection"
+                )
+            self._backend = connect(self._source)
+            self._backend_pid = os.getpid()
+        return self._backend
+
+    def __getstate__(self) -> dict[str, Any]:
+        if not _reopenable(self._source):
+            raise TypeError(
+                "a DDBDataLoader over a connection object cannot be sent to another process; "
+                "give source as a database path, a URI or a factory that opens a connection"
+            )
+        state = self.__dict__.copy()
+        state.update(_backend=None, _iterator=None, _recorder=None, _progress=None)
+        return state
 
     def _close_iterator(self) -> None:
         previous = self._iterator() if self._iterator is not None else None
@@ -247,7 +390,8 @@ class DDBDataLoader:
             return
         self._closed = True
         self._close_iterator()
-        self._backend.close()
+        if self._backend is not None and self._backend_pid == os.getpid():
+            self._backend.close()
 
     def __enter__(self) -> DDBDataLoader:
         return self
@@ -278,6 +422,15 @@ class DDBDataLoader:
             f"y={y_shape} {plan.layout.y_dtype}, shuffle={config.shuffle}, seed={config.seed})"
         )
 
+
+def _reopenable(source: Any) -> bool:
+    """True for sources a worker process can open again on its own."""
+    if isinstance(source, (str, os.PathLike)):
+        return str(source) != ":memory:"
+    return callable(source) and not hasattr(source, "cursor")
+
+
+_STATE_VERSION = 1
 
 _DEFAULTS: dict[str, Any] = {
     name: parameter.default

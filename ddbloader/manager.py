@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,13 +23,14 @@ import torch
 
 from .config import LoaderConfig
 from .fetch import Fetcher
-from .plan import GroupPlan, QueryPlan
+from .plan import QueryPlan
 from .prefetch import Pending
+from .shard import EvenBatches, WorkUnit, split_units
 from .shuffle import Purpose, draw_sources, generator, sample_order, visit_order
 from .source import Block
 from .window import WindowGeometry, window_view
 
-__all__ = ["GroupPool", "GroupStream", "PartitionGauge", "Piece", "Segment"]
+__all__ = ["GroupPool", "GroupStream", "PartitionGauge", "Piece", "Segment", "epoch_units"]
 
 
 class Segment:
@@ -81,11 +82,14 @@ class _Step:
 
 
 class GroupStream:
-    """Serves one group's samples in emission order."""
+    """Serves one work unit (a group's contiguous sample range) in emission order.
+
+    Only the partitions that the unit's samples touch are fetched.
+    """
 
     def __init__(
         self,
-        group: GroupPlan,
+        unit: WorkUnit,
         config: LoaderConfig,
         geometry: WindowGeometry,
         epoch: int,
@@ -93,8 +97,10 @@ class GroupStream:
         gauge: PartitionGauge,
         stop: threading.Event,
     ) -> None:
+        group = unit.group
         self.group = group
-        self.remaining = group.samples
+        self.remaining = unit.samples
+        self._unit = unit
         self._config = config
         self._geometry = geometry
         self._epoch = epoch
@@ -102,15 +108,23 @@ class GroupStream:
         self._gauge = gauge
         self._stop = stop
         self._bounds = np.concatenate([[0], np.cumsum([p.rows for p in group.partitions])]).tolist()
+        first_row = unit.first * geometry.stride
+        stop_row = (unit.stop - 1) * geometry.stride + geometry.span
+        needed = [
+            position
+            for position in range(len(group.partitions))
+            if self._bounds[position] < stop_row and self._bounds[position + 1] > first_row
+        ]
         order = visit_order(
-            len(group.partitions),
+            len(needed),
             config.shuffle,
             config.seed,
             epoch,
             Purpose.PARTITION_ORDER,
             group.index,
+            unit.first,
         )
-        self._to_submit: deque[int] = deque(int(p) for p in order)
+        self._to_submit: deque[int] = deque(needed[int(i)] for i in order)
         self._pending: deque[tuple[int, Pending[Block]]] = deque()
         self._edges: dict[int, tuple[Block, Block]] = {}
         self._step: _Step | None = None
@@ -183,7 +197,8 @@ class GroupStream:
             )
         else:
             self._edges[position] = (block.rows_between(0, 0), block.rows_between(0, 0))
-        samples = self._geometry.samples_completed_by(first, stop, lo, hi, self.group.samples)
+        completed = self._geometry.samples_completed_by(first, stop, lo, hi, self.group.samples)
+        samples = range(max(completed.start, self._unit.first), min(completed.stop, self._unit.stop))
         order = sample_order(
             samples.start,
             samples.stop,
@@ -217,16 +232,17 @@ class GroupStream:
 
 
 class GroupPool:
-    """The ``group_pool_size`` active groups of an epoch, and the draw of each batch's samples.
+    """The ``group_pool_size`` active work units of an epoch, and the draw of each batch's samples.
 
-    Without shuffle, groups are served one after another in plan order (the pool only prefetches
-    the next groups). With shuffle, groups enter in a random order and each sample of a batch
-    comes from a uniformly drawn active group.
+    Units enter in the given order (the epoch's group order, see :func:`epoch_units`). Without
+    shuffle they are served one after another (the pool only prefetches the next ones); with
+    shuffle each sample of a batch comes from a uniformly drawn active unit.
     """
 
     def __init__(
         self,
-        plan: QueryPlan,
+        units: Sequence[WorkUnit],
+        geometry: WindowGeometry,
         config: LoaderConfig,
         epoch: int,
         fetcher: Fetcher,
@@ -234,12 +250,11 @@ class GroupPool:
     ) -> None:
         self.gauge = PartitionGauge()
         self._config = config
-        order = visit_order(len(plan.groups), config.shuffle, config.seed, epoch, Purpose.GROUP_ORDER)
-        self._waiting = deque(plan.groups[int(i)] for i in order if plan.groups[int(i)].samples > 0)
+        self._waiting = deque(u for u in units if u.samples > 0)
         self._active: list[GroupStream] = []
         self._draws = generator(config.seed, epoch, Purpose.POOL_DRAWS)
-        self._make: Callable[[GroupPlan], GroupStream] = lambda group: GroupStream(
-            group, config, plan.geometry, epoch, fetcher, self.gauge, stop
+        self._make: Callable[[WorkUnit], GroupStream] = lambda unit: GroupStream(
+            unit, config, geometry, epoch, fetcher, self.gauge, stop
         )
 
     def take(self, count: int) -> list[Piece]:
@@ -261,3 +276,20 @@ class GroupPool:
                     count -= give
             self._active = [s for s in self._active if s.remaining > 0]
         return pieces
+
+
+def epoch_units(
+    plan: QueryPlan,
+    config: LoaderConfig,
+    epoch: int,
+    rank: int = 0,
+    world_size: int = 1,
+    worker: int = 0,
+    num_workers: int = 1,
+    even_batches: EvenBatches = "pad",
+) -> list[WorkUnit]:
+    """The work units one (rank, worker) serves in ``epoch``, in the epoch's group order."""
+    order = visit_order(len(plan.groups), config.shuffle, config.seed, epoch, Purpose.GROUP_ORDER)
+    return split_units(
+        [plan.groups[int(i)] for i in order], rank, world_size, worker, num_workers, even_batches
+    )

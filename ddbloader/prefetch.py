@@ -213,6 +213,10 @@ class Prefetcher(Generic[T]):
             item.reraise()
         return item  # type: ignore[no-any-return]
 
+    def ready(self) -> int:
+        """Items assembled and waiting for the consumer (0 when running inline)."""
+        return self._queue.qsize()
+
     def _take(self) -> Any:
         deadline = time.monotonic() + self._timeout
         while True:

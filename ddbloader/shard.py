@@ -18,9 +18,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+import torch
+
 from .plan import GroupPlan
 
-__all__ = ["EvenBatches", "WorkUnit", "shard_samples", "split_units"]
+__all__ = ["EvenBatches", "Sharding", "WorkUnit", "resolve_sharding", "shard_samples", "split_units"]
 
 EvenBatches = Literal["pad", "drop"]
 
@@ -94,3 +96,36 @@ def split_units(
     begin = worker * rank_total // num_workers
     end = (worker + 1) * rank_total // num_workers
     return _cut(rank_units, begin, end)
+
+
+@dataclass(frozen=True)
+class Sharding:
+    """This process's place among DDP ranks. Invariant: ``0 <= rank < world_size``."""
+
+    rank: int
+    world_size: int
+    even_batches: EvenBatches
+
+
+def resolve_sharding(rank: int | None, world_size: int | None, even_batches: str) -> Sharding:
+    """Explicit ``rank``/``world_size``, else torch.distributed's when initialised, else (0, 1).
+
+    Raises:
+        ValueError: only one of rank/world_size given, a rank out of range, or an unknown
+            ``even_batches``.
+    """
+    if even_batches not in ("pad", "drop"):
+        raise ValueError(f"even_batches must be 'pad' or 'drop', got {even_batches!r}")
+    if rank is None and world_size is None:
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            rank, world_size = torch.distributed.get_rank(), torch.distributed.get_world_size()
+        else:
+            rank, world_size = 0, 1
+    if rank is None or world_size is None:
+        raise ValueError("give both rank and world_size, or neither (to read them from torch.distributed)")
+    for name, value in (("rank", rank), ("world_size", world_size)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{name} must be an int, got {value!r}")
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise ValueError(f"rank must be in [0, world_size); got rank={rank}, world_size={world_size}")
+    return Sharding(rank, world_size, even_batches)  # type: ignore[arg-type]

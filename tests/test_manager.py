@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from ddbloader import DDBDataLoader
 from ddbloader.backends import DuckDBBackend
 from ddbloader.fetch import Fetcher
-from ddbloader.manager import GroupPool
+from ddbloader.manager import GroupPool, epoch_units
 
 GROUP_ROWS = 1_000_000
 
@@ -252,7 +252,14 @@ def held_partitions(con: duckdb.DuckDBPyConnection, case: Case) -> tuple[int, in
         fetcher = Fetcher(DuckDBBackend(con), loader.plan.layout, case.fetch_threads)
         stop = threading.Event()
         try:
-            pool = GroupPool(loader.plan, loader.config, case.epoch, fetcher, stop)
+            pool = GroupPool(
+                epoch_units(loader.plan, loader.config, case.epoch),
+                loader.plan.geometry,
+                loader.config,
+                case.epoch,
+                fetcher,
+                stop,
+            )
             limit = case.group_pool_size * case.prepartition_num
             high_water = drain(pool, loader.plan.samples, case.batch_size, limit)
             return high_water, pool.gauge.held
