@@ -118,6 +118,7 @@ class _EpochIterator:
                 elapsed = time.perf_counter() - self._started
                 _log.info("epoch %d done: %d batches in %.2f s", self.epoch, self.yielded, elapsed)
                 self._loader._progress = (self.epoch, self.yielded, True)
+            self._run.recorder.finish()
             self.close()
             raise
         except BaseException:

@@ -78,6 +78,12 @@ class StatsRecorder:
         self._fetch_seconds = 0.0
         self._depth_total = 0
         self._bytes = 0
+        self._ended: float | None = None
+
+    def finish(self) -> None:
+        """Freeze the wall time: the epoch has ended."""
+        with self._lock:
+            self._ended = self._ended or time.perf_counter()
 
     def fetched(self, seconds: float) -> None:
         """One partition fetched and converted in ``seconds``."""
@@ -96,7 +102,7 @@ class StatsRecorder:
 
     def snapshot(self) -> LoaderStats:
         with self._lock:
-            seconds = max(time.perf_counter() - self._started, 1e-9)
+            seconds = max((self._ended or time.perf_counter()) - self._started, 1e-9)
             return LoaderStats(
                 epoch=self._epoch,
                 batches=self._batches,

@@ -1,0 +1,59 @@
+"""DDBIterableDataset: the loader as a torch IterableDataset, for DataLoader worker processes."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch.utils.data import IterableDataset, get_worker_info
+
+from .loader import DDBDataLoader, _EpochIterator
+
+__all__ = ["DDBIterableDataset"]
+
+
+class DDBIterableDataset(IterableDataset[tuple[torch.Tensor, torch.Tensor]]):
+    """``DDBDataLoader``'s arguments, served through ``torch.utils.data.DataLoader``.
+
+    Use ``DataLoader(dataset, batch_size=None, num_workers=N)``: batching happens here. Each
+    worker serves a disjoint, contiguous share of this rank's samples and opens its own
+    connection from ``source``, which must then be a database path, a URI or a factory (a
+    connection object cannot cross processes). The set of samples of an epoch is the same for
+    every ``num_workers``; the batch count is :meth:`batches` (``len()`` assumes one worker).
+
+    Workers iterate copies of the dataset, so call :meth:`set_epoch` before every epoch (as with
+    ``DistributedSampler``) unless workers are persistent. ``state_dict``/``load_state_dict``
+    follow torchdata's ``Stateful`` protocol, so ``StatefulDataLoader`` resumes it per worker.
+    """
+
+    def __init__(self, source: Any, sql: str, target_col: Any = None, *args: Any, **kwargs: Any) -> None:
+        self.loader = DDBDataLoader(source, sql, target_col, *args, **kwargs)
+
+    def __iter__(self) -> _EpochIterator:
+        info = get_worker_info()
+        if info is None:
+            return self.loader.iterate()
+        return self.loader.iterate(info.id, info.num_workers)
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def batches(self, num_workers: int) -> int:
+        """Batches per epoch on this rank when served by ``num_workers`` workers (0 counts as 1)."""
+        return self.loader.batches(max(num_workers, 1))
+
+    def set_epoch(self, epoch: int) -> None:
+        self.loader.set_epoch(epoch)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.loader.state_dict()
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.loader.load_state_dict(state)
+
+    def close(self) -> None:
+        self.loader.close()
+
+    def __repr__(self) -> str:
+        return f"DDBIterableDataset({self.loader!r})"
