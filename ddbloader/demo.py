@@ -18,7 +18,9 @@ from .loader import DDBDataLoader
 __all__ = ["build_factor_table", "main"]
 
 
-def build_factor_table(con: duckdb.DuckDBPyConnection, symbols: int, days: int, rows: int, factors: int) -> None:
+def build_factor_table(
+    con: duckdb.DuckDBPyConnection, symbols: int, days: int, rows: int, factors: int
+) -> None:
     """Create ``factors(symbol, ts, f0..f{F-1}, target)``: ``rows`` per symbol-day, 1 s apart.
 
     ``target`` at row t is ``0.6·f0[t-1] − 0.4·f1[t-2] + 0.2·f2[t-3]`` plus noise, within a symbol.
@@ -50,7 +52,10 @@ class _Forecaster(torch.nn.Module):
     def __init__(self, window: int, features: int) -> None:
         super().__init__()
         self.net = torch.nn.Sequential(
-            torch.nn.Flatten(), torch.nn.Linear(window * features, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1)
+            torch.nn.Flatten(),
+            torch.nn.Linear(window * features, 64),
+            torch.nn.ReLU(),
+            torch.nn.Linear(64, 1),
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -74,8 +79,8 @@ def main(argv: list[str] | None = None) -> None:
     started = time.perf_counter()
     build_factor_table(con, args.symbols, args.days, args.rows, args.factors)
     print(
-        f"factor table: {args.symbols} symbols × {args.days} days × {args.rows} rows × {args.factors} factors "
-        f"({time.perf_counter() - started:.2f} s)"
+        f"factor table: {args.symbols} symbols × {args.days} days × {args.rows} rows × "
+        f"{args.factors} factors ({time.perf_counter() - started:.2f} s)"
     )
     factor_names = [f"f{k}" for k in range(args.factors)]
     loader = DDBDataLoader(
