@@ -14,11 +14,14 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import duckdb
 import torch
+from sqlglot import exp
 
-from .backends import Backend, connect
+from .backends import Backend, DuckDBBackend, connect
 from .batch import batch_count, gather
 from .config import LoaderConfig, normalise_config, resolve_aliases
+from .display import plan_html, plan_rows, plan_text
 from .fetch import Fetcher
 from .manager import GroupPool, epoch_units
 from .plan import QueryPlan, build_plan
@@ -404,24 +407,46 @@ class DDBDataLoader:
         if not getattr(self, "_closed", True):
             self.close()
 
-    def __repr__(self) -> str:
-        plan, config = self.plan, self.config
-        x_shape = [
-            config.batch_size,
-            *([config.x_window] if config.windowed else []),
-            len(plan.layout.x_names),
-        ]
-        y_shape = [
-            config.batch_size,
-            *([config.y_window] if config.windowed else []),
-            len(plan.layout.y_names),
-        ]
-        return (
-            f"DDBDataLoader(engine={plan.engine!r}, groups={len(plan.groups)}, partitions={plan.partitions}, "
-            f"rows={plan.rows}, samples={plan.samples}, batches={self._len}, "
-            f"x={x_shape} {plan.layout.x_dtype}, "
-            f"y={y_shape} {plan.layout.y_dtype}, shuffle={config.shuffle}, seed={config.seed})"
+    @classmethod
+    def from_parquet(
+        cls, path: str | os.PathLike[str], target_col: Any, sql: str = "SELECT * FROM data", **kwargs: Any
+    ) -> DDBDataLoader:
+        """A loader over Parquet file(s) (a path or glob), read in place as the view ``data``."""
+        connection = duckdb.connect()
+        source = exp.select("*").from_(exp.func("read_parquet", exp.Literal.string(str(path))))
+        connection.execute(
+            exp.Create(this=exp.to_table("data"), kind="VIEW", expression=source).sql("duckdb")
         )
+        return cls(DuckDBBackend(connection, owned=True), sql, target_col, **kwargs)
+
+    @classmethod
+    def from_arrow(
+        cls, table: Any, target_col: Any, sql: str = "SELECT * FROM data", **kwargs: Any
+    ) -> DDBDataLoader:
+        """A loader over an Arrow table (or anything DuckDB scans: a pandas DataFrame), copied into
+        an in-memory DuckDB table ``data``."""
+        connection = duckdb.connect()
+        connection.register("_ddbloader_input", table)
+        connection.execute("CREATE TABLE data AS SELECT * FROM _ddbloader_input")
+        connection.unregister("_ddbloader_input")
+        return cls(DuckDBBackend(connection, owned=True), sql, target_col, **kwargs)
+
+    @classmethod
+    def from_pandas(
+        cls, frame: Any, target_col: Any, sql: str = "SELECT * FROM data", **kwargs: Any
+    ) -> DDBDataLoader:
+        """A loader over a pandas DataFrame, copied into an in-memory DuckDB table ``data``."""
+        return cls.from_arrow(frame, target_col, sql, **kwargs)
+
+    def _plan_rows(self) -> list[tuple[str, str]]:
+        return plan_rows(self.plan, self.config, self.sharding, self._len)
+
+    def __repr__(self) -> str:
+        return plan_text(self._plan_rows())
+
+    def _repr_html_(self) -> str:
+        layout = self.plan.layout
+        return plan_html(self._plan_rows(), {"x": layout.x_names, "y": layout.y_names})
 
 
 def _reopenable(source: Any) -> bool:

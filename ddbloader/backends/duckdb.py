@@ -51,14 +51,17 @@ class DuckDBBackend:
     dialect = "duckdb"
     engine = "duckdb"
 
-    def __init__(self, source: duckdb.DuckDBPyConnection | str | os.PathLike[str] | None) -> None:
+    def __init__(
+        self, source: duckdb.DuckDBPyConnection | str | os.PathLike[str] | None, *, owned: bool = False
+    ) -> None:
+        """``owned``: close a passed-in connection with the backend (it was made for the loader)."""
         if source is None:
             self._connection = duckdb.connect(":memory:")
             self._owned = True
             self.engine = "duckdb (in-memory)"
         elif isinstance(source, duckdb.DuckDBPyConnection):
             self._connection = source
-            self._owned = False
+            self._owned = owned
         else:
             path = Path(source)
             if not path.exists():
