@@ -9,7 +9,9 @@ from .demo import main
 
 def _run(argv: list[str]) -> None:
     if not argv or argv[0] != "demo":
-        sys.exit("usage: python -m ddbloader demo [--steps N] [--symbols S] [--days D] [--rows R] [--factors F]")
+        sys.exit(
+            "usage: python -m ddbloader demo [--steps N] [--symbols S] [--days D] [--rows R] [--factors F]"
+        )
     main(argv[1:])
 
 

@@ -7,8 +7,9 @@ message that names the parameter.
 from __future__ import annotations
 
 import difflib
+import math
 import secrets
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -81,9 +82,12 @@ class LoaderConfig:
 
 
 def resolve_aliases(
-    explicit: dict[str, Any], defaults: Mapping[str, Any], extra: Mapping[str, Any]
+    explicit: dict[str, Any], defaults: Mapping[str, Any], extra: Mapping[str, Any], given: Collection[str]
 ) -> dict[str, Any]:
     """Fold DolphinDB camelCase keywords into ``explicit``; refuse unknown or doubled keywords.
+
+    ``given`` names the parameters the caller actually passed (a default passed explicitly too);
+    one passed as ``None`` counts as not given, so ``target_col=None, targetCol="y"`` is accepted.
 
     Raises:
         TypeError: a keyword that is neither a parameter nor an alias, or a value given both
@@ -97,7 +101,7 @@ def resolve_aliases(
             hint = difflib.get_close_matches(key, known, n=1)
             suffix = f"; did you mean {hint[0]!r}?" if hint else ""
             raise TypeError(f"DDBDataLoader() got an unexpected keyword argument {key!r}{suffix}")
-        if merged.get(name, defaults.get(name)) is not defaults.get(name):
+        if name in given and merged.get(name) is not None:
             raise TypeError(f"DDBDataLoader() got {name!r} twice: as {name!r} and as its alias {key!r}")
         merged[name] = value
     return merged
@@ -154,7 +158,29 @@ def _scheme(
     values = tuple(v.item() if isinstance(v, np.generic) else v for v in scheme)
     if not values:
         raise ValueError(f"{scheme_name} is empty: give at least one value, or None to discover them")
+    repeated = _repeated(values)
+    if repeated:
+        raise ValueError(f"{scheme_name} lists {repeated!r} more than once: its rows would load twice")
+    if any(v is None for v in values):
+        # SQL's NULL = NULL is never true, so a None value would silently select no rows.
+        raise ValueError(
+            f"{scheme_name} contains None, which matches no row; "
+            f"COALESCE {column_name} in the query to load NULL rows"
+        )
     return column, values
+
+
+def _repeated(values: SchemeValues) -> list[Any]:
+    seen: set[Any] = set()
+    repeated: list[Any] = []
+    for value in values:
+        try:
+            if value in seen and value not in repeated:
+                repeated.append(value)
+            seen.add(value)
+        except TypeError:  # unhashable: the engine rejects it as a parameter anyway
+            continue
+    return repeated
 
 
 def _numpy_dtype(dtype: Any, parameter: str) -> np.dtype[Any] | None:
@@ -162,11 +188,14 @@ def _numpy_dtype(dtype: Any, parameter: str) -> np.dtype[Any] | None:
         return None
     try:
         if isinstance(dtype, torch.dtype):
-            return np.dtype(torch.empty(0, dtype=dtype).numpy().dtype)
-        numpy_dtype: np.dtype[Any] = np.dtype(dtype)
-        return numpy_dtype
+            numpy_dtype: np.dtype[Any] = np.dtype(torch.empty(0, dtype=dtype).numpy().dtype)
+        else:
+            numpy_dtype = np.dtype(dtype)
     except (TypeError, RuntimeError) as exc:
         raise TypeError(f"{parameter}={dtype!r} has no numpy equivalent; use e.g. torch.float32") from exc
+    if numpy_dtype.kind not in "biuf":
+        raise TypeError(f"{parameter}={dtype!r} is not a numeric dtype; use e.g. torch.float32")
+    return numpy_dtype
 
 
 def _dtypes(dtype: Any) -> tuple[np.dtype[Any] | None, np.dtype[Any] | None]:
@@ -176,6 +205,16 @@ def _dtypes(dtype: Any) -> tuple[np.dtype[Any] | None, np.dtype[Any] | None]:
         return _numpy_dtype(dtype[0], "dtype[0]"), _numpy_dtype(dtype[1], "dtype[1]")
     both = _numpy_dtype(dtype, "dtype")
     return both, both
+
+
+def _device(device: Any) -> torch.device:
+    try:
+        resolved = torch.device(device)
+    except (TypeError, RuntimeError) as exc:
+        raise ValueError(f"device={device!r} is not a torch device: {exc}") from exc
+    if resolved.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device={device!r} needs CUDA, which this machine does not have")
+    return resolved
 
 
 def _pin(pin_memory: bool | Literal["auto"], device: torch.device) -> bool:
@@ -212,11 +251,15 @@ def normalise_config(args: Mapping[str, Any]) -> LoaderConfig:
     seed = args["seed"]
     if seed is None:
         seed = secrets.randbits(63)
-    elif isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise TypeError(f"seed must be a non-negative int or None, got {seed!r}")
-    device = torch.device(args["device"])
+    elif isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+        raise TypeError(f"seed must be a non-negative int or None, got {type(seed).__name__} {seed!r}")
+    elif seed < 0:
+        raise ValueError(f"seed must be a non-negative int or None, got {seed}")
+    device = _device(args["device"])
     timeout = args["timeout"]
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float, np.integer, np.floating)):
+        raise TypeError(f"timeout must be a number of seconds, got {type(timeout).__name__} {timeout!r}")
+    if math.isnan(timeout) or timeout <= 0:
         raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
     for flag in ("shuffle", "drop_last"):
         if not isinstance(args[flag], (bool, np.bool_)):

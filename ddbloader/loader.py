@@ -10,9 +10,9 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import duckdb
 import torch
@@ -26,7 +26,7 @@ from .fetch import Fetcher
 from .manager import GroupPool, epoch_units
 from .plan import QueryPlan, build_plan
 from .prefetch import Prefetcher
-from .shard import WorkUnit, resolve_sharding, shard_samples
+from .shard import WorkUnit, agree_seed, resolve_sharding, shard_samples
 from .stats import LoaderStats, StatsRecorder
 
 __all__ = ["DDBDataLoader"]
@@ -128,7 +128,7 @@ class _EpochIterator:
             self.close()
             raise
         self.yielded += 1
-        self._loader._progress = (self.epoch, self.yielded, self.yielded == self._run.batches)
+        self._loader._progress = (self.epoch, self.yielded, False)
         self._run.recorder.delivered(len(x), x.nbytes + y.nbytes, time.perf_counter() - waiting, ready)
         device = self._run.config.device
         if device.type != "cpu":
@@ -138,6 +138,25 @@ class _EpochIterator:
 
     def close(self) -> None:
         self._close()
+
+
+_Init = TypeVar("_Init", bound=Callable[..., None])
+
+
+def _records_given_arguments(init: _Init) -> _Init:
+    """Store the names of the arguments the caller actually passed as ``self._given_arguments``,
+    so a parameter given together with its DolphinDB alias is refused even at its default value."""
+    signature = inspect.signature(init)
+
+    @functools.wraps(init)
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> None:
+        self._given_arguments = frozenset(signature.bind(self, *args, **kwargs).arguments) - {
+            "self",
+            "aliases",
+        }
+        init(self, *args, **kwargs)
+
+    return wrapper  # type: ignore[return-value]
 
 
 class DDBDataLoader:
@@ -177,6 +196,9 @@ class DDBDataLoader:
         **aliases: DolphinDB's camelCase names (``targetCol``, ``batchSize``, ...).
     """
 
+    _given_arguments: frozenset[str]
+
+    @_records_given_arguments
     def __init__(
         self,
         source: Any,
@@ -212,9 +234,12 @@ class DDBDataLoader:
         explicit = {
             k: v for k, v in locals().items() if k not in {"self", "source", "sql", "aliases", "__class__"}
         }
-        args = resolve_aliases(explicit, _DEFAULTS, aliases)
+        args = resolve_aliases(explicit, _DEFAULTS, aliases, self._given_arguments)
         self.config = normalise_config(args)
         self.sharding = resolve_sharding(rank, world_size, even_batches)
+        if args["seed"] is None:
+            shared = agree_seed(self.config.seed, self.sharding, self.config.shuffle)
+            self.config = dataclasses.replace(self.config, seed=shared)
         self._source = source
         self._backend_pid = os.getpid()
         self._backend: Backend | None = connect(source)
@@ -258,10 +283,14 @@ class DDBDataLoader:
         """Make the next iteration run ``epoch`` (its order is a function of seed and epoch).
 
         In DataLoader worker mode call it before every epoch, as with ``DistributedSampler``:
-        worker processes iterate copies, so the original cannot count epochs itself.
+        worker processes iterate copies, so the original cannot count epochs itself. Setting the
+        epoch that runs next anyway changes nothing, so ``load_state_dict`` followed by
+        ``set_epoch`` of the saved epoch still resumes mid-epoch; another epoch starts afresh.
         """
         if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
             raise ValueError(f"epoch must be a non-negative int, got {epoch!r}")
+        if epoch == self._epoch:
+            return
         self._epoch = epoch
         self._resume_skip = 0
         self._progress = None
@@ -303,7 +332,7 @@ class DDBDataLoader:
         )
         self._epoch += 1
         self._resume_skip = 0
-        self._progress = (epoch, skip, skip == batches)
+        self._progress = (epoch, skip, False)
         self._iterator = weakref.ref(iterator)
         return iterator
 
@@ -317,7 +346,11 @@ class DDBDataLoader:
         """Where the consumer is: small, JSON-serialisable, counting batches handed out.
 
         A fresh loader built with the same arguments that loads this state yields exactly the
-        rest of the interrupted epoch, then the following epochs as if never interrupted.
+        rest of the interrupted epoch, then the following epochs as if never interrupted. Taken
+        after an epoch's last batch but inside the loop, the state still names that epoch (so the
+        resumed loop finishes it, empty, and the next pass runs the next epoch, as in a checkpoint
+        taken at the last step); once the iteration has ended it names the next epoch. Every rank
+        reaches the same state, so rank 0's state may be loaded on every rank.
         """
         if self._progress is None:
             epoch, batches = self._epoch, self._resume_skip

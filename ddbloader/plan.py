@@ -17,7 +17,14 @@ import pyarrow as pa
 from .backends import Backend, Cursor
 from .config import LoaderConfig
 from .errors import add_note
-from .query import GROUP_ALIAS, REPARTITION_ALIAS, ROWS_ALIAS, UserQuery, parse_column_expression
+from .query import (
+    GROUP_ALIAS,
+    PIVOT_ALIAS,
+    REPARTITION_ALIAS,
+    ROWS_ALIAS,
+    Query,
+    UserQuery,
+)
 from .source import ColumnLayout, nullable_candidates, resolve_columns
 from .window import WindowGeometry
 
@@ -80,7 +87,7 @@ class QueryPlan:
         return sum(len(g.partitions) for g in self.groups)
 
 
-def _run(cursor: Cursor, sql: str, params: Sequence[Any], purpose: str) -> pa.Table:
+def _run(cursor: Cursor, sql: str, purpose: str, params: Sequence[Any] = ()) -> pa.Table:
     try:
         return cursor.fetch(sql, params)
     except Exception as error:
@@ -88,38 +95,38 @@ def _run(cursor: Cursor, sql: str, params: Sequence[Any], purpose: str) -> pa.Ta
         raise
 
 
-def _drop_nulls(values: list[Any], parameter: str, rows: int | None) -> list[Any]:
-    if None not in values:
-        return values
-    lost = f"{rows} rows" if rows is not None else "rows"
-    warnings.warn(
-        f"{lost} have NULL {parameter} and match no subquery, so they are not loaded; "
-        f"filter them out or COALESCE the column in the query",
-        stacklevel=4,
-    )
-    return [v for v in values if v is not None]
+@dataclass(frozen=True)
+class _Key:
+    """A partition key: ``group_col`` or ``repartition_col``, parsed, and its scheme."""
+
+    expression: Any  # what query.column() returns: a sqlglot expression, or DolphinDB text
+    scheme: tuple[Any, ...] | None
+    parameter: str
+    text: str
+
+    @property
+    def name(self) -> str:
+        return f"{self.parameter} {self.text!r}"
 
 
-def _discover(cursor: Cursor, query: UserQuery, column: Any, parameter: str) -> list[Any]:
-    table = _run(
-        cursor,
-        query.distinct_values([column], with_counts=False),
-        [],
-        f"discovering {parameter} values",
-    )
-    return _drop_nulls(table.column(GROUP_ALIAS).to_pylist(), parameter, None)
+_Cell = tuple[Any, tuple[Any, ...], int]
+#: Rows whose key is NULL, per key: they match no subquery and are not loaded.
+_Lost = dict[str, int]
 
 
 def build_plan(backend: Backend, sql: str, config: LoaderConfig) -> QueryPlan:
     """Plan the epoch: parse, resolve columns, discover schemes, count every subquery.
 
+    Warns once per key whose NULL values leave rows out (naming the key and the row count), and
+    once for the groups too short for one sample (naming them).
+
     Raises:
         ValueError / TypeError: the query or a column argument is unusable (message names it).
         Exception: an engine error, with a note naming the query that failed.
     """
-    query = UserQuery(sql, backend.dialect)
+    query = _parse(backend, sql)
     keys = [
-        (parse_column_expression(column, parameter, backend.dialect), scheme, parameter)
+        _Key(query.column(column, parameter), scheme, parameter, column)
         for column, scheme, parameter in (
             (config.group_col, config.group_scheme, "group_col"),
             (config.repartition_col, config.repartition_scheme, "repartition_col"),
@@ -127,21 +134,30 @@ def build_plan(backend: Backend, sql: str, config: LoaderConfig) -> QueryPlan:
         if column is not None
     ]
     geometry = WindowGeometry.from_config(config)
+    lost: _Lost = {}
     cursor = backend.cursor()
     try:
-        schema = _run(cursor, query.schema(), [], "reading the result schema").schema
+        if keys:
+            query = _pin_pivots(cursor, query)
+        schema = _run(cursor, query.schema(), "reading the result schema").schema
         names = {*(config.input_col or schema.names), *config.target_col}
         candidates = nullable_candidates(schema, names)
         with_nulls: set[str] = set()
         if candidates:
-            counts = _run(cursor, query.null_counts(candidates), [], "counting nulls").to_pylist()[0]
+            counts = _run(cursor, query.null_counts(candidates), "counting nulls").to_pylist()[0]
             with_nulls = {name for name, nulls in counts.items() if nulls}
         layout = resolve_columns(schema, config, with_nulls)
-        partition_sql = query.filtered([k[0] for k in keys])
-        cells = _cells(cursor, query, keys, partition_sql)
+        partition_sql = query.filtered([k.expression for k in keys])
+        cells = _cells(cursor, query, keys, partition_sql, lost)
     finally:
         cursor.close()
-    group_params = len(keys) == 2 or (len(keys) == 1 and keys[0][2] == "group_col")
+    for name, rows in lost.items():
+        warnings.warn(
+            f"{rows} rows have NULL {name} and match no subquery, so they are not loaded; "
+            f"filter them out or COALESCE the column in the query",
+            stacklevel=3,
+        )
+    group_params = any(k.parameter == "group_col" for k in keys)
     groups: list[GroupPlan] = []
     for index, (group_value, row) in enumerate(cells):
         partitions = tuple(
@@ -175,73 +191,86 @@ def build_plan(backend: Backend, sql: str, config: LoaderConfig) -> QueryPlan:
     return QueryPlan(backend.engine, tuple(groups), layout, geometry)
 
 
-_Cell = tuple[Any, tuple[Any, ...], int]
+def _parse(backend: Backend, sql: str) -> Query:
+    """The user's query, parsed by the backend when it brings its own parser (DolphinDB)."""
+    parse = getattr(backend, "query", None)
+    if callable(parse):
+        parsed: Query = parse(sql)
+        return parsed
+    return UserQuery(sql, backend.dialect)
+
+
+def _pin_pivots(cursor: Cursor, query: Query) -> Query:
+    """Fix the columns of a PIVOT that takes them from the data, so every subquery has them all."""
+    fields = query.dynamic_pivot_fields()
+    if not fields:
+        return query
+    values = [
+        _run(cursor, f, "listing the values of a PIVOT").column(PIVOT_ALIAS).to_pylist() for f in fields
+    ]
+    return query.pinned(values)
+
+
+def _discover(cursor: Cursor, query: Query, key: _Key, lost: _Lost) -> list[Any]:
+    table = _run(
+        cursor,
+        query.distinct_values([key.expression], with_counts=False),
+        f"discovering {key.parameter} values",
+    )
+    values = table.column(GROUP_ALIAS).to_pylist()
+    if None in values:
+        nulls = _run(cursor, query.null_rows([key.expression]), f"counting rows with NULL {key.parameter}")
+        lost[key.name] = int(nulls.column(ROWS_ALIAS)[0].as_py())
+    return [v for v in values if v is not None]
 
 
 def _cells(
-    cursor: Cursor, query: UserQuery, keys: list[tuple[Any, Any, str]], partition_sql: str
+    cursor: Cursor, query: Query, keys: list[_Key], partition_sql: str, lost: _Lost
 ) -> list[tuple[Any, list[_Cell]]]:
     """Per group: its value and its (repartition value, parameters, rows) in scheme order."""
     if not keys:
-        rows = _run(cursor, query.count(partition_sql), [], "counting rows").column(ROWS_ALIAS)[0].as_py()
-        return [(None, [(None, (), rows)])]
-    if len(keys) == 2 and keys[0][1] is None and keys[1][1] is None and query.counts_are_groupable():
-        return _grouped_counts(cursor, query, keys)
-    if len(keys) == 1 and keys[0][1] is None and query.counts_are_groupable():
-        table = _run(
-            cursor,
-            query.distinct_values([keys[0][0]], with_counts=True),
-            [],
-            "counting rows per value",
-        )
-        counted = list(
-            zip(
-                table.column(GROUP_ALIAS).to_pylist(),
-                table.column(ROWS_ALIAS).to_pylist(),
-                strict=True,
-            )
-        )
-        null_rows = sum(n for v, n in counted if v is None)
-        if null_rows:
-            _drop_nulls([None], keys[0][2], null_rows)
-        cells = [(v, (v,), n) for v, n in counted if v is not None]
-        if keys[0][2] == "group_col":
-            return [(v, [(None, params, n)]) for v, params, n in cells]
-        return [(None, cells)]
-    schemes = [
-        list(scheme) if scheme is not None else _discover(cursor, query, column, parameter)
-        for column, scheme, parameter in keys
-    ]
+        table = _run(cursor, query.count(partition_sql), "counting rows")
+        return [(None, [(None, (), int(table.column(ROWS_ALIAS)[0].as_py()))])]
+    discovered = all(k.scheme is None for k in keys)
+    if discovered and query.counts_are_groupable():
+        return _grouped_counts(cursor, query, keys, lost)
+    schemes = [list(k.scheme) if k.scheme is not None else _discover(cursor, query, k, lost) for k in keys]
     count_sql = query.count(partition_sql)
 
     def count(params: tuple[Any, ...]) -> int:
-        table = _run(cursor, count_sql, params, "counting the rows of a subquery")
+        table = _run(cursor, count_sql, "counting the rows of a subquery", params)
         return int(table.column(ROWS_ALIAS)[0].as_py())
 
     if len(keys) == 1:
-        if keys[0][2] == "group_col":
+        if keys[0].parameter == "group_col":
             return [(v, [(None, (v,), count((v,)))]) for v in schemes[0]]
         return [(None, [(v, (v,), count((v,))) for v in schemes[0]])]
     return [(g, [(r, (g, r), count((g, r))) for r in schemes[1]]) for g in schemes[0]]
 
 
 def _grouped_counts(
-    cursor: Cursor, query: UserQuery, keys: list[tuple[Any, Any, str]]
+    cursor: Cursor, query: Query, keys: list[_Key], lost: _Lost
 ) -> list[tuple[Any, list[_Cell]]]:
+    """Every cell's row count from one GROUP BY over the query's FROM/WHERE."""
     table = _run(
         cursor,
-        query.distinct_values([k[0] for k in keys], with_counts=True),
-        [],
-        "counting rows per group and repartition",
+        query.distinct_values([k.expression for k in keys], with_counts=True),
+        "counting rows per partition key",
     )
-    groups = table.column(GROUP_ALIAS).to_pylist()
-    repartitions = table.column(REPARTITION_ALIAS).to_pylist()
+    aliases = (GROUP_ALIAS, REPARTITION_ALIAS)[: len(keys)]
+    columns = [table.column(a).to_pylist() for a in aliases]
     counts = table.column(ROWS_ALIAS).to_pylist()
-    null_rows = sum(n for g, r, n in zip(groups, repartitions, counts, strict=True) if g is None or r is None)
-    if null_rows:
-        _drop_nulls([None], "group_col or repartition_col", null_rows)
+    rows = list(zip(*columns, counts, strict=True))
+    for position, key in enumerate(keys):
+        nulls = sum(r[-1] for r in rows if r[position] is None)
+        if nulls:
+            lost[key.name] = nulls
+    complete = [r for r in rows if None not in r[:-1]]
+    if len(keys) == 1:
+        if keys[0].parameter == "group_col":
+            return [(v, [(None, (v,), n)]) for v, n in complete]
+        return [(None, [(v, (v,), n) for v, n in complete])]
     cells: dict[Any, list[_Cell]] = {}
-    for g, r, n in zip(groups, repartitions, counts, strict=True):
-        if g is not None and r is not None:
-            cells.setdefault(g, []).append((r, (g, r), n))
+    for g, r, n in complete:
+        cells.setdefault(g, []).append((r, (g, r), n))
     return list(cells.items())

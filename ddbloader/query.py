@@ -1,23 +1,37 @@
 """The user's SQL, parsed once with sqlglot, and every query the loader derives from it.
 
 Invariants: the user's query is a single read-only statement (SELECT / WITH / set operation /
-PIVOT) without parameters of its own; every derived query carries values only as numbered
-parameters (``$1``, ``$2``), so the engine binds them and no value ever becomes SQL text.
+PIVOT) without parameters of its own; every derived query carries scheme values only as
+numbered parameters (``$1``, ``$2``), so the engine binds them and no scheme value ever becomes
+SQL text. The one exception is data, not input: the values a dynamic PIVOT found in the table,
+which :meth:`UserQuery.pinned` writes as literals built by the dialect's generator (DuckDB
+accepts no parameter at all in a query that holds a dynamic PIVOT).
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
+from typing import Any, Protocol
 
 import sqlglot
 from sqlglot import exp
-from sqlglot.errors import ParseError
+from sqlglot.errors import SqlglotError
 
-__all__ = ["GROUP_ALIAS", "REPARTITION_ALIAS", "ROWS_ALIAS", "UserQuery", "parse_column_expression"]
+__all__ = [
+    "GROUP_ALIAS",
+    "PIVOT_ALIAS",
+    "REPARTITION_ALIAS",
+    "ROWS_ALIAS",
+    "Query",
+    "UserQuery",
+    "parse_column_expression",
+]
 
 GROUP_ALIAS = "_ddb_group"
 REPARTITION_ALIAS = "_ddb_repartition"
 ROWS_ALIAS = "_ddb_rows"
+PIVOT_ALIAS = "_ddb_pivot"
 
 _WRITES: tuple[type[exp.Expr], ...] = (
     exp.Insert,
@@ -34,6 +48,12 @@ _WRITES: tuple[type[exp.Expr], ...] = (
     exp.Use,
 )
 _ROW_CHANGING: tuple[type[exp.Expr], ...] = (exp.AggFunc, exp.Window, exp.UDTF)
+# A key is compared with ``=`` once per row, so it must be one scalar value per row.
+_NOT_SCALAR: tuple[type[exp.Expr], ...] = (exp.Alias, exp.Star, exp.AggFunc, exp.Window, exp.UDTF)
+
+
+def _parse(text: str, dialect: str) -> list[exp.Expr]:
+    return [s for s in sqlglot.parse(text, read=dialect) if s is not None]
 
 
 def parse_column_expression(text: str, parameter: str, dialect: str) -> exp.Expr:
@@ -41,33 +61,70 @@ def parse_column_expression(text: str, parameter: str, dialect: str) -> exp.Expr
 
     Raises:
         ValueError: the text is not exactly one scalar expression (a statement, a subquery, two
-            expressions, or something that does not parse).
+            expressions, an alias, an aggregate or window function, or something that does not
+            parse).
     """
     try:
-        expressions = sqlglot.parse(text, read=dialect)
-    except ParseError as exc:
+        expressions = _parse(text, dialect)
+    except SqlglotError as exc:
         raise ValueError(f"{parameter}={text!r} is not a valid SQL expression: {_describe(exc)}") from exc
-    if len(expressions) != 1 or expressions[0] is None:
+    if len(expressions) != 1:
         raise ValueError(f"{parameter}={text!r} must be one SQL expression")
     expression = expressions[0]
     if isinstance(expression, (exp.Query, *_WRITES)) or expression.find(exp.Query, *_WRITES):
         raise ValueError(f"{parameter}={text!r} must be a column or scalar expression, not a query")
     if expression.find(exp.Placeholder, exp.Parameter):
         raise ValueError(f"{parameter}={text!r} must not contain parameters")
+    not_scalar = expression.find(*_NOT_SCALAR)
+    if not_scalar is not None:
+        raise ValueError(
+            f"{parameter}={text!r} must be one value per row (a column or scalar expression); "
+            f"{not_scalar.sql(dialect=dialect)!r} is not"
+        )
     return expression
 
 
-def _describe(error: ParseError) -> str:
-    """A parse error as plain text (sqlglot's message carries terminal colour codes)."""
-    if not error.errors:
+def _describe(error: SqlglotError) -> str:
+    """A sqlglot error as plain text (its message carries terminal colour codes)."""
+    errors = getattr(error, "errors", None)
+    if not errors:
         return str(error)
-    first = error.errors[0]
+    first = errors[0]
     return f"{first.get('description')} at line {first.get('line')}, column {first.get('col')}"
+
+
+def _operand(expression: exp.Expr) -> exp.Expr:
+    """``expression`` made safe as an operand: ``a > 1`` must not become ``a > 1 = $1``."""
+    if isinstance(expression, (exp.Column, exp.Func, exp.Cast, exp.Literal, exp.Paren)):
+        return expression.copy()
+    return exp.Paren(this=expression.copy())
 
 
 def _parameter_equals(expression: exp.Expr, number: int) -> exp.Expr:
     """``expression = $number``: numbered, so set-operation branches can share parameters."""
-    return exp.EQ(this=expression.copy(), expression=exp.Parameter(this=exp.Literal.number(number)))
+    return exp.EQ(this=_operand(expression), expression=exp.Parameter(this=exp.Literal.number(number)))
+
+
+class Query(Protocol):
+    """What the plan needs from the user's parsed query, whatever the engine's SQL.
+
+    :class:`UserQuery` implements it with sqlglot. An engine sqlglot cannot parse brings its own
+    through ``Backend.query(sql)`` (DolphinDB's ``DolphinDBQuery``); column expressions are then
+    whatever its ``column()`` returns, and its derived SQL carries its own parameter markers.
+    """
+
+    text: str
+
+    def column(self, text: str, parameter: str) -> Any: ...
+    def filtered(self, columns: Sequence[Any]) -> str: ...
+    def null_rows(self, columns: Sequence[Any]) -> str: ...
+    def count(self, sql: str) -> str: ...
+    def schema(self) -> str: ...
+    def null_counts(self, columns: Sequence[str]) -> str: ...
+    def distinct_values(self, columns: Sequence[Any], *, with_counts: bool) -> str: ...
+    def counts_are_groupable(self) -> bool: ...
+    def dynamic_pivot_fields(self) -> list[str]: ...
+    def pinned(self, values: Sequence[Sequence[str]]) -> Query: ...
 
 
 class UserQuery:
@@ -84,8 +141,8 @@ class UserQuery:
         self.text = sql
         self.dialect = dialect
         try:
-            statements = [s for s in sqlglot.parse(sql, read=dialect) if s is not None]
-        except ParseError as exc:
+            statements = _parse(sql, dialect)
+        except SqlglotError as exc:
             raise ValueError(f"sql does not parse as {dialect} SQL: {_describe(exc)}") from exc
         if len(statements) != 1:
             raise ValueError(f"sql must be exactly one query, got {len(statements)} statements")
@@ -100,22 +157,33 @@ class UserQuery:
             raise ValueError("sql must not contain parameters (?, $1, :name): ddbloader binds its own")
         self._tree = tree
 
+    def column(self, text: str, parameter: str) -> exp.Expr:
+        """:func:`parse_column_expression` in this query's dialect."""
+        return parse_column_expression(text, parameter, self.dialect)
+
     def render(self, tree: exp.Expr) -> str:
         """Render a derived query in the engine's dialect."""
         return tree.sql(dialect=self.dialect)
 
     def filtered(self, columns: Sequence[exp.Expr]) -> str:
-        """The user's query with ``column_i = ?`` for each of ``columns`` AND-ed into its WHERE.
+        """The user's query with ``column_i = $k`` for each of ``columns`` AND-ed into its WHERE.
 
         The predicate lands in the top-level WHERE (in every branch of a set operation, in the
         source of a PIVOT), before GROUP BY, PIVOT and ORDER BY, so the columns need not be
         selected and the query's ORDER BY is kept. Parameters bind in the order of ``columns``.
+        Aggregates and window functions therefore see one subquery's rows: the union of the
+        subqueries is the whole query only when they are grouped/partitioned by the keys.
         """
-        if not columns:
-            return self.text
         tree = self._tree.copy()
+        if not columns:
+            return self.render(tree)
         predicate = exp.and_(*(_parameter_equals(c, n) for n, c in enumerate(columns, start=1)))
         return self.render(_inject(tree, predicate))
+
+    def null_rows(self, columns: Sequence[exp.Expr]) -> str:
+        """Count the query's rows where any of ``columns`` is NULL: the rows no subquery matches."""
+        predicate = exp.or_(*(exp.Is(this=_operand(c), expression=exp.Null()) for c in columns))
+        return self.count(self.render(_inject(self._tree.copy(), predicate)))
 
     def count(self, sql: str) -> str:
         """``SELECT count(*)`` over a (derived) query."""
@@ -167,8 +235,8 @@ class UserQuery:
             .from_(exp.Subquery(this=union, alias=exp.TableAlias(this=exp.to_identifier("_ddb_distinct"))))
         )
         outer.set("order", exp.Order(expressions=order))
-        if self._tree.args.get("with") and not isinstance(self._tree, exp.Select):
-            outer.set("with", self._tree.args["with"].copy())
+        if not isinstance(self._tree, exp.Select):
+            self._keep_with(outer)
         return self.render(outer)
 
     def counts_are_groupable(self) -> bool:
@@ -183,10 +251,83 @@ class UserQuery:
             return False
         return not any(e.find(*_ROW_CHANGING) for e in tree.expressions)
 
+    def dynamic_pivot_fields(self) -> list[str]:
+        """One query per ``ON`` field of a PIVOT statement that takes its values from the data.
+
+        DuckDB refuses every parameter in a query holding such a PIVOT (it expands into several
+        statements), and a filtered source would give each subquery its own column set. Each
+        query returns the field's distinct non-NULL values as text (column ``_ddb_pivot``), in
+        the order DuckDB gives the columns (it sorts them as text).
+        """
+        queries: list[str] = []
+        for pivot in _dynamic_pivots(self._tree):
+            for field in pivot.expressions:
+                if isinstance(field, exp.In):
+                    continue
+                distinct = (
+                    exp.select(exp.cast(_operand(field), exp.DataType.build("text")).as_(PIVOT_ALIAS))
+                    .distinct()
+                    .from_(pivot.this.copy())
+                    .where(exp.Not(this=exp.Is(this=_operand(field), expression=exp.Null())))
+                )
+                distinct.set("order", exp.Order(expressions=[exp.Ordered(this=exp.Literal.number(1))]))
+                self._keep_with(distinct)
+                queries.append(self.render(distinct))
+        return queries
+
+    def pinned(self, values: Sequence[Sequence[str]]) -> UserQuery:
+        """This query with each dynamic PIVOT field's values listed (``ON k IN ('a', ...)``).
+
+        ``values`` holds one list of texts per query of :meth:`dynamic_pivot_fields`, in that
+        order. They become string literals built by the dialect's generator (which escapes
+        them) and compare with the field as DuckDB casts them, exactly as its dynamic PIVOT does,
+        so the columns keep their names and order.
+
+        Raises:
+            ValueError: a field without values (DuckDB cannot list an empty IN).
+        """
+        query = copy.copy(self)
+        query._tree = self._tree.copy()
+        remaining = iter(values)
+        for pivot in _dynamic_pivots(query._tree):
+            fields = []
+            for field in pivot.expressions:
+                if isinstance(field, exp.In):
+                    fields.append(field)
+                    continue
+                listed = list(next(remaining))
+                if not listed:
+                    raise ValueError(
+                        f"the PIVOT field {field.sql(dialect=self.dialect)!r} has no non-NULL values, "
+                        f"so its columns are unknown; list them with ON ... IN (...)"
+                    )
+                literals = [exp.Literal.string(v) for v in listed]
+                fields.append(exp.In(this=_operand(field), expressions=literals))
+            pivot.set("expressions", fields)
+        return query
+
+    def _keep_with(self, tree: exp.Expr) -> None:
+        """Give a query built from parts of the user's tree the user's CTEs."""
+        with_ = self._tree.args.get("with_")
+        if with_ is not None:
+            tree.set("with_", with_.copy())
+
     def _wrapped(self, alias: str) -> exp.Select:
         return exp.select("*").from_(
             exp.Subquery(this=self._tree.copy(), alias=exp.TableAlias(this=exp.to_identifier(alias)))
         )
+
+
+def _dynamic_pivots(tree: exp.Expr) -> list[exp.Pivot]:
+    """PIVOT statements (anywhere in ``tree``) with an ``ON`` field whose values come from data."""
+    return [
+        p
+        for p in tree.find_all(exp.Pivot)
+        # Only the statement form has a source in ``this``; ``t PIVOT (... FOR k IN ...)`` lists its values.
+        if p.this is not None
+        and not p.args.get("unpivot")
+        and not all(isinstance(f, exp.In) for f in p.expressions)
+    ]
 
 
 def _inject(node: exp.Expr, predicate: exp.Expr) -> exp.Expr:
@@ -233,5 +374,8 @@ def _distinct_branch(branch: exp.Expr, keyed: Sequence[exp.Expr]) -> exp.Select:
     select = branch.copy()
     select.set("expressions", [k.copy() for k in keyed])
     select.set("distinct", exp.Distinct())
-    select.set("order", None)
+    # The keys range over the rows the WHERE lets through (that is where subqueries filter), so
+    # what groups, windows or limits those rows goes: it may not even admit the keys.
+    for clause in ("group", "having", "qualify", "windows", "order", "limit", "offset"):
+        select.set(clause, None)
     return select

@@ -26,7 +26,8 @@ class ColumnLayout:
     """The columns of x and y, in output order, and the dtype of each tensor.
 
     ``as_float64`` holds the integer/boolean/decimal columns that must go through float64 (nulls
-    become NaN, decimals lose their fixed point).
+    become NaN, decimals lose their fixed point). ``result_names`` are the query's result columns
+    as planning saw them; empty means "take the fetched names as they are".
     """
 
     x_names: tuple[str, ...]
@@ -34,6 +35,7 @@ class ColumnLayout:
     x_dtype: np.dtype[Any]
     y_dtype: np.dtype[Any]
     as_float64: frozenset[str]
+    result_names: tuple[str, ...] = ()
 
     @property
     def row_bytes(self) -> int:
@@ -74,11 +76,13 @@ def _is_numeric(data_type: pa.DataType) -> bool:
 
 def nullable_candidates(schema: pa.Schema, names: Collection[str]) -> list[str]:
     """Columns among ``names`` whose dtype changes if they hold nulls (integers and booleans)."""
+    # Fields by position: a name the query returns twice is reported by resolve_columns, not here.
     return [
-        n
-        for n in schema.names
-        if n in names
-        and (pa.types.is_integer(schema.field(n).type) or pa.types.is_boolean(schema.field(n).type))
+        field.name
+        for field in schema
+        if field.name in names
+        and schema.names.count(field.name) == 1
+        and (pa.types.is_integer(field.type) or pa.types.is_boolean(field.type))
     ]
 
 
@@ -148,7 +152,14 @@ def resolve_columns(
 
     x_dtype = config.x_dtype or np.result_type(*(column_dtype(n) for n in x_names))
     y_dtype = config.y_dtype or np.result_type(*(column_dtype(n) for n in config.target_col))
-    return ColumnLayout(tuple(x_names), config.target_col, np.dtype(x_dtype), np.dtype(y_dtype), as_float64)
+    return ColumnLayout(
+        tuple(x_names),
+        config.target_col,
+        np.dtype(x_dtype),
+        np.dtype(y_dtype),
+        as_float64,
+        tuple(schema.names),
+    )
 
 
 def _fill(out: np.ndarray[Any, Any], table: pa.Table, names: Sequence[str], layout: ColumnLayout) -> None:
@@ -160,7 +171,21 @@ def _fill(out: np.ndarray[Any, Any], table: pa.Table, names: Sequence[str], layo
 
 
 def to_block(table: pa.Table, layout: ColumnLayout) -> Block:
-    """Convert one fetched partition into row-major x and y blocks (one write per value)."""
+    """Convert one fetched partition into row-major x and y blocks (one write per value).
+
+    Columns are matched to ``layout.result_names`` by position: an engine may name the columns
+    of a query differently once it is wrapped in a subquery (DuckDB renames a repeated ``a`` to
+    ``a_1``), and planning saw the wrapped names.
+
+    Raises:
+        ValueError: the partition has another number of columns than planning saw.
+    """
+    if layout.result_names and tuple(table.column_names) != layout.result_names:
+        if table.num_columns != len(layout.result_names):
+            raise ValueError(
+                f"a partition has columns {table.column_names}, but planning saw {list(layout.result_names)}"
+            )
+        table = table.rename_columns(list(layout.result_names))
     rows = table.num_rows
     x = np.empty((rows, len(layout.x_names)), dtype=layout.x_dtype)
     y = np.empty((rows, len(layout.y_names)), dtype=layout.y_dtype)

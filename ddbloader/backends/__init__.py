@@ -1,29 +1,123 @@
-"""Engine backends. :func:`connect` turns whatever the user passed as ``source`` into one."""
+"""Engine backends. :func:`connect` turns whatever the user passed as ``source`` into one.
+
+| source                                   | backend           | connections                    |
+|------------------------------------------|-------------------|--------------------------------|
+| ``None``, a DuckDB connection or path    | DuckDBBackend     | cursors of one database        |
+| ``"postgresql://..."``                   | ADBCBackend       | one per cursor (thread)        |
+| an ADBC DB-API connection                | ADBCBackend       | a sibling per cursor           |
+| ``"dolphindb://..."`` / a factory        | DolphinDBBackend  | one session per cursor         |
+| a ``dolphindb.Session``                  | DolphinDBBackend  | the one session, serialised    |
+| a plain DB-API 2.0 connection            | DBAPIBackend      | the one connection, serialised |
+| a factory (callable) returning any above | by what it returns | one per cursor                |
+
+Drivers are imported only when a source needs them, so ddbloader works without any of them.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
-from .base import Backend, Cursor
+from duckdb import DuckDBPyConnection
+
+from .adbc import POSTGRES_SCHEMES, ADBCBackend, is_adbc_connection
+from .base import Backend, Cursor, Retry, redact_uri
+from .dbapi import DBAPIBackend
+from .dolphindb import URI_SCHEME, DolphinDBBackend, is_dolphindb_session
 from .duckdb import DuckDBBackend
 
-__all__ = ["Backend", "Cursor", "DuckDBBackend", "connect"]
+__all__ = [
+    "ADBCBackend",
+    "Backend",
+    "Cursor",
+    "DBAPIBackend",
+    "DolphinDBBackend",
+    "DuckDBBackend",
+    "Retry",
+    "connect",
+    "redact_uri",
+]
+
+
+def _is_dbapi_connection(source: Any) -> bool:
+    return all(callable(getattr(source, name, None)) for name in ("cursor", "commit", "close"))
 
 
 def connect(source: Any) -> Backend:
-    """Wrap ``source`` (a DuckDB connection, a DuckDB path or ``None``) in a :class:`Backend`.
+    """Wrap ``source`` in a :class:`Backend` (see the module table).
 
-    An object that already implements :class:`Backend` is used as it is (the loader will close it).
+    An object that already implements :class:`Backend` is used as it is (the loader will close
+    it). A factory is called once here to learn which engine it opens; that connection then
+    serves the first cursor.
 
     Raises:
         TypeError: ``source`` is not something ddbloader can read from.
-        FileNotFoundError: a database path that does not exist.
+        FileNotFoundError: a DuckDB database path that does not exist.
+        ImportError: the driver a URI needs is not installed.
     """
     if all(hasattr(source, attribute) for attribute in ("cursor", "dialect", "engine", "close")):
         return source  # type: ignore[no-any-return]
+    if isinstance(source, str) and source.startswith(POSTGRES_SCHEMES):
+        return ADBCBackend(source)
+    if isinstance(source, str) and source.startswith(URI_SCHEME):
+        return DolphinDBBackend(source)
     if DuckDBBackend.accepts(source):
         return DuckDBBackend(source)
+    if is_adbc_connection(source):
+        return ADBCBackend(source)
+    if is_dolphindb_session(source):
+        return DolphinDBBackend(source)
+    if _is_dbapi_connection(source):
+        return DBAPIBackend(source)
+    if callable(source):
+        return _from_factory(source)
     raise TypeError(
-        f"source must be a DuckDB connection, a DuckDB database path or None, "
+        f"source must be a DuckDB connection or path, a postgresql:// or dolphindb:// URI, an ADBC, "
+        f"DolphinDB or DB-API connection, or a factory returning one; "
         f"got {type(source).__module__}.{type(source).__qualname__}"
     )
+
+
+def _from_factory(factory: Any) -> Backend:
+    first = factory()
+    handed_out = False
+
+    def replay() -> Any:
+        nonlocal handed_out
+        if not handed_out:
+            handed_out = True
+            return first
+        return factory()
+
+    if isinstance(first, DuckDBPyConnection):
+        # DuckDB cursors share one database: the first connection is the only one needed.
+        return _Owning(DuckDBBackend(first), first)
+    if is_adbc_connection(first):
+        return ADBCBackend(replay)
+    if is_dolphindb_session(first):
+        return DolphinDBBackend(replay)
+    if _is_dbapi_connection(first):
+        return DBAPIBackend(replay)
+    close = getattr(first, "close", None)
+    if callable(close):
+        close()
+    raise TypeError(
+        f"the source factory returned {type(first).__module__}.{type(first).__qualname__}, "
+        f"which is not a connection ddbloader can read from"
+    )
+
+
+class _Owning:
+    """A DuckDB backend over a connection a factory made: closing the backend closes it."""
+
+    def __init__(self, inner: DuckDBBackend, connection: Any) -> None:
+        self._inner = inner
+        self._connection = connection
+        self.dialect = inner.dialect
+        self.engine = inner.engine
+
+    def cursor(self) -> Cursor:
+        return self._inner.cursor()
+
+    def close(self) -> None:
+        self._inner.close()
+        self._connection.close()

@@ -1,0 +1,235 @@
+"""ADBC engines: PostgreSQL (Arrow straight from COPY binary), and any other ADBC driver.
+
+Connections are one per cursor, so one per fetch thread, never shared between threads:
+
+- a ``postgresql://`` URI: each cursor connects with adbc-driver-postgresql;
+- an ADBC DB-API connection the user made: each cursor opens a sibling connection on the same
+  ADBC database handle (``adbc_clone``: for PostgreSQL a new libpq session with the same
+  settings); the user's own connection is never used, nor closed, so its transaction state and
+  temporary objects are untouched (and, like DuckDB cursors, not visible to the loader);
+- a factory returning ADBC connections: called once per cursor.
+
+Every connection the backend opens runs in autocommit mode, so reads hold no transaction open.
+Parameters are bound by the driver: ``$n`` as rendered for PostgreSQL and DuckDB, rewritten to
+``?`` for the other drivers. PostgreSQL ``numeric`` (which the driver returns as text) arrives as
+float64, the type the loader converts decimals to anyway.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from .base import Retry, describe_uri, redact_uri
+from .dbapi import bind_parameters
+
+__all__ = ["POSTGRES_SCHEMES", "ADBCBackend", "is_adbc_connection"]
+
+POSTGRES_SCHEMES = ("postgresql://", "postgres://")
+
+#: ADBC ``vendor_name`` → sqlglot dialect.
+_DIALECTS = {
+    "postgresql": "postgres",
+    "duckdb": "duckdb",
+    "sqlite": "sqlite",
+    "snowflake": "snowflake",
+    "bigquery": "bigquery",
+    "google bigquery": "bigquery",
+    "microsoft sql server": "tsql",
+    "mysql": "mysql",
+    "spark": "spark",
+    "spark sql": "spark",
+    "trino": "trino",
+    "clickhouse": "clickhouse",
+    "redshift": "redshift",
+}
+
+#: Dialects whose drivers take ``$n`` as sqlglot renders it; the others get ``?``.
+_NUMBERED = frozenset({"postgres", "duckdb"})
+
+_INSTALL_HINT = "PostgreSQL needs adbc-driver-postgresql: pip install 'ddbloader[postgres]'"
+
+
+def is_adbc_connection(source: Any) -> bool:
+    """True for an ``adbc_driver_manager.dbapi.Connection`` (without importing ADBC needlessly)."""
+    if not type(source).__module__.startswith("adbc_driver_"):
+        return False
+    from adbc_driver_manager import dbapi
+
+    return isinstance(source, dbapi.Connection)
+
+
+def _postgres_connect(uri: str) -> Callable[[], Any]:
+    try:
+        from adbc_driver_postgresql import dbapi
+    except ImportError as error:
+        raise ImportError(_INSTALL_HINT) from error
+
+    def connect() -> Any:
+        return dbapi.connect(uri, autocommit=True)
+
+    return connect
+
+
+def _autocommit(connection: Any) -> Any:
+    import adbc_driver_manager
+
+    # Drivers without transactions are always in autocommit and may refuse the option.
+    with contextlib.suppress(adbc_driver_manager.Error):
+        connection.adbc_connection.set_autocommit(True)
+    return connection
+
+
+def _floats_for_numeric(table: pa.Table) -> pa.Table:
+    """PostgreSQL ``numeric`` comes as an opaque text extension type; make it float64."""
+    for index, field in enumerate(table.schema):
+        kind = field.type
+        if isinstance(kind, pa.BaseExtensionType) and getattr(kind, "type_name", None) == "numeric":
+            column = table.column(index)
+            storage = pa.chunked_array([chunk.storage for chunk in column.chunks], type=kind.storage_type)
+            table = table.set_column(
+                index, pa.field(field.name, pa.float64()), pc.cast(storage, pa.float64())
+            )
+    return table
+
+
+def _check_postgres_values(params: Sequence[Any]) -> None:
+    for number, value in enumerate(params, start=1):
+        if isinstance(value, str) and "\x00" in value:
+            raise ValueError(
+                f"parameter ${number} {value!r} contains a NUL character, which PostgreSQL text "
+                f"cannot hold (so no row could equal it); remove it from the scheme"
+            )
+
+
+class _ADBCCursor:
+    def __init__(self, backend: ADBCBackend) -> None:
+        self._backend = backend
+        self._connection: Any = None
+        self._cursor: Any = None
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+
+    def _connect(self) -> None:
+        connection = self._backend.open()
+        with self._lock:
+            self._connection = connection
+            self._cursor = connection.cursor()
+
+    def fetch(self, sql: str, params: Sequence[Any]) -> pa.Table:
+        backend = self._backend
+        if backend.dialect == "postgres":
+            _check_postgres_values(params)
+        bound: Sequence[Any] | dict[str, Any]
+        if backend.dialect in _NUMBERED or not params:
+            text, bound = sql, list(params)
+        else:
+            text, bound = bind_parameters(sql, params, backend.dialect, "qmark")
+
+        def attempt() -> pa.Table:
+            if self._cursor is None:
+                self._connect()
+            self._cursor.execute(text, bound or None)
+            return _floats_for_numeric(self._cursor.fetch_arrow_table())
+
+        return backend.retry.run(
+            attempt, transient=backend.transient, reset=self._disconnect, stop=self._stop
+        )
+
+    def interrupt(self) -> None:
+        self._stop.set()
+        with self._lock:
+            if self._cursor is not None:
+                # Cancelling an idle statement is a no-op; a closed one has nothing to stop.
+                with contextlib.suppress(Exception):
+                    self._cursor.adbc_cancel()
+
+    def _disconnect(self) -> None:
+        with self._lock:
+            cursor, connection = self._cursor, self._connection
+            self._cursor = self._connection = None
+        for handle in (cursor, connection):
+            if handle is not None:
+                with contextlib.suppress(Exception):
+                    handle.close()
+
+    def close(self) -> None:
+        self._disconnect()
+
+
+class ADBCBackend:
+    """An ADBC engine through one connection per cursor. Thread-safe.
+
+    Args:
+        source: a ``postgresql://`` URI, an ADBC DB-API connection, or a callable returning one.
+        dialect: sqlglot dialect; default: from the driver's ``vendor_name``.
+        retry: attempts and backoff when a fetch fails on a network error.
+
+    Raises:
+        ImportError: the URI's driver is not installed.
+        TypeError: the dialect cannot be told from the driver; pass ``dialect=``.
+    """
+
+    def __init__(self, source: Any, *, dialect: str | None = None, retry: Retry | None = None) -> None:
+        self._spare: Any = None
+        if isinstance(source, str):
+            if not source.startswith(POSTGRES_SCHEMES):
+                raise ValueError(f"ADBCBackend takes postgresql:// URIs, got {redact_uri(source)!r}")
+            self._open: Callable[[], Any] = _postgres_connect(source)
+            self.engine = describe_uri(source)
+        elif is_adbc_connection(source):
+            self._open = source.adbc_clone
+            self.engine = "adbc (connection)"
+        elif callable(source):
+            self._open = source
+            self.engine = "adbc (factory)"
+        else:
+            raise TypeError(f"ADBCBackend needs a URI, an ADBC connection or a factory, got {type(source)!r}")
+        self.retry = retry or Retry()
+        self._lock = threading.Lock()
+        self._spare = self.open()
+        vendor = str(self._spare.adbc_get_info().get("vendor_name", ""))
+        found = dialect or _DIALECTS.get(vendor.lower())
+        if found is None:
+            self.close()
+            raise TypeError(f"cannot tell the SQL dialect of ADBC vendor {vendor!r}: pass dialect=")
+        self.dialect: str = found
+        if self.engine.startswith("adbc"):
+            self.engine = f"{vendor or 'adbc'} {self.engine.removeprefix('adbc ')}"
+
+    def open(self) -> Any:
+        """A new autocommit connection (the one made to read the vendor is handed out first)."""
+        with self._lock:
+            spare, self._spare = self._spare, None
+        return spare if spare is not None else _autocommit(self._open())
+
+    @staticmethod
+    def transient(error: BaseException) -> bool:
+        """A lost or refused connection (ADBC status IO, SQLSTATE 08xxx / 57P0x); not a bad login."""
+        import adbc_driver_manager
+
+        if isinstance(error, OSError):
+            return True
+        if not isinstance(error, adbc_driver_manager.OperationalError):
+            return False
+        sqlstate = str(getattr(error, "sqlstate", None) or "")
+        if sqlstate.startswith(("08", "57P0")):
+            return True
+        io = getattr(adbc_driver_manager.AdbcStatusCode, "IO", None)
+        return getattr(error, "status_code", None) == io and "authentication" not in str(error)
+
+    def cursor(self) -> _ADBCCursor:
+        return _ADBCCursor(self)
+
+    def close(self) -> None:
+        """Close the spare connection; a connection the user passed in stays open."""
+        with self._lock:
+            spare, self._spare = self._spare, None
+        if spare is not None:
+            with contextlib.suppress(Exception):
+                spare.close()

@@ -1,0 +1,530 @@
+"""DolphinDB through the ``dolphindb`` package's Session.
+
+sqlglot cannot parse DolphinDB SQL (``pivot by``, ``context by``, backtick symbols, ``loadTable``
+in FROM), so :class:`DolphinDBQuery` works on tokens instead: it finds the top-level clauses of
+one ``select`` and writes the partition predicate into its where-clause, before ``group by`` /
+``context by`` / ``pivot by`` / ``order by``. The predicate is added as a further comma-separated
+condition, which DolphinDB applies after the query's own conditions, so those see exactly the
+rows they see in the unsplit query, whatever their operators' precedence.
+
+Values never enter the query as the user wrote them: the derived SQL carries markers
+(``__ddb_p1__``), and the cursor replaces each with a typed literal built by :func:`to_literal`
+at fetch time. Strings become double-quoted literals in which every character other than ASCII
+letters, digits, ``_``, ``.``, ``-`` and space is written as ``\\xHH`` escapes of its UTF-8 bytes,
+so a literal never contains a quote, a backslash escape of the user's, ``#{`` or a newline.
+
+Verified here: the SQL texts and literals (tests/test_dolphindb.py). Not verified here (no
+server): that a DolphinDB server accepts every generated text; the live contract test runs when
+``DDBLOADER_DOLPHINDB_URI`` is set.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import decimal
+import math
+import re
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import parse_qs, unquote, urlsplit
+
+import numpy as np
+import pyarrow as pa
+
+from .base import Retry, describe_uri, redact_uri
+
+__all__ = [
+    "DolphinDBBackend",
+    "DolphinDBQuery",
+    "is_dolphindb_session",
+    "parse_column_expression",
+    "substitute",
+    "to_literal",
+]
+
+DIALECT = "dolphindb"
+URI_SCHEME = "dolphindb://"
+
+_MARKER = "__ddb_p"
+_MARKER_RE = re.compile(r"__ddb_p(\d+)__")
+
+_TOKEN_RE = re.compile(
+    r"""
+    (?P<space>\s+)
+  | (?P<comment>//[^\n]*|/\*.*?\*/)
+  | (?P<string>\"\"\".*?\"\"\"|'''.*?'''|"(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*')
+  | (?P<symbol>`[^\s`,()\[\]{};]*)
+  | (?P<word>[A-Za-z_][\w]*!?)
+  | (?P<number>[0-9][\w.:]*)
+  | (?P<open>[(\[{])
+  | (?P<close>[)\]}])
+  | (?P<punct>.)
+    """,
+    re.VERBOSE | re.DOTALL,
+)
+
+#: Words that start another statement or write: never allowed at the top level of the query.
+_STATEMENTS = frozenset(
+    {
+        "select", "exec", "insert", "update", "delete", "create", "drop", "alter", "def", "share",
+        "undef", "go", "if", "for", "do", "while", "try", "return", "module", "use", "union",
+    }
+)  # fmt: skip
+#: Words that end the where-clause (the clauses evaluated after it).
+_AFTER_WHERE = frozenset({"group", "context", "pivot", "cgroup", "csort", "having", "order", "limit", "map"})
+#: Words a column expression may not contain.
+_NOT_IN_EXPRESSIONS = _STATEMENTS | _AFTER_WHERE | {"from", "where", "by", "top"}
+
+_IDENTIFIER = re.compile(r"[A-Za-z_]\w*")
+_SAFE_CHARACTERS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.- ")
+_HEX_DIGITS = frozenset("0123456789abcdefABCDEF")
+_TEMPORAL = re.compile(
+    r"\d{4}\.\d{2}\.\d{2}(?:T\d{2}:\d{2}:\d{2}(?:\.\d{1,9})?)?"  # date, datetime, timestamp
+    r"|\d{4}\.\d{2}M"  # month
+    r"|\d{2}:\d{2}:\d{2}(?:\.\d{1,9})?"  # second, time, nanotime
+    r"|\d{2}:\d{2}m"  # minute
+)
+
+
+@dataclass(frozen=True)
+class _Token:
+    kind: str
+    text: str
+    start: int
+    end: int
+    depth: int
+
+    @property
+    def word(self) -> str:
+        return self.text.lower() if self.kind == "word" else ""
+
+
+def _tokenize(text: str, what: str) -> list[_Token]:
+    """Significant tokens (no spaces, no comments) with their bracket depth.
+
+    Raises:
+        ValueError: an unterminated string or comment, or unbalanced brackets.
+    """
+    tokens: list[_Token] = []
+    depth = 0
+    position = 0
+    while position < len(text):
+        match = _TOKEN_RE.match(text, position)
+        assert match is not None  # the last alternative matches any character
+        kind = match.lastgroup or "punct"
+        value = match.group()
+        if kind == "punct" and (value in "\"'" or text.startswith("/*", position)):
+            raise ValueError(f"{what} has an unterminated string or comment at character {position}")
+        if kind == "close":
+            depth -= 1
+            if depth < 0:
+                raise ValueError(f"{what} has an unmatched {value!r} at character {position}")
+        if kind not in {"space", "comment"}:
+            tokens.append(_Token(kind, value, match.start(), match.end(), depth))
+        if kind == "open":
+            depth += 1
+        position = match.end()
+    if depth:
+        raise ValueError(f"{what} has an unclosed bracket")
+    return tokens
+
+
+def parse_column_expression(text: str, parameter: str) -> str:
+    """Check ``group_col`` / ``repartition_col`` for DolphinDB: one column or scalar expression.
+
+    Returns the expression without surrounding space.
+
+    Raises:
+        ValueError: empty, several expressions, a clause or statement keyword, a line break, a
+            ``;``, or text that does not tokenize.
+    """
+    if not isinstance(text, str) or not text.strip():
+        raise ValueError(f"{parameter} must be a non-empty column name or expression, got {text!r}")
+    tokens = _tokenize(text, f"{parameter}={text!r}")
+    for token in tokens:
+        if token.word in _NOT_IN_EXPRESSIONS:
+            raise ValueError(f"{parameter}={text!r} must be a column or scalar expression, not a query")
+        if token.text == ";" or (token.text == "," and token.depth == 0):
+            raise ValueError(f"{parameter}={text!r} must be one expression")
+    if "\n" in text or "\r" in text:
+        raise ValueError(f"{parameter}={text!r} must be on one line")
+    if _MARKER in text:
+        raise ValueError(f"{parameter}={text!r} must not contain {_MARKER!r}")
+    return text.strip()
+
+
+def _operand(expression: str) -> str:
+    return expression if _IDENTIFIER.fullmatch(expression) else f"({expression})"
+
+
+def _column_reference(name: str) -> str:
+    if _IDENTIFIER.fullmatch(name):
+        return name
+    if any(c in name for c in '"\\\n\r') or _MARKER in name:
+        raise ValueError(f"column name {name!r} cannot be referenced in DolphinDB SQL")
+    return f'_"{name}"'
+
+
+class DolphinDBQuery:
+    """One DolphinDB ``select`` and the queries the loader derives from it. Immutable; thread-safe.
+
+    The same public methods as :class:`ddbloader.query.UserQuery`; column expressions are the
+    strings :func:`parse_column_expression` returns, and parameters are markers that
+    :func:`substitute` replaces with literals.
+
+    Raises:
+        ValueError: not a single ``select`` (an ``exec``, a script, several statements, a
+            ``union``), no ``from``, or text that does not tokenize.
+    """
+
+    dialect = DIALECT
+
+    def __init__(self, sql: str) -> None:
+        if not isinstance(sql, str) or not sql.strip():
+            raise TypeError(f"sql must be a non-empty query string, got {sql!r}")
+        self.text = sql
+        tokens = _tokenize(sql, "sql")
+        while tokens and tokens[-1].text == ";":
+            tokens.pop()
+        if not tokens or tokens[0].word != "select":
+            first = tokens[0].text if tokens else ""
+            raise ValueError(f"sql must be one DolphinDB select query; it starts with {first!r}")
+        if _MARKER in sql:
+            raise ValueError(f"sql must not contain {_MARKER!r}, which ddbloader uses for its parameters")
+        top = [t for t in tokens if t.depth == 0]
+        for token in top[1:]:
+            if token.text == ";":
+                raise ValueError("sql must be exactly one query: it has several statements")
+            if token.word in _STATEMENTS:
+                raise ValueError(f"sql must be one read-only select query; refusing its {token.text.upper()}")
+        self._body = sql[: tokens[-1].end]
+        words = [t.word for t in top]
+        if "from" not in words:
+            raise ValueError("sql must select from a table: it has no top-level FROM")
+        from_index = words.index("from")
+        self._from = top[from_index]
+        tail = next((i for i in range(from_index + 1, len(top)) if words[i] in _AFTER_WHERE), None)
+        self._tail = top[tail] if tail is not None else None
+        end = tail if tail is not None else len(top)
+        self._where = any(w == "where" for w in words[from_index + 1 : end])
+        # Where the predicate goes: right after the last token before the clauses that follow
+        # the where-clause, so it can never land inside a trailing comment.
+        self._insert_at = top[end - 1].end
+        self._clauses = set(words[end:]) & _AFTER_WHERE
+        self._top = len(top) > 1 and top[1].word in {"top", "distinct"}
+        projection = top[1:from_index]
+        self._plain_projection = all(
+            t.kind == "word" or t.text in {",", "*"} for t in projection
+        ) and not any(t.kind == "open" for t in projection)
+
+    def filtered(self, columns: Sequence[str]) -> str:
+        """The query with ``column_i = __ddb_pi__`` added to its where-clause (one per column).
+
+        Raises:
+            ValueError: the query has a top-level ``top``/``limit``/``distinct``, which would then
+                apply to every subquery.
+        """
+        if not columns:
+            return self._body
+        if self._top or "limit" in self._clauses:
+            raise ValueError(
+                "sql has a top-level TOP/LIMIT/DISTINCT, which would apply to every subquery once the "
+                "query is split by group_col/repartition_col; move it into a subquery"
+            )
+        return self._with_condition(
+            ", ".join(f"{_operand(c)} = {_MARKER}{n}__" for n, c in enumerate(columns, start=1))
+        )
+
+    def null_rows(self, columns: Sequence[str]) -> str:
+        """Count the query's rows where any of ``columns`` is NULL: the rows no subquery matches."""
+        return self.count(self._with_condition(" or ".join(f"isNull({c})" for c in columns)))
+
+    def _with_condition(self, condition: str) -> str:
+        joint = ", " if self._where else " where "
+        return f"{self._body[: self._insert_at]}{joint}{condition}{self._body[self._insert_at :]}"
+
+    def count(self, sql: str) -> str:
+        """``select count(*)`` over a (derived) query."""
+        return f"select count(*) as _ddb_rows from ({sql})"
+
+    def schema(self) -> str:
+        """The query's first row, to read its result columns and types."""
+        return f"select top 1 * from ({self._body})"
+
+    def null_counts(self, columns: Sequence[str]) -> str:
+        """Null count per result column, named like the columns."""
+        counts = ", ".join(
+            f"count(*) - count({_column_reference(c)}) as {_column_reference(c)}" for c in columns
+        )
+        return f"select {counts} from ({self._body})"
+
+    def distinct_values(self, columns: Sequence[str], *, with_counts: bool) -> str:
+        """Distinct values of ``columns`` (aliased ``_ddb_group``, ``_ddb_repartition``) with row counts.
+
+        Evaluated over the query's FROM and WHERE, so the columns need not be selected; the
+        counts are exact only for :meth:`counts_are_groupable` queries (``with_counts`` only
+        documents the caller's intent: the count comes either way).
+        """
+        del with_counts
+        aliases = ("_ddb_group", "_ddb_repartition")[: len(columns)]
+        keys = ", ".join(f"{_operand(c)} as {a}" for c, a in zip(columns, aliases, strict=True))
+        source = self._body[self._from.start : self._insert_at]
+        return f"select count(*) as _ddb_rows {source} group by {keys} order by {', '.join(aliases)}"
+
+    def counts_are_groupable(self) -> bool:
+        """True for a plain ``select`` of columns: no aggregation, grouping, top or limit."""
+        return self._plain_projection and not self._top and not (self._clauses - {"order"})
+
+    def dynamic_pivot_fields(self) -> list[str]:
+        """None: ``pivot by`` runs on the server per subquery, as in DolphinDB's own loader."""
+        return []
+
+    def pinned(self, values: Sequence[Sequence[str]]) -> DolphinDBQuery:
+        """This query: it has no dynamic pivot fields to pin."""
+        del values
+        return self
+
+    @staticmethod
+    def column(text: str, parameter: str) -> str:
+        """:func:`parse_column_expression`, for callers that hold only the query."""
+        return parse_column_expression(text, parameter)
+
+
+def _string_literal(value: str) -> str:
+    if "\x00" in value:
+        raise ValueError(f"{value!r} contains a NUL character, which a DolphinDB string cannot hold")
+    parts: list[str] = []
+    escaped = False
+    for character in value:
+        # A hex digit right after \xHH is escaped as well, in case the parser reads on.
+        if character in _SAFE_CHARACTERS and not (escaped and character in _HEX_DIGITS):
+            parts.append(character)
+            escaped = False
+        else:
+            parts.extend(f"\\x{byte:02X}" for byte in character.encode("utf-8"))
+            escaped = True
+    return '"' + "".join(parts) + '"'
+
+
+def _temporal_literal(value: dt.datetime | dt.date | dt.time, nanosecond: int = 0) -> str:
+    if isinstance(value, (dt.datetime, dt.time)) and value.tzinfo is not None:
+        raise ValueError(f"{value!r} has a time zone; DolphinDB temporals have none: convert it first")
+    if isinstance(value, dt.datetime):
+        head = value.strftime("%Y.%m.%dT%H:%M:%S")
+    elif isinstance(value, dt.date):
+        return value.strftime("%Y.%m.%d")
+    else:
+        head = value.strftime("%H:%M:%S")
+    if nanosecond or value.microsecond % 1000:
+        return f"{head}.{value.microsecond * 1000 + nanosecond:09d}"
+    if value.microsecond:
+        return f"{head}.{value.microsecond // 1000:03d}"
+    return head
+
+
+def to_literal(value: Any) -> str:
+    """A typed DolphinDB literal for one scheme value.
+
+    bool → ``true``/``false``; int → digits; float → digits (finite only); date → ``2020.01.01``;
+    datetime → ``2020.01.01T09:30:00`` (``.fff`` or ``.fffffffff`` when it has fractions);
+    time → ``09:30:00``; numpy datetime64 likewise. A str is a string literal, except the
+    DDB-style literals accepted for migration: ``"`000001.SH"`` (a symbol: the text after the
+    backtick) and temporal literals such as ``"2020.01.01"`` or ``"2020.01.01T09:30:00.000"``,
+    which pass through as the temporal they spell.
+
+    Raises:
+        ValueError: NUL in a string, NaN/infinity, a time zone, or a backtick vector.
+        TypeError: a value of another type.
+    """
+    if isinstance(value, (bool, np.bool_)):
+        return "true" if value else "false"
+    if isinstance(value, (int, np.integer)):
+        return str(int(value))
+    if isinstance(value, (float, np.floating, decimal.Decimal)):
+        number = float(value)
+        if not math.isfinite(number):
+            raise ValueError(f"{value!r} is not a finite number, so it equals no row")
+        return repr(number)
+    if isinstance(value, np.datetime64):
+        unit = np.datetime_data(value.dtype)[0]
+        if np.isnat(value):
+            raise ValueError("NaT equals no row")
+        if unit in {"Y", "M", "W", "D"}:
+            return _temporal_literal(value.astype("datetime64[D]").astype(dt.date))
+        nanoseconds = int(value.astype("datetime64[ns]").astype(np.int64))
+        seconds, fraction = divmod(nanoseconds, 1_000_000_000)
+        moment = dt.datetime(1970, 1, 1) + dt.timedelta(seconds=seconds, microseconds=fraction // 1000)
+        return _temporal_literal(moment, fraction % 1000)
+    if isinstance(value, (dt.datetime, dt.date, dt.time)):
+        return _temporal_literal(value, int(getattr(value, "nanosecond", 0)))
+    if isinstance(value, str):
+        if value.startswith("`"):
+            symbol = value[1:]
+            if "`" in symbol:
+                raise ValueError(f"{value!r} is a DolphinDB symbol vector; give its values one by one")
+            return _string_literal(symbol)
+        if _TEMPORAL.fullmatch(value):
+            return value
+        return _string_literal(value)
+    raise TypeError(f"cannot write {type(value).__name__} {value!r} as a DolphinDB literal")
+
+
+def substitute(sql: str, params: Sequence[Any]) -> str:
+    """Replace the parameter markers of a derived query with typed literals of ``params``.
+
+    Raises:
+        ValueError: a marker numbered beyond ``params``, or a value :func:`to_literal` refuses.
+    """
+
+    def literal(match: re.Match[str]) -> str:
+        number = int(match.group(1))
+        if not 1 <= number <= len(params):
+            raise ValueError(f"the query uses parameter {number} but only {len(params)} were given")
+        return to_literal(params[number - 1])
+
+    return _MARKER_RE.sub(literal, sql)
+
+
+def is_dolphindb_session(source: Any) -> bool:
+    """True for a ``dolphindb.Session`` (without importing dolphindb needlessly)."""
+    if not type(source).__module__.startswith("dolphindb"):
+        return False
+    import dolphindb
+
+    return isinstance(source, dolphindb.Session)
+
+
+def _to_arrow(result: Any) -> pa.Table:
+    if isinstance(result, pa.Table):
+        return result
+    import pandas as pd
+
+    if isinstance(result, pd.DataFrame):
+        return pa.Table.from_pandas(result, preserve_index=False)
+    raise TypeError(f"the query returned a {type(result).__name__}, not a table: use select, not exec")
+
+
+def _uri_session(uri: str) -> Callable[[], Any]:
+    """A factory of sessions for ``dolphindb://user:password@host:port[?protocol=arrow]``."""
+    parts = urlsplit(uri)
+    if not parts.hostname or not parts.port:
+        raise ValueError(f"a DolphinDB URI needs a host and a port: {redact_uri(uri)!r}")
+    arrow = parse_qs(parts.query).get("protocol", [""])[0].lower() == "arrow"
+    user, password = unquote(parts.username or ""), unquote(parts.password or "")
+    host, port = parts.hostname, parts.port
+
+    def open_session() -> Any:
+        try:
+            import dolphindb
+            import dolphindb.settings as keys
+        except ImportError as error:
+            raise ImportError(
+                "DolphinDB needs the dolphindb package: pip install 'ddbloader[dolphindb]'"
+            ) from error
+        protocol = keys.PROTOCOL_ARROW if arrow else keys.PROTOCOL_DEFAULT
+        session = dolphindb.Session(protocol=protocol)
+        if not session.connect(host, port, user, password):
+            raise ConnectionError(f"cannot connect to DolphinDB at {host}:{port}")
+        return session
+
+    return open_session
+
+
+class _DolphinDBCursor:
+    def __init__(self, backend: DolphinDBBackend, session: Any, shared: bool) -> None:
+        self._backend = backend
+        self._session: Any = session
+        self._shared = shared
+        self._stop = threading.Event()
+
+    def fetch(self, sql: str, params: Sequence[Any]) -> pa.Table:
+        script = substitute(sql, params)
+
+        def attempt() -> pa.Table:
+            if self._shared:
+                with self._backend.lock:
+                    return _to_arrow(self._session.run(script))
+            if self._session is None:
+                self._session = self._backend.open()
+            return _to_arrow(self._session.run(script))
+
+        if self._shared:
+            return attempt()
+        return self._backend.retry.run(
+            attempt, transient=self._backend.transient, reset=self._reconnect, stop=self._stop
+        )
+
+    def interrupt(self) -> None:
+        # The Python API cannot cancel a running script from another thread; the fetch finishes
+        # and its thread then sees the stop. A retry wait, though, ends at once.
+        self._stop.set()
+
+    def _reconnect(self) -> None:
+        session, self._session = self._session, None
+        if session is not None:
+            with contextlib.suppress(Exception):
+                session.close()
+
+    def close(self) -> None:
+        if not self._shared:
+            self._reconnect()
+
+
+class DolphinDBBackend:
+    """DolphinDB sessions. Thread-safe.
+
+    Args:
+        source: a ``dolphindb.Session`` (shared: its scripts run one at a time), a URI
+            ``dolphindb://user:password@host:port`` (add ``?protocol=arrow`` when the server has
+            the formatArrow plugin), or a callable returning a connected Session. URIs and
+            factories give every fetch thread its own session.
+        retry: attempts and backoff when a fetch fails on a connection error (not for a shared
+            session, which cannot be reopened).
+    """
+
+    dialect = DIALECT
+
+    def __init__(self, source: Any, *, retry: Retry | None = None) -> None:
+        self._factory: Callable[[], Any] | None
+        self._shared: Any = None
+        if isinstance(source, str):
+            self._factory = _uri_session(source)
+            self.engine = describe_uri(source)
+        elif is_dolphindb_session(source):
+            self._factory = None
+            self._shared = source
+            self.engine = f"dolphindb ({source.host}:{source.port}, shared session)"
+        elif callable(source):
+            self._factory = source
+            self.engine = "dolphindb (factory)"
+        else:
+            raise TypeError(f"DolphinDBBackend needs a Session, a URI or a factory, got {type(source)!r}")
+        self.retry = retry or Retry()
+        self.lock = threading.Lock()
+
+    @staticmethod
+    def query(sql: str) -> DolphinDBQuery:
+        """Parse the user's query (the hook the plan calls instead of sqlglot)."""
+        return DolphinDBQuery(sql)
+
+    def open(self) -> Any:
+        """A new session from the URI or factory."""
+        if self._factory is None:
+            raise RuntimeError("a shared DolphinDB session cannot be reopened")
+        return self._factory()
+
+    @staticmethod
+    def transient(error: BaseException) -> bool:
+        """Connection failures: OS-level errors, or an API error that mentions the connection."""
+        return isinstance(error, OSError) or "connection" in str(error).lower()
+
+    def cursor(self) -> _DolphinDBCursor:
+        if self._factory is None:
+            return _DolphinDBCursor(self, self._shared, shared=True)
+        return _DolphinDBCursor(self, None, shared=False)
+
+    def close(self) -> None:
+        """Nothing to close: cursors close their own sessions; a shared session is the caller's."""

@@ -1,0 +1,787 @@
+"""The backend contract, run by the real DDBDataLoader against every reachable engine.
+
+Engines: embedded DuckDB, a throwaway PostgreSQL server through ADBC (tests/pgserver.py) and
+sqlite3 through the plain DB-API fallback. Each engine must give the same batches as DuckDB
+for the same plan and seed, cover every window exactly once, keep the query's ORDER BY, map
+types and nulls as documented, select exactly the rows equal to hostile scheme values without
+changing anything, and name the query and parameters when the engine fails.
+"""
+
+from __future__ import annotations
+
+import functools
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import numpy as np
+import pgserver
+import pyarrow as pa
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ddbloader import DDBDataLoader
+from ddbloader.backends import (
+    ADBCBackend,
+    DBAPIBackend,
+    DolphinDBBackend,
+    DuckDBBackend,
+    Retry,
+    connect,
+    redact_uri,
+)
+from ddbloader.backends.dbapi import bind_parameters
+
+ENGINES = ("duckdb", "postgres", "sqlite")
+SERIES_SQL = "SELECT gid, part, pos, rid, f0, f1, y FROM series ORDER BY gid, pos"
+PARTS = [[10, 7, 12], [15, 6], [8, 9, 11, 10]]
+
+
+def series_table(parts: list[list[int]]) -> pa.Table:
+    """Group g has partitions of ``parts[g][p]`` rows; ``rid = gid * 1e6 + pos`` names each row."""
+    rows = [
+        (gid, part, pos)
+        for gid, sizes in enumerate(parts)
+        for part, pos in zip(
+            [p for p, size in enumerate(sizes) for _ in range(size)], range(sum(sizes)), strict=True
+        )
+    ]
+    rid = [g * 1_000_000 + pos for g, _, pos in rows]
+    return pa.table(
+        {
+            "gid": pa.array([r[0] for r in rows], pa.int32()),
+            "part": pa.array([r[1] for r in rows], pa.int32()),
+            "pos": pa.array([r[2] for r in rows], pa.int64()),
+            "rid": pa.array(rid, pa.int64()),
+            "f0": pa.array([float(r) for r in rid], pa.float64()),
+            "f1": pa.array([-float(r) for r in rid], pa.float64()),
+            "y": pa.array([r + 0.5 for r in rid], pa.float64()),
+        }
+    )
+
+
+class Engine:
+    """A real engine with helpers to create tables, read them back, and hand the loader a source."""
+
+    name: str
+
+    def create(self, table: str, data: pa.Table, ddl: str | None = None) -> None:
+        raise NotImplementedError
+
+    def execute(self, sql: str) -> None:
+        raise NotImplementedError
+
+    def rows(self, sql: str) -> list[tuple[Any, ...]]:
+        raise NotImplementedError
+
+    def source(self) -> Any:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+
+class DuckEngine(Engine):
+    name = "duckdb"
+
+    def __init__(self) -> None:
+        self.con = duckdb.connect()
+
+    def create(self, table: str, data: pa.Table, ddl: str | None = None) -> None:
+        self.con.execute(f"DROP TABLE IF EXISTS {table}")
+        self.con.register("_incoming", data)
+        if ddl:
+            self.con.execute(ddl)
+            self.con.execute(f"INSERT INTO {table} SELECT * FROM _incoming")
+        else:
+            self.con.execute(f"CREATE TABLE {table} AS SELECT * FROM _incoming")
+        self.con.unregister("_incoming")
+
+    def execute(self, sql: str) -> None:
+        self.con.execute(sql)
+
+    def rows(self, sql: str) -> list[tuple[Any, ...]]:
+        return self.con.execute(sql).fetchall()
+
+    def source(self) -> Any:
+        return self.con
+
+    def close(self) -> None:
+        self.con.close()
+
+
+class PostgresEngine(Engine):
+    name = "postgres"
+
+    def __init__(self, uri: str) -> None:
+        from adbc_driver_postgresql import dbapi
+
+        self.uri = uri
+        self.admin = dbapi.connect(uri, autocommit=True)
+
+    def create(self, table: str, data: pa.Table, ddl: str | None = None) -> None:
+        self.execute(f"DROP TABLE IF EXISTS {table}")
+        if not ddl:
+            with self.admin.cursor() as cursor:
+                cursor.adbc_ingest(table, data, mode="create")
+            return
+        # COPY cannot write every Arrow type into every column type (double into numeric):
+        # stage the data, then let INSERT ... SELECT apply PostgreSQL's assignment casts.
+        self.execute(ddl)
+        with self.admin.cursor() as cursor:
+            cursor.adbc_ingest("_staging", data, mode="replace")
+        self.execute(f"INSERT INTO {table} SELECT * FROM _staging")
+        self.execute("DROP TABLE _staging")
+
+    def execute(self, sql: str) -> None:
+        with self.admin.cursor() as cursor:
+            cursor.execute(sql)
+
+    def rows(self, sql: str) -> list[tuple[Any, ...]]:
+        with self.admin.cursor() as cursor:
+            cursor.execute(sql)
+            return [tuple(r.values()) for r in cursor.fetch_arrow_table().to_pylist()]
+
+    def source(self) -> Any:
+        return self.uri
+
+    def close(self) -> None:
+        self.execute("DROP SCHEMA public CASCADE")
+        self.execute("CREATE SCHEMA public")
+        self.admin.close()
+
+
+_SQLITE_TYPES = {"int32": "INTEGER", "int64": "INTEGER", "double": "REAL", "string": "TEXT"}
+
+
+class SqliteEngine(Engine):
+    name = "sqlite"
+
+    def __init__(self, directory: Path) -> None:
+        self.path = str(directory / "contract.sqlite")
+        self.admin = sqlite3.connect(self.path)
+
+    def create(self, table: str, data: pa.Table, ddl: str | None = None) -> None:
+        self.execute(f"DROP TABLE IF EXISTS {table}")
+        columns = ", ".join(f"{f.name} {_SQLITE_TYPES[str(f.type)]}" for f in data.schema)
+        self.execute(ddl or f"CREATE TABLE {table} ({columns})")
+        marks = ", ".join("?" * data.num_columns)
+        self.admin.executemany(
+            f"INSERT INTO {table} VALUES ({marks})", [tuple(r.values()) for r in data.to_pylist()]
+        )
+        self.admin.commit()
+
+    def execute(self, sql: str) -> None:
+        self.admin.execute(sql)
+        self.admin.commit()
+
+    def rows(self, sql: str) -> list[tuple[Any, ...]]:
+        return self.admin.execute(sql).fetchall()
+
+    def source(self) -> Any:
+        return functools.partial(sqlite3.connect, self.path)
+
+    def close(self) -> None:
+        self.admin.close()
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[pgserver.PostgresServer]:
+    try:
+        import adbc_driver_postgresql  # noqa: F401
+    except ImportError:
+        pgserver.unavailable("adbc-driver-postgresql is not installed (pip install 'ddbloader[postgres]')")
+    server = pgserver.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(params=ENGINES)
+def engine(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Engine]:
+    if request.param == "duckdb":
+        made: Engine = DuckEngine()
+    elif request.param == "postgres":
+        made = PostgresEngine(request.getfixturevalue("pg_server").uri)
+    else:
+        made = SqliteEngine(tmp_path)
+    yield made
+    made.close()
+
+
+@pytest.fixture
+def pg(pg_server: pgserver.PostgresServer) -> Iterator[PostgresEngine]:
+    made = PostgresEngine(pg_server.uri)
+    yield made
+    made.close()
+
+
+def batches(loader: DDBDataLoader) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    with loader:
+        return list(loader)
+
+
+def reference(sql: str, data: pa.Table, **kwargs: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The same loader over DuckDB: what every engine must reproduce batch for batch."""
+    duck = DuckEngine()
+    try:
+        duck.create("series", data)
+        return batches(DDBDataLoader(duck.source(), sql, **kwargs))
+    finally:
+        duck.close()
+
+
+def assert_same(
+    actual: list[tuple[torch.Tensor, torch.Tensor]], expected: list[tuple[torch.Tensor, torch.Tensor]]
+) -> None:
+    assert len(actual) == len(expected)
+    for (x, y), (ex, ey) in zip(actual, expected, strict=True):
+        assert x.dtype == ex.dtype and y.dtype == ey.dtype
+        assert torch.equal(x, ex) and torch.equal(y, ey)
+
+
+# --- semantics ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_windows_cover_every_sample_once_and_match_duckdb(engine: Engine, shuffle: bool) -> None:
+    data = series_table(PARTS)
+    engine.create("series", data)
+    options: dict[str, Any] = {
+        "target_col": "y",
+        "input_col": ["f0", "f1"],
+        "batch_size": 5,
+        "shuffle": shuffle,
+        "window_size": [3, 2],
+        "window_stride": 2,
+        "group_col": "gid",
+        "repartition_col": "part",
+        "seed": 7,
+    }
+    got = batches(DDBDataLoader(engine.source(), SERIES_SQL, **options))
+    starts = [int(r) for x, _ in got for r in x[:, 0, 0].tolist()]
+    expected = {g * 1_000_000 + s for g, sizes in enumerate(PARTS) for s in range(0, sum(sizes) - 4, 2)}
+    assert sorted(starts) == sorted(expected)  # every window once, none across groups
+    for x, y in got:  # y anchored to x: rows s+3 and s+4
+        assert torch.equal(y[:, :, 0], x[:, :1, 0] + torch.tensor([3.5, 4.5], dtype=torch.float64))
+    assert_same(got, reference(SERIES_SQL, data, **options))
+
+
+def test_explicit_schemes_keep_their_order_and_skip_empty_partitions(engine: Engine) -> None:
+    data = series_table(PARTS)
+    engine.create("series", data)
+    options: dict[str, Any] = {
+        "target_col": "y",
+        "input_col": ["f0"],
+        "batch_size": 64,
+        "group_col": "gid",
+        "group_scheme": [2, 0, 1],
+        "repartition_col": "part",
+        "repartition_scheme": [3, 2, 1, 0],
+    }
+    with DDBDataLoader(engine.source(), SERIES_SQL, **options) as loader:
+        assert [len(g.partitions) for g in loader.plan.groups] == [4, 3, 2]
+        rows = torch.cat([x[:, 0] for x, _ in loader]).tolist()
+    rid = data.column("rid").to_pylist()
+    part = data.column("part").to_pylist()
+    expected = [
+        float(r) for g in (2, 0, 1) for p in (3, 2, 1, 0) for r, pp in zip(rid, part, strict=True)
+        if r // 1_000_000 == g and pp == p
+    ]  # fmt: skip
+    assert rows == expected
+
+
+def test_order_by_of_the_query_is_kept(engine: Engine) -> None:
+    data = series_table(PARTS)
+    engine.create("series", data)
+    sql = "SELECT gid, part, pos, rid, f0, f1, y FROM series ORDER BY gid, pos DESC"
+    options: dict[str, Any] = {
+        "target_col": "y",
+        "input_col": ["f0"],
+        "batch_size": 8,
+        "group_col": "gid",
+        "repartition_col": "part",
+    }
+    got = batches(DDBDataLoader(engine.source(), sql, **options))
+    rows = torch.cat([x[:, 0] for x, _ in got]).tolist()
+    # Each partition's rows descend; partitions come in repartition order (0, 1, ...).
+    expected = [
+        float(g * 1_000_000 + pos)
+        for g, sizes in enumerate(PARTS)
+        for p in range(len(sizes))
+        for pos in reversed(range(sum(sizes[:p]), sum(sizes[: p + 1])))
+    ]
+    assert rows == expected
+    assert_same(got, reference(sql, data, **options))
+
+
+# --- dtypes and nulls ---------------------------------------------------------------------------
+
+_TYPED_DDL = {
+    "duckdb": "CREATE TABLE typed (i4 INTEGER, i8 BIGINT, f8 DOUBLE, n DECIMAL(10, 2), y DOUBLE)",
+    "postgres": "CREATE TABLE typed (i4 int4, i8 int8, f8 float8, n numeric(10, 2), y float8)",
+    "sqlite": "CREATE TABLE typed (i4 INTEGER, i8 INTEGER, f8 REAL, n NUMERIC, y REAL)",
+}
+# sqlite stores every integer as 64 bits, so its int4 arrives as int64.
+_TYPED_DTYPES = {
+    "duckdb": {"i4": torch.int32, "i8": torch.int64, "f8": torch.float64, "n": torch.float64},
+    "postgres": {"i4": torch.int32, "i8": torch.int64, "f8": torch.float64, "n": torch.float64},
+    "sqlite": {"i4": torch.int64, "i8": torch.int64, "f8": torch.float64, "n": torch.float64},
+}
+
+
+def test_column_types_map_to_tensor_dtypes(engine: Engine) -> None:
+    values = {
+        "i4": [1, -2, 3],
+        "i8": [2**40, -(2**41), 5],
+        "f8": [0.5, -1.5, 1e-300],
+        "n": [1.25, -2.5, 12345678.75],
+    }
+    types = {"i4": pa.int32(), "i8": pa.int64(), "f8": pa.float64(), "n": pa.float64()}
+    data = pa.table({**{k: pa.array(v, types[k]) for k, v in values.items()}, "y": pa.array([0.0, 1.0, 2.0])})
+    engine.create("typed", data, _TYPED_DDL[engine.name])
+    for column, dtype in _TYPED_DTYPES[engine.name].items():
+        with DDBDataLoader(
+            engine.source(), "SELECT * FROM typed ORDER BY y", "y", batch_size=3, input_col=column
+        ) as loader:
+            ((x, _),) = list(loader)
+        assert x.dtype == dtype, column
+        assert x[:, 0].tolist() == values[column], column
+
+
+def test_nulls_become_nan_in_float64(engine: Engine) -> None:
+    data = pa.table(
+        {
+            "g": pa.array([1, 1, 1, 2], pa.int32()),
+            "a": pa.array([1, None, 3, 4], pa.int32()),
+            "b": pa.array([None, 0.5, 1.5, 2.5], pa.float64()),
+            "y": pa.array([0.0, 1.0, 2.0, 3.0], pa.float64()),
+        }
+    )
+    engine.create("nullable", data)
+    with DDBDataLoader(
+        engine.source(),
+        "SELECT g, a, b, y FROM nullable ORDER BY y",
+        "y",
+        batch_size=4,
+        input_col=["a", "b"],
+        group_col="g",
+    ) as loader:
+        ((x, _),) = list(loader)
+    assert x.dtype == torch.float64
+    expected = np.array([[1, np.nan], [np.nan, 0.5], [3, 1.5], [4, 2.5]])
+    np.testing.assert_array_equal(x.numpy(), expected)
+
+
+# --- hostile values -----------------------------------------------------------------------------
+
+_SNIPPETS = [
+    "'", '"', "\\", ";", "--", "/*", "*/", "' OR '1'='1", "'; DROP TABLE canary; --", "$1", "$2", "?",
+    ":1", ":p1", "%s", "%(p1)s", "%", "@1", "`", "é", "中文", "😀", "\n", "\t", "\x00", "ddbparam_1",
+]  # fmt: skip
+HOSTILE = st.lists(st.one_of(st.sampled_from(_SNIPPETS), st.text(max_size=4)), max_size=4).map("".join)
+BASE_NAMES = ["a", "b", "'", "' OR '1'='1", "x;y", ""]
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(values=st.lists(HOSTILE, min_size=1, max_size=3, unique=True), absent=HOSTILE)
+def test_hostile_values_select_only_equal_rows_and_change_nothing(
+    engine: Engine, values: list[str], absent: str
+) -> None:
+    if engine.name == "postgres":  # PostgreSQL text cannot hold NUL (test_postgres_nul_is_a_clear_error)
+        values = list(dict.fromkeys(v.replace("\x00", "") for v in values))
+        absent = absent.replace("\x00", "")
+    names = BASE_NAMES + [v for v in values if v not in BASE_NAMES]
+    engine.create(
+        "hostile",
+        pa.table(
+            {
+                "name": pa.array(names, pa.string()),
+                "v": pa.array(range(len(names)), pa.int64()),
+                "y": pa.array([0.5] * len(names)),
+            }
+        ),
+    )
+    engine.create("canary", pa.table({"x": pa.array([42], pa.int64())}))
+    scheme = values + ([absent] if absent not in values else [])
+    before = engine.rows("SELECT name, v FROM hostile ORDER BY v")
+    with DDBDataLoader(
+        engine.source(),
+        "SELECT name, v, y FROM hostile ORDER BY v",
+        "y",
+        batch_size=64,
+        input_col="v",
+        group_col="name",
+        group_scheme=scheme,
+        repartition_col="name",
+        repartition_scheme=scheme,
+    ) as loader:
+        got = [int(v) for x, _ in loader for v in x[:, 0].tolist()]
+    assert got == [i for value in scheme for i, name in enumerate(names) if name == value]
+    assert engine.rows("SELECT name, v FROM hostile ORDER BY v") == before
+    assert engine.rows("SELECT x FROM canary") == [(42,)]
+
+
+def test_postgres_nul_is_a_clear_error(pg: PostgresEngine) -> None:
+    pg.create("hostile", pa.table({"name": ["a"], "y": [0.5]}))
+    with pytest.raises(ValueError, match="NUL"):
+        DDBDataLoader(
+            pg.source(),
+            "SELECT name, y FROM hostile",
+            "y",
+            input_col="y",
+            group_col="name",
+            group_scheme=["a\x00; DROP TABLE hostile"],
+        )
+    assert pg.rows("SELECT name FROM hostile") == [("a",)]
+
+
+# --- errors -------------------------------------------------------------------------------------
+
+
+def _everything(error: BaseException) -> str:
+    return "\n".join([str(error), *getattr(error, "__notes__", [])])
+
+
+def test_unknown_group_column_names_it(engine: Engine) -> None:
+    engine.create("series", series_table([[3]]))
+    with pytest.raises(Exception) as caught:
+        DDBDataLoader(engine.source(), SERIES_SQL, "y", group_col="nosuch_col")
+    text = _everything(caught.value)
+    assert "nosuch_col" in text
+    assert "ddbloader was" in text  # the note names the query that failed
+
+
+def test_permanent_fetch_error_names_subquery_and_parameters_without_retrying(engine: Engine) -> None:
+    engine.create("series", series_table([[4, 4], [4]]))
+    loader = DDBDataLoader(
+        engine.source(),
+        SERIES_SQL,
+        "y",
+        batch_size=2,
+        group_col="gid",
+        repartition_col="part",
+        fetch_threads=1,
+    )
+    engine.execute("DROP TABLE series")
+    started = time.monotonic()
+    with loader, pytest.raises(Exception) as caught:
+        list(loader)
+    text = _everything(caught.value)
+    assert "subquery" in text and "FROM series" in text
+    assert "parameters [0, 0]" in text
+    assert "gave up after" not in text and time.monotonic() - started < 5
+
+
+# --- PostgreSQL: connections, retries, credentials ----------------------------------------------
+
+
+def _pid(cursor: Any) -> int:
+    return int(cursor.fetch("SELECT pg_backend_pid() AS pid", []).column("pid")[0].as_py())
+
+
+def test_postgres_cursors_own_their_connections(pg: PostgresEngine) -> None:
+    backend = ADBCBackend(pg.uri)
+    cursors = [backend.cursor() for _ in range(3)]
+    try:
+        assert len({_pid(c) for c in cursors}) == 3
+    finally:
+        for cursor in cursors:
+            cursor.close()
+        backend.close()
+
+
+def test_postgres_network_error_is_retried_on_a_new_connection(pg: PostgresEngine) -> None:
+    backend = ADBCBackend(pg.uri, retry=Retry(attempts=3, backoff=0.01))
+    cursor = backend.cursor()
+    first = _pid(cursor)
+    pg.execute(f"SELECT pg_terminate_backend({first})")
+    assert _pid(cursor) != first  # reconnected transparently
+    cursor.close()
+    once = ADBCBackend(pg.uri, retry=Retry(attempts=1))
+    cursor = once.cursor()
+    pg.execute(f"SELECT pg_terminate_backend({_pid(cursor)})")
+    import adbc_driver_manager
+
+    with pytest.raises(adbc_driver_manager.OperationalError):
+        _pid(cursor)
+    cursor.close()
+    backend.close()
+    once.close()
+
+
+def test_postgres_loader_survives_killed_connections(pg: PostgresEngine) -> None:
+    data = series_table(PARTS)
+    pg.create("series", data)
+    options: dict[str, Any] = {
+        "target_col": "y",
+        "input_col": ["f0"],
+        "batch_size": 4,
+        "group_col": "gid",
+        "repartition_col": "part",
+        "seed": 3,
+        "shuffle": True,
+        "prefetch_batch": 0,
+        "prepartition_num": 1,
+        "group_pool_size": 1,
+    }
+    got = []
+    with DDBDataLoader(pg.source(), SERIES_SQL, **options) as loader:
+        for number, batch in enumerate(loader):
+            got.append(batch)
+            if number in (1, 4):
+                pg.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                    "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                )
+    assert_same(got, reference(SERIES_SQL, data, **options))
+
+
+def test_postgres_interrupt_stops_a_running_query_without_retry(pg: PostgresEngine) -> None:
+    backend = ADBCBackend(pg.uri)
+    cursor = backend.cursor()
+    _pid(cursor)  # connected
+    timer = threading.Timer(0.3, cursor.interrupt)
+    timer.start()
+    started = time.monotonic()
+    with pytest.raises(Exception) as caught:
+        cursor.fetch("SELECT pg_sleep(20)", [])
+    assert time.monotonic() - started < 5
+    assert "cancel" in str(caught.value).lower()
+    cursor.close()
+    backend.close()
+
+
+def test_postgres_passed_connection_is_cloned_and_left_open(pg: PostgresEngine) -> None:
+    from adbc_driver_postgresql import dbapi
+
+    pg.create("series", series_table([[5, 5]]))
+    mine = dbapi.connect(pg.uri)
+    with mine.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid() AS pid")
+        my_pid = cursor.fetch_arrow_table().column("pid")[0].as_py()
+    sql = "SELECT f0, y, pg_backend_pid() AS pid FROM series ORDER BY rid"
+    with DDBDataLoader(mine, sql, "y", batch_size=10, input_col=["f0", "pid"]) as loader:
+        ((x, _),) = list(loader)
+    assert my_pid not in set(x[:, 1].tolist())
+    with mine.cursor() as cursor:  # still open and usable
+        cursor.execute("SELECT 1 AS one")
+        assert cursor.fetch_arrow_table().column("one")[0].as_py() == 1
+    mine.close()
+
+
+def test_postgres_factory_is_accepted(pg: PostgresEngine) -> None:
+    from adbc_driver_postgresql import dbapi
+
+    pg.create("series", series_table([[3, 2]]))
+    with DDBDataLoader(
+        lambda: dbapi.connect(pg.uri), SERIES_SQL, "y", batch_size=5, input_col="f0"
+    ) as loader:
+        assert loader.plan.engine.startswith("PostgreSQL")
+        ((x, _),) = list(loader)
+    assert x[:, 0].tolist() == [0.0, 1.0, 2.0, 3.0, 4.0]
+
+
+def test_credentials_never_appear(pg: PostgresEngine) -> None:
+    pg.create("series", series_table([[3]]))
+    with DDBDataLoader(pg.uri, SERIES_SQL, "y") as loader:
+        assert pgserver.PASSWORD not in repr(loader)
+        assert loader.plan.engine.startswith("postgresql (127.0.0.1:")
+    wrong = pg.uri.replace(pgserver.PASSWORD, "not-the-password-xyz")
+    with pytest.raises(Exception) as caught:
+        DDBDataLoader(wrong, SERIES_SQL, "y")
+    assert "not-the-password-xyz" not in _everything(caught.value)
+    assert redact_uri(pg.uri) == pg.uri.replace(f"postgres:{pgserver.PASSWORD}@", "***@")
+
+
+def test_redact_uri() -> None:
+    assert redact_uri("postgresql://u:p%40ss@h:5/db?sslmode=require&password=x") == (
+        "postgresql://***@h:5/db?sslmode=require&password=***"
+    )
+    assert redact_uri("dolphindb://admin:123456@127.0.0.1:8848") == "dolphindb://***@127.0.0.1:8848"
+    assert redact_uri("postgresql://h/db") == "postgresql://h/db"
+
+
+# --- DB-API fallback ----------------------------------------------------------------------------
+
+
+def test_bind_parameters_for_every_paramstyle() -> None:
+    sql = "SELECT a FROM t WHERE b = @2 AND c = @1 AND d LIKE '%x' UNION SELECT a FROM t WHERE b = @2"
+    assert bind_parameters(sql, ["one", "two"], "sqlite", "qmark") == (
+        "SELECT a FROM t WHERE b = ? AND c = ? AND d LIKE '%x' UNION SELECT a FROM t WHERE b = ?",
+        ["two", "one", "two"],
+    )
+    assert bind_parameters(sql, ["one", "two"], "sqlite", "numeric")[0].count(":2") == 2
+    text, named = bind_parameters(sql, ["one", "two"], "sqlite", "named")
+    assert "c = :p1" in text and named == {"p1": "one", "p2": "two"}
+    text, positional = bind_parameters(sql, ["one", "two"], "sqlite", "format")
+    assert "b = %s" in text and "LIKE '%%x'" in text and positional == ["two", "one", "two"]
+    text, named = bind_parameters(sql, ["one", "two"], "sqlite", "pyformat")
+    assert "c = %(p1)s" in text and "LIKE '%%x'" in text
+    assert bind_parameters("SELECT '%' AS p", [], "sqlite", "format") == ("SELECT '%' AS p", ())
+    with pytest.raises(ValueError, match="paramstyle"):
+        bind_parameters(sql, [1], "sqlite", "dollar")
+    # A literal that looks like a marker stays a literal.
+    text, _ = bind_parameters("SELECT 'ddbparam_1' AS a FROM t WHERE b = $1", [5], "postgres", "qmark")
+    assert text == "SELECT 'ddbparam_1' AS a FROM t WHERE b = ?"
+
+
+@pytest.mark.parametrize("paramstyle", ["qmark", "numeric", "named"])
+def test_sqlite_runs_every_paramstyle_it_supports(tmp_path: Path, paramstyle: str) -> None:
+    engine = SqliteEngine(tmp_path)
+    engine.create("series", series_table([[3, 2], [4]]))
+    backend = DBAPIBackend(engine.source(), paramstyle=paramstyle)
+    with DDBDataLoader(
+        backend, SERIES_SQL, "y", batch_size=9, input_col="f0", group_col="gid", repartition_col="part"
+    ) as loader:
+        rows = [v for x, _ in loader for v in x[:, 0].tolist()]
+    assert rows == [0.0, 1.0, 2.0, 3.0, 4.0, 1e6, 1e6 + 1, 1e6 + 2, 1e6 + 3]
+    engine.close()
+
+
+def test_shared_dbapi_connection_is_serialised(tmp_path: Path) -> None:
+    engine = SqliteEngine(tmp_path)
+    engine.create("series", series_table(PARTS))
+    shared = sqlite3.connect(engine.path, check_same_thread=False)
+    options: dict[str, Any] = {
+        "target_col": "y",
+        "input_col": ["f0"],
+        "batch_size": 7,
+        "group_col": "gid",
+        "repartition_col": "part",
+        "fetch_threads": 3,
+        "shuffle": True,
+        "seed": 1,
+    }
+    with DDBDataLoader(shared, SERIES_SQL, **options) as loader:
+        assert "shared connection" in loader.plan.engine
+        got = list(loader)
+    assert_same(got, reference(SERIES_SQL, series_table(PARTS), **options))
+    assert shared.execute("SELECT COUNT(*) FROM series").fetchone() == (sum(map(sum, PARTS)),)  # left open
+    shared.close()
+    engine.close()
+
+
+def test_thread_bound_dbapi_connection_fails_with_a_hint(tmp_path: Path) -> None:
+    engine = SqliteEngine(tmp_path)
+    engine.create("series", series_table([[3]]))
+    bound = sqlite3.connect(engine.path)
+    with DDBDataLoader(bound, SERIES_SQL, "y") as loader, pytest.raises(sqlite3.ProgrammingError) as caught:
+        list(loader)
+    assert "pass a factory" in _everything(caught.value)
+    bound.close()
+    engine.close()
+
+
+def test_dbapi_schema_probe_types_columns_from_rows(tmp_path: Path) -> None:
+    engine = SqliteEngine(tmp_path)
+    engine.create("series", series_table([[3]]))
+    backend = DBAPIBackend(engine.source())
+    cursor = backend.cursor()
+    table = cursor.fetch("SELECT * FROM (SELECT pos, f0, 'x' AS s FROM series) AS q LIMIT 0", [])
+    assert table.num_rows == 0
+    assert table.schema.types == [pa.int64(), pa.float64(), pa.string()]
+    cursor.close()
+    backend.close()
+    engine.close()
+
+
+def test_dbapi_mixed_types_name_the_column(tmp_path: Path) -> None:
+    engine = SqliteEngine(tmp_path)
+    engine.execute("CREATE TABLE mixed (v, y REAL)")
+    engine.execute("INSERT INTO mixed VALUES (1, 0.5), ('text', 1.5)")
+    backend = DBAPIBackend(engine.source())
+    cursor = backend.cursor()
+    with pytest.raises(TypeError, match="column 'v'"):
+        cursor.fetch("SELECT v, y FROM mixed", [])
+    cursor.close()
+    backend.close()
+    engine.close()
+
+
+# --- connect() ----------------------------------------------------------------------------------
+
+
+def test_connect_recognises_every_source(tmp_path: Path) -> None:
+    made: list[duckdb.DuckDBPyConnection] = []
+
+    def duck_factory() -> duckdb.DuckDBPyConnection:
+        made.append(duckdb.connect())
+        return made[-1]
+
+    backend = connect(duck_factory)
+    assert backend.dialect == "duckdb"
+    assert backend.cursor().fetch("SELECT 41 + $1 AS v", [1]).column("v")[0].as_py() == 42
+    backend.close()
+    with pytest.raises(duckdb.ConnectionException):
+        made[0].execute("SELECT 1")  # the factory's connection is the backend's to close
+    engine = SqliteEngine(tmp_path)
+    assert isinstance(connect(engine.source()), DBAPIBackend)
+    assert isinstance(connect(None), DuckDBBackend)
+    dolphin = connect("dolphindb://admin:123456@127.0.0.1:8848")
+    assert isinstance(dolphin, DolphinDBBackend) and "123456" not in dolphin.engine
+    with pytest.raises(TypeError, match="source must be"):
+        connect(42)
+    with pytest.raises(TypeError, match="factory returned"):
+        connect(lambda: 42)
+    engine.close()
+
+
+def test_unknown_dbapi_driver_asks_for_dialect() -> None:
+    class Connection:
+        def cursor(self) -> None: ...
+        def commit(self) -> None: ...
+        def close(self) -> None: ...
+
+    with pytest.raises(TypeError, match="dialect"):
+        connect(Connection())
+    backend = DBAPIBackend(Connection(), dialect="postgres", paramstyle="format")
+    assert (backend.dialect, backend.paramstyle) == ("postgres", "format")
+
+
+def test_retry_policy_is_validated() -> None:
+    with pytest.raises(ValueError, match="attempts"):
+        Retry(attempts=0)
+    with pytest.raises(ValueError, match="backoff"):
+        Retry(backoff=-1)
+    calls: list[int] = []
+
+    def flaky() -> str:
+        calls.append(1)
+        if len(calls) < 3:
+            raise OSError("connection reset")
+        return "ok"
+
+    assert (
+        Retry(attempts=3, backoff=0).run(
+            flaky, transient=lambda e: True, reset=lambda: None, stop=threading.Event()
+        )
+        == "ok"
+    )
+    calls.clear()
+    with pytest.raises(OSError) as caught:
+        Retry(attempts=2, backoff=0).run(
+            flaky, transient=lambda e: True, reset=lambda: None, stop=threading.Event()
+        )
+    assert "gave up after 2 attempts" in _everything(caught.value)
+
+
+def test_dbapi_interrupt_stops_a_running_query(tmp_path: Path) -> None:
+    engine = SqliteEngine(tmp_path)
+    backend = DBAPIBackend(engine.source())
+    cursor = backend.cursor()
+    timer = threading.Timer(0.3, cursor.interrupt)
+    timer.start()
+    started = time.monotonic()
+    endless = "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n) SELECT max(i) AS m FROM n"
+    with pytest.raises(sqlite3.OperationalError, match="interrupted"):
+        cursor.fetch(endless, [])
+    assert time.monotonic() - started < 5
+    cursor.close()
+    backend.close()
+    engine.close()

@@ -1,0 +1,481 @@
+"""SQL rewriting: where the partition predicate lands, what is refused, and hostile values.
+
+Rewritten queries are executed on DuckDB and compared with the query a person would write by
+hand, so a predicate in the wrong place (HAVING, after a LIMIT, outside a parenthesis) shows up as
+wrong rows, not only as different text.
+"""
+
+from __future__ import annotations
+
+import datetime
+import re
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pytest
+import sqlglot
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from sqlglot import exp
+
+from ddbloader import DDBDataLoader
+from ddbloader.query import UserQuery, parse_column_expression
+
+DIALECT = "duckdb"
+
+
+@pytest.fixture(scope="module")
+def db() -> Iterator[duckdb.DuckDBPyConnection]:
+    """``t`` and ``u``: 24 rows each, g in 0..2, k in a/b/c, ts 5 h apart, v unique."""
+    connection = duckdb.connect()
+    for table, base in (("t", 0), ("u", 100)):
+        connection.execute(
+            f"""
+            CREATE TABLE {table} AS
+            SELECT (i + {base})::INTEGER AS id, (i % 3)::INTEGER AS g, ['a', 'b', 'c'][i % 4 % 3 + 1] AS k,
+                   TIMESTAMP '2024-01-01' + INTERVAL (5 * i) HOUR AS ts, (i + {base}) * 1.5 AS v
+            FROM range(24) r(i)
+            """
+        )
+    yield connection
+    connection.close()
+
+
+def key(text: str) -> exp.Expr:
+    return parse_column_expression(text, "group_col", DIALECT)
+
+
+def filtered(sql: str, *columns: str) -> str:
+    return UserQuery(sql, DIALECT).filtered([key(c) for c in columns])
+
+
+def rows(con: duckdb.DuckDBPyConnection, sql: str, *values: Any) -> list[tuple[Any, ...]]:
+    return con.execute(sql, list(values)).fetchall()
+
+
+def top_where(sql: str) -> exp.Expr:
+    tree = sqlglot.parse_one(sql, read=DIALECT)
+    where = tree.args.get("where")
+    assert where is not None, sql
+    return where.this
+
+
+def parameters(node: exp.Expr | str) -> list[str]:
+    """The parameters in ``node`` (sqlglot reads DuckDB's ``$1`` back as a placeholder)."""
+    tree = sqlglot.parse_one(node, read=DIALECT) if isinstance(node, str) else node
+    return [p.sql(dialect=DIALECT) for p in tree.find_all(exp.Parameter, exp.Placeholder)]
+
+
+# --- where the predicate lands -------------------------------------------------------------
+
+
+def test_predicate_is_anded_with_an_or_condition_in_parentheses(db: duckdb.DuckDBPyConnection) -> None:
+    statement = filtered("SELECT id FROM t WHERE v < 6 OR v > 30 ORDER BY id DESC", "g")
+    where = top_where(statement)
+    assert isinstance(where, exp.And)
+    assert isinstance(where.this, exp.Paren)
+    assert isinstance(where.this.this, exp.Or)
+    got = rows(db, statement, 1)
+    assert got == rows(db, "SELECT id FROM t WHERE (v < 6 OR v > 30) AND g = 1 ORDER BY id DESC")
+    # Without the parentheses the predicate would bind to `v > 30` only and leak g=0 rows.
+    assert got != rows(db, "SELECT id FROM t WHERE v < 6 OR v > 30 AND g = 1 ORDER BY id DESC")
+    assert got == [(22,), (1,)]
+
+
+def test_predicate_goes_before_group_by_on_a_column_not_selected(db: duckdb.DuckDBPyConnection) -> None:
+    sql = "SELECT k, count(*) AS n, sum(v) AS s FROM t {} GROUP BY k HAVING count(*) > 1 ORDER BY k"
+    statement = filtered(sql.format(""), "g")
+    tree = sqlglot.parse_one(statement, read=DIALECT)
+    assert parameters(tree.args["where"]) == ["$1"]
+    assert parameters(tree.args["having"]) == []
+    for g in range(3):
+        expected = rows(db, sql.format(f"WHERE g = {g}"))
+        assert rows(db, statement, g) == expected
+        assert expected
+
+
+def test_order_by_is_kept(db: duckdb.DuckDBPyConnection) -> None:
+    statement = filtered("SELECT id FROM t ORDER BY v DESC", "g")
+    ids = [r[0] for r in rows(db, statement, 2)]
+    assert ids == sorted(ids, reverse=True)
+    assert ids == [i for i in range(23, -1, -1) if i % 3 == 2]
+
+
+def test_trailing_line_comment_does_not_swallow_the_predicate(db: duckdb.DuckDBPyConnection) -> None:
+    statement = filtered("SELECT id FROM t -- every row\nORDER BY id -- sorted", "g")
+    assert rows(db, statement, 0) == [(i,) for i in range(0, 24, 3)]
+
+
+def test_union_branches_are_each_filtered_with_shared_numbered_parameters(
+    db: duckdb.DuckDBPyConnection,
+) -> None:
+    sql = "SELECT id FROM t WHERE v < 20 UNION ALL SELECT id FROM u WHERE k <> 'c' ORDER BY id"
+    statement = filtered(sql, "g", "k")
+    assert sorted(parameters(statement)) == ["$1", "$1", "$2", "$2"]
+    got = rows(db, statement, 1, "a")
+    expected = rows(
+        db,
+        "SELECT id FROM t WHERE v < 20 AND g = 1 AND k = 'a' "
+        "UNION ALL SELECT id FROM u WHERE k <> 'c' AND g = 1 AND k = 'a' ORDER BY id",
+    )
+    assert got == expected
+    assert any(i < 100 for (i,) in got)
+    assert any(i >= 100 for (i,) in got)
+
+
+def test_parenthesised_union_and_intersect_are_filtered(db: duckdb.DuckDBPyConnection) -> None:
+    sql = "(SELECT id % 100 AS j FROM t) INTERSECT (SELECT id % 100 AS j FROM u) ORDER BY j"
+    got = rows(db, filtered(sql, "g"), 0)
+    assert got == [(i,) for i in range(0, 24, 3)]
+
+
+def test_cte_query_is_filtered_at_its_top_level(db: duckdb.DuckDBPyConnection) -> None:
+    sql = "WITH c AS (SELECT * FROM t WHERE v > 3) SELECT id FROM c ORDER BY id"
+    statement = filtered(sql, "g")
+    assert parameters(top_where(statement)) == ["$1"]
+    assert rows(db, statement, 1) == [(i,) for i in range(4, 24, 3)]
+
+
+def test_cte_with_union_keeps_its_with_clause_in_derived_queries(db: duckdb.DuckDBPyConnection) -> None:
+    query = UserQuery("WITH c AS (SELECT * FROM t) SELECT id FROM c UNION ALL SELECT id FROM u", DIALECT)
+    distinct = query.distinct_values([key("g")], with_counts=False)
+    assert rows(db, distinct) == [(0,), (1,), (2,)]
+    assert rows(db, query.count(query.filtered([key("g")])), 2) == [(16,)]
+
+
+def test_repartition_col_may_be_an_expression(db: duckdb.DuckDBPyConnection) -> None:
+    statement = filtered("SELECT id FROM t ORDER BY id", "g", "CAST(ts AS DATE)")
+    day = datetime.date(2024, 1, 2)
+    expected = rows(db, "SELECT id FROM t WHERE g = 0 AND CAST(ts AS DATE) = DATE '2024-01-02' ORDER BY id")
+    assert rows(db, statement, 0, day) == expected
+    assert expected == [(6,), (9,)]
+
+
+@pytest.mark.parametrize("expression", ["v > 20", "g + 1", "k || 'x'", "v BETWEEN 3 AND 9", "NOT g = 1"])
+def test_operator_expressions_are_parenthesised(db: duckdb.DuckDBPyConnection, expression: str) -> None:
+    statement = filtered("SELECT id FROM t ORDER BY id", expression)
+    values = [r[0] for r in rows(db, f"SELECT DISTINCT {expression} FROM t")]
+    assert len(values) >= 2
+    total = 0
+    for value in values:
+        got = rows(db, statement, value)
+        expected = db.execute(f"SELECT id FROM t WHERE ({expression}) = $1 ORDER BY id", [value]).fetchall()
+        assert got == expected
+        total += len(got)
+    assert total == 24
+
+
+def test_explicit_pivot_is_filtered_at_its_source(db: duckdb.DuckDBPyConnection) -> None:
+    sql = "PIVOT (SELECT *, ts::DATE AS day FROM t {}) ON k IN ('a', 'b', 'c') USING sum(v) GROUP BY day"
+    statement = filtered(sql.format(""), "g")
+    pivot = sqlglot.parse_one(statement, read=DIALECT)
+    assert isinstance(pivot, exp.Pivot)
+    assert parameters(pivot.this) == ["$1"]
+    got = sorted(rows(db, statement, 1))
+    assert got == sorted(rows(db, sql.format("WHERE g = 1")))
+    # Filtering after the pivot would sum every g into the cells instead.
+    assert got != sorted(rows(db, sql.format("")))
+    assert len(got) == 5
+
+
+def pin(db: duckdb.DuckDBPyConnection, query: UserQuery) -> UserQuery:
+    return query.pinned([[r[0] for r in rows(db, field)] for field in query.dynamic_pivot_fields()])
+
+
+def test_dynamic_pivot_is_pinned_so_every_subquery_has_every_column(db: duckdb.DuckDBPyConnection) -> None:
+    # g = 0 has no k = 'c' row after the WHERE, so a pivot of its rows alone would lack column c.
+    sql = "PIVOT (SELECT * FROM t WHERE NOT (g = 0 AND k = 'c')) ON k USING sum(v) GROUP BY g"
+    query = UserQuery(sql, DIALECT)
+    fields = query.dynamic_pivot_fields()
+    assert len(fields) == 1
+    assert [r[0] for r in rows(db, fields[0])] == ["a", "b", "c"]
+    statement = pin(db, query).filtered([key("g")])
+    assert parameters(statement) == ["$1"]
+    whole = db.sql(sql)
+    for g in range(3):
+        part = db.execute(statement, [g])
+        assert [d[0] for d in part.description] == whole.columns
+        assert part.fetchall() == [r for r in whole.fetchall() if r[0] == g]
+    # Unpinned, DuckDB refuses the parameter outright.
+    with pytest.raises(duckdb.Error, match="parameters"):
+        db.execute(query.filtered([key("g")]), [0])
+
+
+def test_dynamic_pivot_pinning_keeps_duckdb_column_names_and_order(db: duckdb.DuckDBPyConnection) -> None:
+    source = (
+        "SELECT g, id % 12 AS n, (id % 4 / 4)::DECIMAL(4, 2) AS d, CAST(ts AS DATE) AS day, "
+        "k || ' ''q'' \\' AS s, v FROM t"
+    )
+    sql = f"WITH src AS ({source}) PIVOT src ON n, d, day, s USING sum(v) GROUP BY g"
+    pinned = pin(db, UserQuery(sql, DIALECT))
+    columns = [d[0] for d in db.execute(pinned.schema()).description]
+    assert columns == db.sql(sql).columns
+    assert "10_0.25_2024-01-03_a 'q' \\" in columns
+    assert rows(db, pinned.filtered([])) == rows(db, sql)
+
+
+@settings(max_examples=30, deadline=None)
+@given(values=st.lists(st.text(min_size=1, max_size=8), min_size=1, max_size=4, unique=True))
+def test_dynamic_pivot_pinning_round_trips_any_text(values: list[str]) -> None:
+    con = duckdb.connect()
+    con.execute("CREATE TABLE p (g INTEGER, k VARCHAR, v DOUBLE)")
+    con.executemany("INSERT INTO p VALUES (?, ?, ?)", [(i % 2, k, float(i)) for i, k in enumerate(values)])
+    sql = "PIVOT p ON k USING sum(v) GROUP BY g"
+    pinned = pin(con, UserQuery(sql, DIALECT))
+    whole = con.sql(sql)
+    assert [d[0] for d in con.execute(pinned.schema()).description] == whole.columns
+    assert sorted(rows(con, pinned.filtered([]))) == sorted(whole.fetchall())
+    con.close()
+
+
+def test_dynamic_pivot_without_values_is_refused() -> None:
+    query = UserQuery("PIVOT t ON k USING sum(v)", DIALECT)
+    with pytest.raises(ValueError, match=r"PIVOT field 'k' has no non-NULL values"):
+        query.pinned([[]])
+
+
+def test_dynamic_pivot_in_a_subquery_or_cte_is_pinned_too(db: duckdb.DuckDBPyConnection) -> None:
+    for sql in (
+        "SELECT * FROM (PIVOT t ON k USING sum(v) GROUP BY g) ORDER BY g",
+        "WITH p AS (PIVOT t ON k USING sum(v) GROUP BY g) SELECT * FROM p ORDER BY g",
+    ):
+        query = pin(db, UserQuery(sql, DIALECT))
+        statement = query.filtered([key("g")])
+        assert rows(db, statement, 2) == [r for r in rows(db, sql) if r[0] == 2]
+
+
+def test_standard_pivot_and_unpivot_need_no_pinning(db: duckdb.DuckDBPyConnection) -> None:
+    unpivot = "UNPIVOT (SELECT g, v, id * 1.0 AS w FROM t) ON v, w INTO NAME name VALUE value"
+    for sql in ("SELECT * FROM t PIVOT (sum(v) FOR k IN ('a', 'b'))", unpivot):
+        assert UserQuery(sql, DIALECT).dynamic_pivot_fields() == []
+    assert len(rows(db, filtered(unpivot, "g"), 1)) == 16
+
+
+def test_top_level_limit_is_refused_when_splitting() -> None:
+    with pytest.raises(ValueError, match=r"top-level LIMIT/OFFSET"):
+        filtered("SELECT id FROM t ORDER BY id LIMIT 5", "g")
+    with pytest.raises(ValueError, match=r"top-level LIMIT/OFFSET"):
+        filtered("SELECT id FROM t UNION SELECT id FROM u OFFSET 3", "g")
+    assert "LIMIT" in filtered("SELECT * FROM (SELECT id, g FROM t LIMIT 5)", "g")
+
+
+def test_without_columns_the_query_is_unchanged(db: duckdb.DuckDBPyConnection) -> None:
+    sql = "SELECT id FROM t WHERE v < 6 OR v > 30 ORDER BY id DESC"
+    statement = UserQuery(sql, DIALECT).filtered([])
+    assert parameters(statement) == []
+    assert rows(db, statement) == rows(db, sql)
+
+
+# --- refused queries ------------------------------------------------------------------------
+
+REFUSED_SQL = [
+    ("DELETE FROM t", r"read-only query.*refusing its DELETE"),
+    ("INSERT INTO t SELECT * FROM t", r"read-only query.*refusing its INSERT"),
+    ("UPDATE t SET v = 0", r"read-only query.*refusing its UPDATE"),
+    ("CREATE TABLE z AS SELECT 1 AS v", r"read-only query.*refusing its CREATE"),
+    ("CREATE OR REPLACE TABLE t AS SELECT 1 AS v", r"read-only query.*refusing its CREATE"),
+    ("DROP TABLE t", r"read-only query.*refusing its DROP"),
+    ("ALTER TABLE t ADD COLUMN z INTEGER", r"read-only query.*refusing its ALTER"),
+    ("TRUNCATE t", r"read-only query.*refusing"),
+    ("COPY t TO 'out.csv'", r"read-only query.*refusing its COPY"),
+    ("ATTACH 'other.duckdb' AS other", r"read-only query.*refusing its ATTACH"),
+    ("DETACH other", r"read-only query.*refusing its DETACH"),
+    ("SELECT * INTO z FROM t", r"read-only query.*refusing its INTO"),
+    ("WITH d AS (DELETE FROM t RETURNING *) SELECT * FROM d", r"read-only query.*refusing its DELETE"),
+    ("SET threads = 1", r"read-only query.*refusing its SET"),
+    ("PRAGMA version", r"read-only query.*refusing"),
+    ("BEGIN", r"read-only query.*refusing"),
+    ("CALL pragma_version()", r"read-only query.*refusing"),
+    ("SELECT 1 AS v; SELECT 2 AS v", r"exactly one query, got 2 statements"),
+    ("SELECT 1 AS v; DROP TABLE t", r"exactly one query, got 2 statements"),
+    ("-- nothing but a comment", r"exactly one query, got 0 statements"),
+    ("SELECT FROM WHERE", r"does not parse as duckdb SQL"),
+    ("SELEC v FROM t", r"does not parse as duckdb SQL"),
+    ("SELECT 'unterminated FROM t", r"does not parse as duckdb SQL"),
+    ("SELECT v FROM t /* unterminated", r"does not parse as duckdb SQL"),
+    ("SELECT v FROM t WHERE g = ?", r"must not contain parameters"),
+    ("SELECT v FROM t WHERE g = $1", r"must not contain parameters"),
+    ("SELECT v FROM t WHERE g = :g", r"must not contain parameters"),
+]
+
+
+@pytest.mark.parametrize(("sql", "message"), REFUSED_SQL)
+def test_non_read_only_or_malformed_sql_is_refused(sql: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        UserQuery(sql, DIALECT)
+
+
+@pytest.mark.parametrize(("sql", "message"), REFUSED_SQL[:14])
+def test_loader_refuses_writes_before_they_reach_the_engine(
+    sql: str, message: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)  # were COPY or ATTACH to run, their files would land here
+    con = duckdb.connect()
+    con.execute("CREATE TABLE t AS SELECT range::DOUBLE AS v, range % 2 AS g FROM range(5)")
+    before = con.execute("SELECT table_name FROM duckdb_tables() ORDER BY 1").fetchall()
+    with pytest.raises(ValueError, match=message):
+        DDBDataLoader(con, sql, target_col="v")
+    assert con.execute("SELECT table_name FROM duckdb_tables() ORDER BY 1").fetchall() == before
+    assert con.execute("SELECT sum(v), count(*) FROM t").fetchall() == [(10.0, 5)]
+    assert con.execute("SELECT count(*) FROM duckdb_databases() WHERE NOT internal").fetchall() == [(1,)]
+    con.close()
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("sql", [None, "", "   \n", 42])
+def test_empty_or_non_string_sql_is_a_type_error(sql: Any) -> None:
+    with pytest.raises(TypeError, match=r"sql must be a non-empty query string"):
+        UserQuery(sql, DIALECT)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("a; DROP TABLE t", r"must be one SQL expression"),
+        ("(SELECT 1)", r"not a query"),
+        ("g IN (SELECT g FROM t)", r"not a query"),
+        ("EXISTS (SELECT 1)", r"not a query"),
+        ("SELECT g FROM t", r"not a query"),
+        ("g, k", r"is not a valid SQL expression"),
+        ("g /* open", r"is not a valid SQL expression"),
+        ("'open", r"is not a valid SQL expression"),
+        ("g AS h", r"one value per row.*'g AS h'"),
+        ("g h", r"one value per row"),
+        ("*", r"one value per row"),
+        ("max(v)", r"one value per row.*MAX\(v\)"),
+        ("row_number() OVER ()", r"one value per row"),
+        ("unnest([g, 1])", r"one value per row"),
+        ("$1", r"must not contain parameters"),
+        ("g = ?", r"must not contain parameters"),
+    ],
+)
+def test_group_col_that_is_not_one_scalar_expression_is_refused(text: str, message: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(f"group_col={text!r}") + r".*" + message):
+        parse_column_expression(text, "group_col", DIALECT)
+
+
+@pytest.mark.parametrize("column", ["group_col", "repartition_col"])
+@pytest.mark.parametrize("text", ["a; DROP TABLE t", "(SELECT 1)", "g AS h"])
+def test_loader_refuses_bad_key_expressions_and_leaves_the_table(column: str, text: str) -> None:
+    con = duckdb.connect()
+    con.execute("CREATE TABLE t AS SELECT range::DOUBLE AS v, range % 2 AS g FROM range(5)")
+    with pytest.raises(ValueError, match=rf"^{column}="):
+        DDBDataLoader(con, "SELECT v FROM t", target_col="v", **{column: text})
+    assert con.execute("SELECT count(*) FROM t").fetchall() == [(5,)]
+    con.close()
+
+
+# --- hostile scheme values ------------------------------------------------------------------
+
+HOSTILE = [
+    "'",
+    "''",
+    "' OR '1'='1",
+    "' OR 1=1 --",
+    "'; DROP TABLE h; --",
+    "x'); DROP TABLE h; --",
+    '" OR ""="',
+    "-- comment",
+    "/* open comment",
+    "*/ OR 1=1 /*",
+    "\\",
+    "\\'",
+    "\\' OR 1=1 --",
+    "a\x00b",
+    "\x00",
+    ";",
+    "$1",
+    "?",
+    ":name",
+    "%",
+    "_",
+    "NULL",
+    "",
+    " ",
+    "\n",
+    "ünïcødé ✓ 🚀 中文",
+    "\u202eRTL override",
+    "' UNION SELECT 1, 2 --",
+    "1); DELETE FROM h WHERE (1=1",
+]
+#: Values stored in ``h``; every second one of HOSTILE, so half the queries hit rows.
+STORED = HOSTILE[::2]
+
+
+@pytest.fixture(scope="module")
+def hostile_db() -> Iterator[duckdb.DuckDBPyConnection]:
+    connection = duckdb.connect()
+    groups = [s for s in STORED for _ in range(2)] + ["plain", "plain"]
+    connection.execute("CREATE TABLE h (g VARCHAR, id INTEGER, v DOUBLE)")
+    connection.executemany("INSERT INTO h VALUES (?, ?, ?)", [(g, i, float(i)) for i, g in enumerate(groups)])
+    yield connection
+    connection.close()
+
+
+def snapshot(con: duckdb.DuckDBPyConnection) -> tuple[list[Any], list[Any]]:
+    tables = con.execute("SELECT database_name, table_name FROM duckdb_tables() ORDER BY ALL").fetchall()
+    return tables, con.execute("SELECT g, id, v FROM h ORDER BY id").fetchall()
+
+
+def ids_matching(con: duckdb.DuckDBPyConnection, value: str) -> list[int]:
+    return [i for g, i, _ in snapshot(con)[1] if g == value]
+
+
+def loaded_ids(con: duckdb.DuckDBPyConnection, **kwargs: Any) -> tuple[int, list[int]]:
+    with DDBDataLoader(
+        con,
+        "SELECT id, v FROM h ORDER BY id",
+        target_col="v",
+        input_col=["id"],
+        batch_size=128,
+        prefetch_batch=0,
+        fetch_threads=1,
+        **kwargs,
+    ) as loader:
+        ids = [int(i) for x, _ in loader for i in x[:, 0].tolist()]
+        return loader.plan.samples, ids
+
+
+def check_value_matches_only_itself(con: duckdb.DuckDBPyConnection, value: str, column: str) -> None:
+    before = snapshot(con)
+    scheme = {"group_col": "group_scheme", "repartition_col": "repartition_scheme"}[column]
+    samples, ids = loaded_ids(con, **{column: "g", scheme: [value]})
+    expected = ids_matching(con, value)
+    assert samples == len(expected)
+    assert ids == expected
+    assert snapshot(con) == before
+
+
+@pytest.mark.parametrize("column", ["group_col", "repartition_col"])
+@pytest.mark.parametrize("value", HOSTILE, ids=[repr(v) for v in HOSTILE])
+def test_classic_injection_values_match_only_equal_rows(
+    hostile_db: duckdb.DuckDBPyConnection, value: str, column: str
+) -> None:
+    check_value_matches_only_itself(hostile_db, value, column)
+    assert (value in STORED) == bool(ids_matching(hostile_db, value))
+
+
+@settings(max_examples=40, deadline=None)
+@given(value=st.one_of(st.sampled_from(STORED), st.text(max_size=12)), as_group=st.booleans())
+def test_arbitrary_text_matches_only_equal_rows(
+    hostile_db: duckdb.DuckDBPyConnection, value: str, as_group: bool
+) -> None:
+    check_value_matches_only_itself(hostile_db, value, "group_col" if as_group else "repartition_col")
+
+
+def test_discovered_hostile_values_round_trip(hostile_db: duckdb.DuckDBPyConnection) -> None:
+    before = snapshot(hostile_db)
+    with DDBDataLoader(hostile_db, "SELECT id, v FROM h", target_col="v", group_col="g") as loader:
+        found = {g.value: g.rows for g in loader.plan.groups}
+    assert found == dict.fromkeys([*STORED, "plain"], 2)
+    assert snapshot(hostile_db) == before
+
+
+def test_several_hostile_values_in_one_scheme_keep_their_order(hostile_db: duckdb.DuckDBPyConnection) -> None:
+    scheme: Sequence[str] = ["plain", HOSTILE[4], HOSTILE[3], "' OR '1'='1", HOSTILE[0]]
+    samples, ids = loaded_ids(hostile_db, repartition_col="g", repartition_scheme=scheme)
+    expected = [i for value in scheme for i in ids_matching(hostile_db, value)]
+    assert ids == expected
+    assert samples == len(expected) == 8

@@ -1,0 +1,268 @@
+"""Columns and dtypes: which columns become x and y, in what order, and as which tensor dtype."""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+import pytest
+import torch
+
+from ddbloader import DDBDataLoader
+from ddbloader.source import ColumnLayout, to_block
+
+ROWS = 6
+NULL_ROWS = (0, 3)  # rows where the nullable columns hold NULL
+
+
+@pytest.fixture(scope="module")
+def db() -> Iterator[duckdb.DuckDBPyConnection]:
+    """``d``: one row per i in 0..5, one column per SQL type, each derived from i."""
+    connection = duckdb.connect()
+    connection.execute(
+        f"""
+        CREATE TABLE d AS SELECT
+            i::INTEGER AS i32, i::BIGINT AS i64, i::SMALLINT AS i16, i::TINYINT AS i8, i::UBIGINT AS u64,
+            i::HUGEINT AS huge, i * 0.5 AS f64, (i * 0.25)::FLOAT AS f32,
+            CASE WHEN i IN {NULL_ROWS} THEN NULL ELSE i * 10 END::INTEGER AS inull,
+            CASE WHEN i IN {NULL_ROWS} THEN NULL ELSE i * 10 END::BIGINT AS bnull,
+            (i / 4)::DECIMAL(10, 2) AS dec, i % 2 = 0 AS flag,
+            CASE WHEN i IN {NULL_ROWS} THEN NULL ELSE i % 2 = 1 END AS flagnull,
+            'v' || i AS txt, DATE '2024-01-01' + i::INTEGER AS day,
+            TIMESTAMP '2024-01-01' + INTERVAL (i) HOUR AS ts, ('b' || i)::BLOB AS raw, [i, i] AS pair
+        FROM range({ROWS}) r(i)
+        """
+    )
+    yield connection
+    connection.close()
+
+
+def load(db: duckdb.DuckDBPyConnection, sql: str = "SELECT * FROM d", **kwargs: Any) -> DDBDataLoader:
+    return DDBDataLoader(db, sql, batch_size=ROWS, **kwargs)
+
+
+def first_batch(loader: DDBDataLoader) -> tuple[torch.Tensor, torch.Tensor]:
+    with loader:
+        batches = list(loader)
+    assert len(batches) == 1
+    return batches[0]
+
+
+# --- dtypes ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("columns", "dtype", "values"),
+    [
+        (["i32"], torch.int32, [[i] for i in range(ROWS)]),
+        (["i64"], torch.int64, [[i] for i in range(ROWS)]),
+        (["i16", "i8"], torch.int16, [[i, i] for i in range(ROWS)]),
+        (["i32", "f64"], torch.float64, [[i, i * 0.5] for i in range(ROWS)]),
+        (["i32", "f32"], torch.float64, [[i, i * 0.25] for i in range(ROWS)]),
+        (["f32"], torch.float32, [[i * 0.25] for i in range(ROWS)]),
+        (["u64", "i64"], torch.float64, [[i, i] for i in range(ROWS)]),
+        (["dec"], torch.float64, [[round(i / 4, 2)] for i in range(ROWS)]),
+        (["huge"], torch.float64, [[i] for i in range(ROWS)]),
+        (["flag"], torch.bool, [[i % 2 == 0] for i in range(ROWS)]),
+        (["flag", "i8"], torch.int8, [[int(i % 2 == 0), i] for i in range(ROWS)]),
+    ],
+    ids=lambda v: "+".join(v) if isinstance(v, list) and isinstance(v[0], str) else None,
+)
+def test_column_types_map_to_one_common_dtype(
+    db: duckdb.DuckDBPyConnection, columns: list[str], dtype: torch.dtype, values: list[list[Any]]
+) -> None:
+    loader = load(db, target_col=columns[-1], input_col=columns)
+    x, y = first_batch(loader)
+    assert x.dtype == dtype
+    assert x.tolist() == values
+    assert y.tolist() == [row[-1:] for row in values]
+
+
+@pytest.mark.parametrize(("column", "scale"), [("inull", 10), ("bnull", 10), ("flagnull", None)])
+def test_integer_or_boolean_column_with_nulls_becomes_float64_with_nan(
+    db: duckdb.DuckDBPyConnection, column: str, scale: int | None
+) -> None:
+    x, y = first_batch(load(db, target_col=column, input_col=[column, "i32"]))
+    assert x.dtype == torch.float64
+    assert y.dtype == torch.float64
+    for i in range(ROWS):
+        if i in NULL_ROWS:
+            assert math.isnan(x[i, 0]) and math.isnan(y[i, 0])
+        else:
+            expected = i * scale if scale is not None else float(i % 2 == 1)
+            assert x[i, 0].item() == y[i, 0].item() == expected
+        assert x[i, 1].item() == i
+
+
+def test_nulls_only_promote_the_tensor_that_holds_them(db: duckdb.DuckDBPyConnection) -> None:
+    x, y = first_batch(load(db, target_col="i64", input_col=["inull", "i32"]))
+    assert x.dtype == torch.float64
+    assert y.dtype == torch.int64
+    assert y[:, 0].tolist() == list(range(ROWS))
+
+
+def test_integer_column_without_nulls_in_a_nullable_query_stays_integer(
+    db: duckdb.DuckDBPyConnection,
+) -> None:
+    # The nulls are filtered out by the query, so no row of the result has one.
+    sql = f"SELECT inull FROM d WHERE i32 NOT IN {NULL_ROWS}"
+    x, _ = first_batch(load(db, sql, target_col="inull"))
+    assert x.dtype == torch.int32
+    assert x[:, 0].tolist() == [10, 20, 40, 50]
+
+
+@pytest.mark.parametrize(
+    ("dtype", "x_dtype", "y_dtype"),
+    [
+        (torch.float32, torch.float32, torch.float32),
+        (torch.float16, torch.float16, torch.float16),
+        ((torch.float32, torch.int64), torch.float32, torch.int64),
+        ((None, torch.int16), torch.float64, torch.int16),
+        ("float32", torch.float32, torch.float32),
+    ],
+)
+def test_dtype_override(
+    db: duckdb.DuckDBPyConnection, dtype: Any, x_dtype: torch.dtype, y_dtype: torch.dtype
+) -> None:
+    x, y = first_batch(load(db, target_col="i32", input_col=["i32", "f64", "inull"], dtype=dtype))
+    assert (x.dtype, y.dtype) == (x_dtype, y_dtype)
+    assert x[:, 0].tolist() == list(range(ROWS))
+    assert x[:, 1].tolist() == [i * 0.5 for i in range(ROWS)]
+    assert [math.isnan(v) for v in x[:, 2].tolist()] == [i in NULL_ROWS for i in range(ROWS)]
+    assert y[:, 0].tolist() == list(range(ROWS))
+
+
+# --- which columns ----------------------------------------------------------------------------
+
+NON_NUMERIC = ["txt", "day", "ts", "raw", "pair"]
+
+
+def test_unnamed_non_numeric_columns_are_left_out_with_one_warning(db: duckdb.DuckDBPyConnection) -> None:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loader = load(db, "SELECT i32, txt, f64, day, ts, raw, pair FROM d", target_col="f64")
+    ours = [w for w in caught if "non-numeric" in str(w.message)]
+    assert len(ours) == 1, [str(w.message) for w in caught]
+    message = str(ours[0].message)
+    for name in NON_NUMERIC:
+        assert repr(name) in message
+    assert ours[0].filename == __file__  # points at the caller's line
+    x, y = first_batch(loader)
+    assert loader.plan.layout.x_names == ("i32", "f64")
+    assert x.tolist() == [[i, i * 0.5] for i in range(ROWS)]
+    assert y.tolist() == [[i * 0.5] for i in range(ROWS)]
+
+
+@pytest.mark.filterwarnings("error")
+def test_excluding_the_non_numeric_columns_silences_the_warning(db: duckdb.DuckDBPyConnection) -> None:
+    loader = load(db, "SELECT i32, txt, f64, day FROM d", target_col="f64", exclude_col=["txt", "day"])
+    assert loader.plan.layout.x_names == ("i32", "f64")
+    loader.close()
+
+
+@pytest.mark.parametrize("parameter", ["input_col", "target_col"])
+@pytest.mark.parametrize(
+    ("column", "type_name"),
+    [("txt", "string"), ("day", "date32"), ("ts", "timestamp"), ("raw", "binary"), ("pair", "list")],
+)
+def test_named_non_numeric_column_is_a_type_error(
+    db: duckdb.DuckDBPyConnection, parameter: str, column: str, type_name: str
+) -> None:
+    kwargs: dict[str, Any] = {"target_col": "i32", "input_col": ["i32"]}
+    kwargs[parameter] = [column] if parameter == "input_col" else column
+    with pytest.raises(TypeError, match=rf"{parameter} names '{column}' of type {type_name}.*not numeric"):
+        load(db, **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "parameter", "bad"),
+    [
+        ({"target_col": "nope"}, "target_col", "nope"),
+        ({"target_col": ["i32", "Nope"]}, "target_col", "Nope"),
+        ({"target_col": "i32", "input_col": ["i32", "nope"]}, "input_col", "nope"),
+        ({"target_col": "i32", "exclude_col": ["nope"]}, "exclude_col", "nope"),
+        ({"target_col": "I32"}, "target_col", "I32"),  # names are case-sensitive
+    ],
+)
+def test_unknown_column_is_a_value_error_naming_it(
+    db: duckdb.DuckDBPyConnection, kwargs: dict[str, Any], parameter: str, bad: str
+) -> None:
+    with pytest.raises(ValueError, match=rf"{parameter} names '{bad}', which is not a column of the query"):
+        load(db, "SELECT i32, f64 FROM d", **kwargs)
+
+
+def test_column_order_follows_input_col(db: duckdb.DuckDBPyConnection) -> None:
+    loader = load(db, target_col=["f64", "i32"], input_col=["f64", "i16", "i32"])
+    x, y = first_batch(loader)
+    assert loader.plan.layout.x_names == ("f64", "i16", "i32")
+    assert loader.plan.layout.y_names == ("f64", "i32")
+    assert x.tolist() == [[i * 0.5, i, i] for i in range(ROWS)]
+    assert y.tolist() == [[i * 0.5, i] for i in range(ROWS)]
+
+
+def test_column_order_follows_the_query_without_input_col(db: duckdb.DuckDBPyConnection) -> None:
+    loader = load(db, "SELECT f64, i16, i32 FROM d", target_col="i32")
+    x, _ = first_batch(loader)
+    assert loader.plan.layout.x_names == ("f64", "i16", "i32")
+    assert x.tolist() == [[i * 0.5, i, i] for i in range(ROWS)]
+
+
+def test_target_stays_in_x_unless_excluded(db: duckdb.DuckDBPyConnection) -> None:
+    kept = load(db, "SELECT i32, f64 FROM d", target_col="f64")
+    assert kept.plan.layout.x_names == ("i32", "f64")
+    kept.close()
+    dropped = load(db, "SELECT i32, f64 FROM d", target_col="f64", exclude_col="f64")
+    x, y = first_batch(dropped)
+    assert dropped.plan.layout.x_names == ("i32",)
+    assert x.tolist() == [[i] for i in range(ROWS)]
+    assert y.tolist() == [[i * 0.5] for i in range(ROWS)]
+    named = load(
+        db, "SELECT i32, f64 FROM d", target_col="f64", input_col=["f64", "i32"], exclude_col=["f64"]
+    )
+    assert named.plan.layout.x_names == ("i32",)
+    named.close()
+
+
+def test_excluding_every_column_leaves_x_empty_and_is_refused(db: duckdb.DuckDBPyConnection) -> None:
+    with pytest.raises(ValueError, match=r"x has no columns"):
+        load(db, "SELECT i32, f64 FROM d", target_col="f64", exclude_col=["i32", "f64"])
+
+
+def test_a_column_the_query_returns_twice_loads_under_the_planned_names(
+    db: duckdb.DuckDBPyConnection,
+) -> None:
+    # DuckDB names the second `i32` `i32_1` once the query is wrapped (as planning wraps it); the
+    # partitions, fetched unwrapped, must still line up with those names.
+    loader = load(db, "SELECT i32, i32 * 2, i32, f64 FROM d ORDER BY i32", target_col="i32_1")
+    assert loader.plan.layout.x_names == ("i32", "(i32 * 2)", "i32_1", "f64")
+    x, y = first_batch(loader)
+    assert x.tolist() == [[i, 2 * i, i, i * 0.5] for i in range(ROWS)]
+    assert y.tolist() == [[i] for i in range(ROWS)]
+
+
+# --- the block conversion -------------------------------------------------------------------
+
+
+def test_to_block_handles_chunks_nulls_and_promotion() -> None:
+    table = pa.table(
+        {
+            "a": pa.chunked_array([pa.array([1, None], pa.int32()), pa.array([3], pa.int32())]),
+            "b": pa.chunked_array([pa.array([0.5]), pa.array([1.5, 2.5])]),
+            "c": pa.array([7, 8, 9], pa.int64()),
+        }
+    )
+    layout = ColumnLayout(("b", "a"), ("c",), np.dtype(np.float64), np.dtype(np.int64), frozenset({"a"}))
+    block = to_block(table, layout)
+    assert block.rows == 3
+    assert block.x.flags.c_contiguous
+    np.testing.assert_array_equal(block.x, [[0.5, 1.0], [1.5, np.nan], [2.5, 3.0]])
+    np.testing.assert_array_equal(block.y, [[7], [8], [9]])
+    assert block.y.dtype == np.int64
+    edge = block.rows_between(1, 3)
+    np.testing.assert_array_equal(edge.y, [[8], [9]])
+    assert not np.shares_memory(edge.x, block.x)
