@@ -24,7 +24,9 @@ class DDBIterableDataset(IterableDataset[tuple[torch.Tensor, torch.Tensor]]):
 
     Workers iterate copies of the dataset, so call :meth:`set_epoch` before every epoch (as with
     ``DistributedSampler``) unless workers are persistent. ``state_dict``/``load_state_dict``
-    follow torchdata's ``Stateful`` protocol, so ``StatefulDataLoader`` resumes it per worker.
+    follow torchdata's ``Stateful`` protocol, so ``StatefulDataLoader`` resumes it per worker;
+    give an explicit ``seed`` then, since a resumed state reaches only the workers' copies and the
+    epochs after it are built from this one.
     """
 
     def __init__(self, source: Any, sql: str, target_col: Any = None, *args: Any, **kwargs: Any) -> None:
@@ -47,7 +49,17 @@ class DDBIterableDataset(IterableDataset[tuple[torch.Tensor, torch.Tensor]]):
         self.loader.set_epoch(epoch)
 
     def state_dict(self) -> dict[str, Any]:
-        return self.loader.state_dict()
+        """The loader's state, except that an ended iteration still names its own epoch.
+
+        StatefulDataLoader snapshots a worker after its share ran out and restores that snapshot
+        while the other workers finish the epoch, and after a finished epoch it starts the next
+        one itself: a state naming the next epoch would make it serve that epoch too early.
+        """
+        state = self.loader.state_dict()
+        progress = self.loader._progress
+        if progress is not None and progress[2]:
+            state.update(epoch=progress[0], batches=progress[1])
+        return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.loader.load_state_dict(state)

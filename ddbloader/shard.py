@@ -22,7 +22,15 @@ import torch
 
 from .plan import GroupPlan
 
-__all__ = ["EvenBatches", "Sharding", "WorkUnit", "resolve_sharding", "shard_samples", "split_units"]
+__all__ = [
+    "EvenBatches",
+    "Sharding",
+    "WorkUnit",
+    "agree_seed",
+    "resolve_sharding",
+    "shard_samples",
+    "split_units",
+]
 
 EvenBatches = Literal["pad", "drop"]
 
@@ -129,3 +137,31 @@ def resolve_sharding(rank: int | None, world_size: int | None, even_batches: str
     if world_size < 1 or not 0 <= rank < world_size:
         raise ValueError(f"rank must be in [0, world_size); got rank={rank}, world_size={world_size}")
     return Sharding(rank, world_size, even_batches)  # type: ignore[arg-type]
+
+
+def agree_seed(drawn: int, sharding: Sharding, shuffle: bool) -> int:
+    """The seed every rank uses when the user gave none: rank 0's drawn seed.
+
+    Ranks cut one shuffled sequence, so they must shuffle alike: with independently drawn seeds
+    their shards would overlap and miss samples. When torch.distributed is initialised with this
+    world size the seed is broadcast from rank 0 (a collective: every rank builds its loader).
+
+    Raises:
+        ValueError: ``shuffle`` over several ranks with no process group to agree on a seed.
+    """
+    if sharding.world_size == 1:
+        return drawn
+    if (
+        torch.distributed.is_available()
+        and torch.distributed.is_initialized()
+        and torch.distributed.get_world_size() == sharding.world_size
+    ):
+        box = [drawn]
+        torch.distributed.broadcast_object_list(box, src=0)
+        return int(box[0])
+    if shuffle:
+        raise ValueError(
+            f"shuffle=True with world_size={sharding.world_size} and seed=None: give the same seed on "
+            "every rank (without torch.distributed each rank would draw its own, and shards would overlap)"
+        )
+    return drawn

@@ -1,0 +1,159 @@
+"""Exact mid-epoch resume through ``state_dict`` / ``load_state_dict`` (see tests/resume_check.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import duckdb
+import pytest
+from conftest import SERIES_SQL, make_series
+from resume_check import (
+    assert_resumes_exactly,
+    assert_same_batches,
+    assert_small_state,
+    assert_state_counts_handed_out,
+    json_roundtrip,
+)
+
+from ddbloader import DDBDataLoader
+
+pytestmark = pytest.mark.timeout(60)
+
+GROUPED = {"group_col": "gid", "repartition_col": "part"}
+
+
+def factory(con: duckdb.DuckDBPyConnection, **kwargs: Any) -> Callable[[], DDBDataLoader]:
+    return lambda: DDBDataLoader(con, SERIES_SQL, "y", input_col=["f0", "f1"], **kwargs)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        pytest.param({"batch_size": 4}, id="plain"),
+        pytest.param({"batch_size": 4, "shuffle": True}, id="shuffled-seed-none"),
+        pytest.param({"batch_size": 5, "shuffle": True, "seed": 7, "drop_last": True}, id="drop-last"),
+        pytest.param({"batch_size": 3, "window_size": [4, 2], "window_stride": 2}, id="windowed"),
+        pytest.param({"batch_size": 4, "shuffle": True, "window_size": 3, **GROUPED}, id="grouped-shuffled"),
+        pytest.param({"batch_size": 6, "window_size": 5, **GROUPED}, id="grouped"),
+        pytest.param(
+            {
+                "batch_size": 4,
+                "shuffle": True,
+                "seed": 1,
+                "prefetch_batch": 0,
+                "group_pool_size": 1,
+                **GROUPED,
+            },
+            id="no-prefetch-pool-1",
+        ),
+        pytest.param(
+            {"batch_size": 4, "shuffle": True, "seed": 2, "rank": 1, "world_size": 3, **GROUPED},
+            id="rank-1-of-3",
+        ),
+    ],
+)
+def test_resumes_exactly(series: duckdb.DuckDBPyConnection, kwargs: dict[str, Any]) -> None:
+    assert_resumes_exactly(factory(series, **kwargs), epochs=2)
+
+
+def test_a_single_batch_epoch_resumes(con: duckdb.DuckDBPyConnection) -> None:
+    make_series(con, [[3]])
+    assert_resumes_exactly(factory(con, batch_size=8, shuffle=True), epochs=3)
+
+
+def test_the_state_counts_batches_handed_out_not_prefetched(series: duckdb.DuckDBPyConnection) -> None:
+    with DDBDataLoader(
+        series, SERIES_SQL, "y", batch_size=2, prefetch_batch=64, fetch_threads=3, **GROUPED
+    ) as loader:
+        assert len(loader) > 10
+        assert_state_counts_handed_out(loader, 3)
+
+
+def test_every_rank_resumes_from_rank_0s_state(series: duckdb.DuckDBPyConnection) -> None:
+    """Checkpoints are usually written by rank 0 only: its state must serve every rank."""
+    shared = {"batch_size": 3, "shuffle": True, "seed": 5, "world_size": 3, **GROUPED}
+    with DDBDataLoader(series, SERIES_SQL, "y", rank=0, **shared) as rank0:
+        iterator = iter(rank0)
+        for _ in range(2):
+            next(iterator)
+        state = json_roundtrip(rank0.state_dict())
+    for rank in range(3):
+        with DDBDataLoader(series, SERIES_SQL, "y", rank=rank, **shared) as reference:
+            want = list(reference)[2:]
+        with DDBDataLoader(series, SERIES_SQL, "y", rank=rank, **shared) as resumed:
+            resumed.load_state_dict(state)
+            assert_same_batches(list(resumed), want, f"rank {rank}")
+
+
+def test_a_state_from_another_plan_is_refused(con: duckdb.DuckDBPyConnection) -> None:
+    make_series(con, [[10, 7]])
+    with DDBDataLoader(con, SERIES_SQL, "y", batch_size=2) as loader:
+        state = loader.state_dict()
+    with (
+        DDBDataLoader(con, SERIES_SQL, "y", batch_size=2, window_size=3) as windowed,
+        pytest.raises(ValueError, match=r"17 samples per epoch; this one has 14"),
+    ):
+        windowed.load_state_dict(state)
+    make_series(con, [[10, 8]])
+    with DDBDataLoader(con, SERIES_SQL, "y", batch_size=2) as grown:
+        with pytest.raises(ValueError, match="the query, the data or the window arguments differ"):
+            grown.load_state_dict(state)
+        with pytest.raises(ValueError, match="state version"):
+            grown.load_state_dict({**state, "version": 99})
+
+
+def test_a_state_from_another_world_size_is_refused(series: duckdb.DuckDBPyConnection) -> None:
+    with DDBDataLoader(series, SERIES_SQL, "y", rank=0, world_size=2) as two:
+        state = two.state_dict()
+    with DDBDataLoader(series, SERIES_SQL, "y") as one:
+        with pytest.raises(ValueError, match="world_size=2; this loader has world_size=1"):
+            one.load_state_dict(state)
+        assert one.state_dict()["world_size"] == 1
+
+
+def test_set_epoch_after_load_keeps_the_resume_only_for_the_saved_epoch(
+    series: duckdb.DuckDBPyConnection,
+) -> None:
+    """Decision: ``set_epoch(saved epoch)`` (a DistributedSampler-style loop) still resumes mid-epoch;
+    ``set_epoch`` of any other epoch discards the position and runs that epoch whole."""
+    make = factory(series, batch_size=4, shuffle=True, seed=3)
+    with make() as loader:
+        epoch0, epoch1 = list(loader), list(loader)
+        loader.set_epoch(1)
+        iterator = iter(loader)
+        next(iterator)
+        state = loader.state_dict()
+    assert (state["epoch"], state["batches"]) == (1, 1)
+
+    with make() as resumed:
+        resumed.load_state_dict(state)
+        resumed.set_epoch(1)
+        assert resumed.state_dict()["batches"] == 1
+        assert_same_batches(list(resumed), epoch1[1:], "set_epoch(saved) then resume")
+    with make() as restarted:
+        restarted.load_state_dict(state)
+        restarted.set_epoch(0)
+        assert (restarted.state_dict()["epoch"], restarted.state_dict()["batches"]) == (0, 0)
+        assert_same_batches(list(restarted), epoch0, "set_epoch(other) runs that epoch whole")
+        assert_same_batches(list(restarted), epoch1, "and the next one after it")
+
+
+def test_a_state_at_the_last_batch_finishes_that_epoch_first(series: duckdb.DuckDBPyConnection) -> None:
+    """A checkpoint at the last step (inside the loop) resumes to an empty rest of that epoch."""
+    make = factory(series, batch_size=10, shuffle=True, seed=4)
+    with make() as loader:
+        iterator = iter(loader)
+        epoch0 = [next(iterator) for _ in range(len(loader))]
+        inside = loader.state_dict()
+        with pytest.raises(StopIteration):
+            next(iterator)
+        outside = loader.state_dict()
+        epoch1 = list(loader)
+    assert_small_state(inside)
+    assert (inside["epoch"], inside["batches"]) == (0, len(epoch0))
+    assert (outside["epoch"], outside["batches"]) == (1, 0)
+    with make() as resumed:
+        resumed.load_state_dict(inside)
+        assert list(resumed) == []
+        assert_same_batches(list(resumed), epoch1, "epoch 1 after the empty rest")
