@@ -21,8 +21,8 @@ from sqlglot import exp
 from .backends import Backend, DuckDBBackend, connect
 from .batch import batch_count, gather
 from .config import LoaderConfig, normalise_config, resolve_aliases
-from .display import plan_html, plan_rows, plan_text
-from .fetch import Fetcher
+from .display import plan_html, plan_rows, plan_text, readable_in_notebooks
+from .fetch import Fetcher, RetryPolicy
 from .manager import GroupPool, epoch_units
 from .plan import QueryPlan, build_plan
 from .prefetch import Prefetcher
@@ -46,7 +46,13 @@ class _EpochBatches:
     """
 
     def __init__(self, run: _EpochRun, backend: Backend, stop: threading.Event) -> None:
-        self._fetcher = Fetcher(backend, run.plan.layout, run.config.fetch_threads, run.recorder.fetched)
+        self._fetcher = Fetcher(
+            backend,
+            run.plan.layout,
+            run.config.fetch_threads,
+            run.recorder.fetched,
+            retry=RetryPolicy(run.config.retries, run.config.retry_backoff),
+        )
         self._batches = self._assemble(run, stop)
 
     def _assemble(self, run: _EpochRun, stop: threading.Event) -> Iterator[Batch]:
@@ -124,8 +130,9 @@ class _EpochIterator:
             self._run.recorder.finish()
             self.close()
             raise
-        except BaseException:
+        except BaseException as error:
             self.close()
+            readable_in_notebooks(error)
             raise
         self.yielded += 1
         self._loader._progress = (self.epoch, self.yielded, False)
@@ -193,6 +200,11 @@ class DDBDataLoader:
         pin_memory: ``"auto"`` pins host batches when CUDA is available.
         fetch_threads: partition fetch threads, each with its own cursor.
         timeout: seconds any single wait (a fetch, a batch) may take before TimeoutError.
+        retries: further attempts of a partition fetch that failed on a transient error (a
+            network error, or what the backend's ``is_transient`` accepts), each on a fresh cursor.
+        retry_backoff: seconds before the first retry; the wait doubles after every attempt.
+        progress: show a progress bar while planning (counting the subqueries) once it has
+            taken longer than a second.
         **aliases: DolphinDB's camelCase names (``targetCol``, ``batchSize``, ...).
     """
 
@@ -226,9 +238,12 @@ class DDBDataLoader:
         pin_memory: bool | Literal["auto"] = "auto",
         fetch_threads: int = 2,
         timeout: float = 300.0,
+        retries: int = 2,
+        retry_backoff: float = 0.1,
         rank: int | None = None,
         world_size: int | None = None,
         even_batches: str = "pad",
+        progress: bool = False,
         **aliases: Any,
     ) -> None:
         explicit = {
@@ -244,7 +259,7 @@ class DDBDataLoader:
         self._backend_pid = os.getpid()
         self._backend: Backend | None = connect(source)
         try:
-            self.plan = build_plan(self._backend, sql, self.config)
+            self.plan = build_plan(self._backend, sql, self.config, progress=progress)
         except BaseException:
             self._backend.close()
             raise
@@ -366,13 +381,18 @@ class DDBDataLoader:
             "samples": self.plan.samples,
             "world_size": self.sharding.world_size,
             "rank": self.sharding.rank,
+            "batch_size": self.config.batch_size,
+            "shuffle": self.config.shuffle,
+            "drop_last": self.config.drop_last,
+            "even_batches": self.sharding.even_batches,
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue from ``state``: the next iteration resumes that epoch after its last batch.
 
         Raises:
-            ValueError: the state belongs to another plan (sample count), world size or version.
+            ValueError: the state belongs to another plan (sample count), world size, batch size,
+                shuffle, drop_last, even_batches or version.
         """
         if state.get("version") != _STATE_VERSION:
             raise ValueError(f"state version {state.get('version')!r} is not {_STATE_VERSION}")
@@ -386,6 +406,18 @@ class DDBDataLoader:
                 f"state was saved with world_size={state['world_size']}; this loader has "
                 f"world_size={self.sharding.world_size}, which splits the epoch differently"
             )
+        current = {
+            "batch_size": self.config.batch_size,
+            "shuffle": self.config.shuffle,
+            "drop_last": self.config.drop_last,
+            "even_batches": self.sharding.even_batches,
+        }
+        for name, value in current.items():
+            if name in state and state[name] != value:
+                raise ValueError(
+                    f"state was saved with {name}={state[name]!r}; this loader has {name}={value!r}, "
+                    f"so its batches would not continue the saved sequence"
+                )
         self._close_iterator()
         if state["seed"] != self.config.seed:
             self.config = dataclasses.replace(self.config, seed=int(state["seed"]))

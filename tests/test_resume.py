@@ -157,3 +157,27 @@ def test_a_state_at_the_last_batch_finishes_that_epoch_first(series: duckdb.Duck
         resumed.load_state_dict(inside)
         assert list(resumed) == []
         assert_same_batches(list(resumed), epoch1, "epoch 1 after the empty rest")
+
+
+@pytest.mark.parametrize(
+    ("saved", "changed"),
+    [
+        ({"batch_size": 4}, {"batch_size": 5}),
+        ({"shuffle": True, "seed": 1}, {"shuffle": False, "seed": 1}),
+        ({"drop_last": False}, {"drop_last": True}),
+    ],
+)
+def test_a_state_from_other_batching_arguments_is_refused(
+    series: duckdb.DuckDBPyConnection, saved: dict[str, Any], changed: dict[str, Any]
+) -> None:
+    base = {"batch_size": 4, "window_size": 3, "group_col": "gid", "input_col": ["f0"]}
+    with DDBDataLoader(series, SERIES_SQL, "y", **{**base, **saved}) as first:
+        iterator = iter(first)
+        next(iterator)
+        state = first.state_dict()
+    name = next(iter(k for k in changed if k != "seed"))
+    with (
+        DDBDataLoader(series, SERIES_SQL, "y", **{**base, **changed}) as second,
+        pytest.raises(ValueError, match=name),
+    ):
+        second.load_state_dict(state)
