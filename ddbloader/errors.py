@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-__all__ = ["add_note"]
+import os
+import sys
+import warnings
+
+__all__ = ["add_note", "warn_caller"]
 
 
 def add_note(error: BaseException, note: str) -> None:
@@ -11,3 +15,18 @@ def add_note(error: BaseException, note: str) -> None:
     if note in notes:
         return
     error.__notes__ = [*notes, note]  # type: ignore[attr-defined]
+
+
+def warn_caller(message: str, category: type[Warning] = UserWarning) -> None:
+    """Warn, attributing the warning to the first frame outside the ddbloader package.
+
+    A fixed ``stacklevel`` breaks whenever the call depth inside the package changes; this points
+    at the user's line (their script or notebook cell) however deep the warning was raised.
+    """
+    package = os.path.dirname(os.path.abspath(__file__))
+    frame = sys._getframe(1)
+    level = 2
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package + os.sep):
+        frame = frame.f_back  # type: ignore[assignment]
+        level += 1
+    warnings.warn(message, category, stacklevel=level)

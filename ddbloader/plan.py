@@ -7,16 +7,17 @@ exact before the first fetch. Immutable afterwards and safe to share between thr
 
 from __future__ import annotations
 
-import warnings
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
 from .backends import Backend, Cursor
 from .config import LoaderConfig
-from .errors import add_note
+from .display import progress_bar
+from .errors import add_note, warn_caller
 from .query import (
     GROUP_ALIAS,
     PIVOT_ALIAS,
@@ -27,6 +28,9 @@ from .query import (
 )
 from .source import ColumnLayout, nullable_candidates, resolve_columns
 from .window import WindowGeometry
+
+if TYPE_CHECKING:
+    from tqdm import tqdm
 
 __all__ = ["GroupPlan", "PartitionSpec", "QueryPlan", "build_plan"]
 
@@ -109,16 +113,43 @@ class _Key:
         return f"{self.parameter} {self.text!r}"
 
 
+class _TickingCursor:
+    """A planning cursor that advances a progress bar once per query, failed ones included."""
+
+    def __init__(self, cursor: Cursor, bar: tqdm) -> None:
+        self._cursor = cursor
+        self._bar = bar
+
+    def expect(self, queries: int) -> None:
+        """``queries`` more queries will run: the bar's total becomes known."""
+        # No refresh: the bar appears with its next update, and only once the delay has passed.
+        self._bar.total = self._bar.n + queries
+
+    def fetch(self, sql: str, params: Sequence[Any]) -> pa.Table:
+        try:
+            return self._cursor.fetch(sql, params)
+        finally:
+            self._bar.update()
+
+    def interrupt(self) -> None:
+        self._cursor.interrupt()
+
+    def close(self) -> None:
+        self._cursor.close()
+
+
 _Cell = tuple[Any, tuple[Any, ...], int]
 #: Rows whose key is NULL, per key: they match no subquery and are not loaded.
 _Lost = dict[str, int]
 
 
-def build_plan(backend: Backend, sql: str, config: LoaderConfig) -> QueryPlan:
+def build_plan(backend: Backend, sql: str, config: LoaderConfig, progress: bool = False) -> QueryPlan:
     """Plan the epoch: parse, resolve columns, discover schemes, count every subquery.
 
     Warns once per key whose NULL values leave rows out (naming the key and the row count), and
-    once for the groups too short for one sample (naming them).
+    once for the groups too short for one sample (naming them). With ``progress`` a bar counts
+    the planning queries (its total known once the subqueries to count are), shown only when
+    planning lasts longer than :data:`~ddbloader.display.PROGRESS_DELAY_SECONDS`.
 
     Raises:
         ValueError / TypeError: the query or a column argument is unusable (message names it).
@@ -135,7 +166,8 @@ def build_plan(backend: Backend, sql: str, config: LoaderConfig) -> QueryPlan:
     ]
     geometry = WindowGeometry.from_config(config)
     lost: _Lost = {}
-    cursor = backend.cursor()
+    bar = progress_bar("ddbloader: planning", "query", progress)
+    cursor = _TickingCursor(backend.cursor(), bar)
     try:
         if keys:
             query = _pin_pivots(cursor, query)
@@ -150,12 +182,12 @@ def build_plan(backend: Backend, sql: str, config: LoaderConfig) -> QueryPlan:
         partition_sql = query.filtered([k.expression for k in keys])
         cells = _cells(cursor, query, keys, partition_sql, lost)
     finally:
+        bar.close()
         cursor.close()
     for name, rows in lost.items():
-        warnings.warn(
+        warn_caller(
             f"{rows} rows have NULL {name} and match no subquery, so they are not loaded; "
-            f"filter them out or COALESCE the column in the query",
-            stacklevel=3,
+            f"filter them out or COALESCE the column in the query"
         )
     group_params = any(k.parameter == "group_col" for k in keys)
     groups: list[GroupPlan] = []
@@ -183,10 +215,9 @@ def build_plan(backend: Backend, sql: str, config: LoaderConfig) -> QueryPlan:
         )
     short = [g.value if group_params else "<all rows>" for g in groups if 0 < g.rows < geometry.span]
     if short:
-        warnings.warn(
+        warn_caller(
             f"samples need {geometry.span} consecutive rows, more than group(s) {short[:10]} "
-            f"{'(and more) ' if len(short) > 10 else ''}have; they yield no samples",
-            stacklevel=3,
+            f"{'(and more) ' if len(short) > 10 else ''}have; they yield no samples"
         )
     return QueryPlan(backend.engine, tuple(groups), layout, geometry)
 
@@ -225,7 +256,7 @@ def _discover(cursor: Cursor, query: Query, key: _Key, lost: _Lost) -> list[Any]
 
 
 def _cells(
-    cursor: Cursor, query: Query, keys: list[_Key], partition_sql: str, lost: _Lost
+    cursor: _TickingCursor, query: Query, keys: list[_Key], partition_sql: str, lost: _Lost
 ) -> list[tuple[Any, list[_Cell]]]:
     """Per group: its value and its (repartition value, parameters, rows) in scheme order."""
     if not keys:
@@ -236,6 +267,7 @@ def _cells(
         return _grouped_counts(cursor, query, keys, lost)
     schemes = [list(k.scheme) if k.scheme is not None else _discover(cursor, query, k, lost) for k in keys]
     count_sql = query.count(partition_sql)
+    cursor.expect(math.prod(len(s) for s in schemes))
 
     def count(params: tuple[Any, ...]) -> int:
         table = _run(cursor, count_sql, "counting the rows of a subquery", params)

@@ -7,7 +7,6 @@ common dtype, so every later window is a strided view of that block.
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -17,6 +16,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .config import LoaderConfig
+from .errors import warn_caller
 
 __all__ = ["Block", "ColumnLayout", "nullable_candidates", "resolve_columns", "to_block"]
 
@@ -130,10 +130,9 @@ def resolve_columns(
         candidates = [n for n in schema.names if n not in config.exclude_col]
         skipped = [n for n in candidates if not _is_numeric(schema.field(n).type)]
         if skipped:
-            warnings.warn(
+            warn_caller(
                 f"leaving non-numeric columns {skipped} out of x; "
-                f"name input_col or exclude_col to silence this",
-                stacklevel=4,
+                f"name input_col or exclude_col to silence this"
             )
         x_names = [n for n in candidates if n not in skipped]
         _check_named(x_names, "the query", schema)

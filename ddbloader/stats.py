@@ -6,15 +6,21 @@ as an immutable :class:`LoaderStats` snapshot, which prints as text and renders 
 
 from __future__ import annotations
 
-import html
 import threading
 import time
 from dataclasses import dataclass, fields
 
-__all__ = ["LoaderStats", "StatsRecorder"]
+from .display import CELL_STYLE, LABEL_STYLE, html_rows, html_table, human_bytes
+
+__all__ = ["LOADER_BOUND", "MODEL_BOUND", "LoaderStats", "StatsRecorder"]
+
+#: Starvation at or above this share of wall time: the loader is the bottleneck.
+LOADER_BOUND = 0.5
+#: Starvation at or below this share: the model (the consumer) is the bottleneck.
+MODEL_BOUND = 0.1
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class LoaderStats:
     """A snapshot of one epoch's throughput.
 
@@ -34,6 +40,20 @@ class LoaderStats:
     mean_queue_depth: float
     bytes_moved: int
 
+    @property
+    def verdict(self) -> str:
+        """Which side is the bottleneck, judged by :attr:`starvation`."""
+        if self.batches == 0:
+            return "no batch delivered yet"
+        if self.starvation >= LOADER_BOUND:
+            return (
+                "loader-bound: the training loop waited for data most of the time "
+                "(more fetch_threads or prefetch_batch, larger partitions, or a cheaper query help)"
+            )
+        if self.starvation <= MODEL_BOUND:
+            return "model-bound: batches were ready when asked for; the loader is not the bottleneck"
+        return "balanced: the loop waited for data part of the time"
+
     def rows(self) -> list[tuple[str, str]]:
         """(label, formatted value) pairs, in display order."""
         return [
@@ -46,19 +66,39 @@ class LoaderStats:
             ("partitions fetched", f"{self.partitions_fetched:,}"),
             ("fetch time / partition", f"{self.fetch_seconds_per_partition * 1000:.1f} ms"),
             ("mean queue depth", f"{self.mean_queue_depth:.2f}"),
-            ("bytes moved", f"{self.bytes_moved / 1e6:,.1f} MB"),
+            (
+                "bytes moved",
+                f"{human_bytes(self.bytes_moved)} ({human_bytes(self.bytes_moved / self.seconds)}/s)",
+            ),
+            ("verdict", self.verdict),
         ]
 
     def __str__(self) -> str:
         width = max(len(label) for label, _ in self.rows())
         return "\n".join(f"{label:<{width}}  {value}" for label, value in self.rows())
 
+    def __repr__(self) -> str:
+        # The table itself: it is what a REPL or a notebook without HTML shows for loader.stats().
+        return f"LoaderStats:\n{self}"
+
     def _repr_html_(self) -> str:
-        cells = "".join(
-            f"<tr><th style='text-align:left'>{html.escape(label)}</th><td>{html.escape(value)}</td></tr>"
-            for label, value in self.rows()
+        # A bar under the wait makes the starvation share readable at a glance.
+        rows = self.rows()[1:]  # the epoch goes into the caption
+        split = next(i for i, (label, _) in enumerate(rows) if label == "consumer waited") + 1
+        if self.starvation >= LOADER_BOUND:
+            colour = "#d9534f"
+        elif self.starvation > MODEL_BOUND:
+            colour = "#f0ad4e"
+        else:
+            colour = "#5cb85c"
+        bar = (
+            f"<tr><th style='{LABEL_STYLE}'>starvation</th><td style='{CELL_STYLE}'>"
+            "<div style='display:inline-block;width:160px;height:10px;background:#ddd;vertical-align:middle'>"
+            f"<div style='width:{self.starvation * 100:.1f}%;height:10px;background:{colour}'></div>"
+            f"</div> {self.starvation:.0%}</td></tr>"
         )
-        return f"<table><caption>ddbloader stats</caption>{cells}</table>"
+        body = html_rows(rows[:split]) + bar + html_rows(rows[split:])
+        return html_table(f"ddbloader stats, epoch {self.epoch}", body)
 
     def as_dict(self) -> dict[str, float | int]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
