@@ -149,3 +149,13 @@ def faulty() -> Callable[..., FaultyBackend]:
 def live_threads() -> list[str]:
     """Names of ddbloader's threads still alive."""
     return [t.name for t in threading.enumerate() if t.name.startswith("ddbloader")]
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    # Here rather than in tests/reliability/: pytest reads this hook only from initial conftests.
+    parser.addoption(
+        "--soak",
+        action="store_true",
+        default=False,
+        help="run the long reliability soak variants (tests/reliability): more cycles, bigger tables",
+    )

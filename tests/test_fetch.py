@@ -1,12 +1,15 @@
-"""Fetcher: parallel partition fetches, one cursor per thread, failures carried, clean close."""
+"""Fetcher: parallel partition fetches, one cursor per thread, failures carried, retries, clean close."""
 
 from __future__ import annotations
 
 import dataclasses
+import logging
+import re
 import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import duckdb
 import numpy as np
@@ -15,9 +18,10 @@ from conftest import SERIES_SQL, FaultyBackend, make_series
 
 from ddbloader import DDBDataLoader
 from ddbloader.backends import DuckDBBackend
-from ddbloader.fetch import Fetcher
+from ddbloader.fetch import MAX_BACKOFF_SECONDS, Fetcher, RetryPolicy, is_transient
 from ddbloader.plan import PartitionSpec, QueryPlan
-from ddbloader.prefetch import Stopped
+from ddbloader.prefetch import Pending, Stopped
+from ddbloader.source import Block
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -170,3 +174,342 @@ def test_idle_close_wakes_the_threads_instead_of_waiting_out_their_poll(
         assert not _fetch_threads()
     # waiting out a 50 ms poll would cost about 0.4 s over ten closes of four threads
     assert elapsed < 0.2
+
+
+# --- retries --------------------------------------------------------------------------------------
+
+
+class CountingBackend(FaultyBackend):
+    """A :class:`FaultyBackend` that counts the cursors opened and closed, and may refuse to open.
+
+    ``refuse_open``: how many ``cursor()`` calls raise ``open_error`` before one succeeds.
+    ``transient``: when given, becomes the backend's ``is_transient`` method.
+    """
+
+    def __init__(
+        self,
+        inner: DuckDBBackend,
+        *,
+        refuse_open: int = 0,
+        open_error: Callable[[], BaseException] = lambda: ConnectionRefusedError("engine restarting"),
+        transient: Callable[[BaseException], bool] | None = None,
+        **faults: Any,
+    ) -> None:
+        super().__init__(inner, **faults)
+        self.planning = False
+        self.opened = 0
+        self.closed = 0
+        self.refuse_open = refuse_open
+        self.open_error = open_error
+        if transient is not None:
+            self.is_transient = transient
+
+    def cursor(self) -> Any:
+        if self.refuse_open:
+            self.refuse_open -= 1
+            raise self.open_error()
+        cursor = super().cursor()
+        self.opened += 1
+        close = cursor.close
+
+        def counted_close() -> None:
+            self.closed += 1
+            close()
+
+        cursor.close = counted_close  # type: ignore[method-assign]
+        return cursor
+
+
+def _wait_result(pending: Pending[Block], timeout: float = 10) -> Block:
+    return pending.wait(threading.Event(), timeout=timeout)
+
+
+@pytest.mark.parametrize(
+    "make_error",
+    [
+        lambda: ConnectionResetError("peer reset"),
+        lambda: BrokenPipeError("pipe"),
+        lambda: TimeoutError("read timed out"),
+        lambda: ConnectionAbortedError("aborted"),
+    ],
+    ids=["ConnectionResetError", "BrokenPipeError", "TimeoutError", "ConnectionAbortedError"],
+)
+def test_a_network_error_is_retried_on_a_fresh_cursor(
+    con: duckdb.DuckDBPyConnection,
+    plan: QueryPlan,
+    caplog: pytest.LogCaptureFixture,
+    make_error: Callable[[], BaseException],
+) -> None:
+    caplog.set_level(logging.WARNING, logger="ddbloader")
+    backend = CountingBackend(DuckDBBackend(con), fail_on=[1], error=make_error)
+    fetcher = Fetcher(backend, plan.layout, 1, retry=RetryPolicy(retries=2, backoff=0.01))
+    try:
+        spec = _specs(plan)[0]
+        block = _wait_result(fetcher.submit(spec))
+        np.testing.assert_array_equal(block.x[:, 0], _expected_rids(spec))
+        assert backend.fetches == 2
+        # the failed cursor was closed and a new one opened for the second attempt
+        assert (backend.opened, backend.closed) == (2, 1)
+    finally:
+        fetcher.close()
+    assert backend.closed == 2
+    (record,) = [r for r in caplog.records if r.name == "ddbloader"]
+    assert record.levelno == logging.WARNING
+    message = record.getMessage()
+    assert "partition 0 of group 0 (parameters [0, 0]) failed on attempt 1 of 3" in message
+    assert type(make_error()).__name__ in message
+    assert "retrying on a fresh cursor in 0.01 s" in message
+
+
+def test_retries_wait_with_exponential_backoff(
+    con: duckdb.DuckDBPyConnection, plan: QueryPlan, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="ddbloader")
+    backend = CountingBackend(DuckDBBackend(con), fail_on=[1, 2, 3], error=lambda: ConnectionResetError("x"))
+    fetcher = Fetcher(backend, plan.layout, 1, retry=RetryPolicy(retries=3, backoff=0.05))
+    try:
+        started = time.monotonic()
+        assert _wait_result(fetcher.submit(_specs(plan)[0])).rows == PARTS[0][0]
+        elapsed = time.monotonic() - started
+    finally:
+        fetcher.close()
+    # 0.05 + 0.1 + 0.2 s of waiting before the fourth attempt succeeds
+    assert 0.35 <= elapsed < 2.0
+    delays = [re.search(r"in (\S+) s$", r.getMessage()) for r in caplog.records]
+    assert [m.group(1) for m in delays if m] == ["0.05", "0.1", "0.2"]
+    assert backend.opened == 4
+
+
+def test_when_retries_run_out_the_last_error_surfaces_with_its_subquery(
+    con: duckdb.DuckDBPyConnection, plan: QueryPlan
+) -> None:
+    raised: list[BaseException] = []
+
+    def record() -> BaseException:
+        raised.append(ConnectionAbortedError(f"attempt {len(raised) + 1}"))
+        return raised[-1]
+
+    backend = CountingBackend(DuckDBBackend(con), fail_on=[1, 2, 3], error=record)
+    fetcher = Fetcher(backend, plan.layout, 1, retry=RetryPolicy(retries=2, backoff=0.001))
+    try:
+        spec = _specs(plan)[0]
+        failed = fetcher.submit(spec)
+        with pytest.raises(ConnectionAbortedError, match="attempt 3") as caught:
+            _wait_result(failed)
+        assert caught.value is raised[2]
+        notes = caught.value.__notes__
+        assert "ddbloader gave up after 3 attempts (transient errors)" in notes
+        assert any(spec.sql in n and "with parameters [0, 0]" in n for n in notes)
+        # the thread goes on serving with a fresh cursor
+        assert _wait_result(fetcher.submit(_specs(plan)[1])).rows == PARTS[0][1]
+    finally:
+        fetcher.close()
+    assert backend.fetches == 4
+
+
+@pytest.mark.parametrize(
+    "make_error",
+    [
+        lambda: OSError("disk gone"),
+        lambda: duckdb.BinderException("no such column"),
+        lambda: ValueError("bad"),
+    ],
+    ids=["OSError", "BinderException", "ValueError"],
+)
+def test_a_permanent_error_is_raised_at_once_without_retry(
+    con: duckdb.DuckDBPyConnection,
+    plan: QueryPlan,
+    caplog: pytest.LogCaptureFixture,
+    make_error: Callable[[], BaseException],
+) -> None:
+    caplog.set_level(logging.WARNING, logger="ddbloader")
+    backend = CountingBackend(DuckDBBackend(con), fail_on=[1], error=make_error)
+    fetcher = Fetcher(backend, plan.layout, 1, retry=RetryPolicy(retries=5, backoff=10.0))
+    try:
+        started = time.monotonic()
+        with pytest.raises(type(make_error())) as caught:
+            _wait_result(fetcher.submit(_specs(plan)[0]))
+        assert time.monotonic() - started < 1.0
+        assert not any("gave up" in n for n in caught.value.__notes__)
+        assert backend.fetches == 1
+        assert backend.opened == 1 and backend.closed == 0
+    finally:
+        fetcher.close()
+    assert not caplog.records
+
+
+def test_retries_zero_means_one_attempt(con: duckdb.DuckDBPyConnection, plan: QueryPlan) -> None:
+    backend = CountingBackend(DuckDBBackend(con), fail_on=[1], error=lambda: ConnectionResetError("x"))
+    fetcher = Fetcher(backend, plan.layout, 1, retry=RetryPolicy(retries=0))
+    try:
+        with pytest.raises(ConnectionResetError) as caught:
+            _wait_result(fetcher.submit(_specs(plan)[0]))
+        assert not any("gave up" in n for n in caught.value.__notes__)
+        assert backend.fetches == 1
+    finally:
+        fetcher.close()
+
+
+class EngineHiccup(Exception):
+    """An engine-specific error that only its backend knows to be transient."""
+
+
+@pytest.mark.parametrize(("declared", "attempts"), [(True, 2), (False, 1)])
+def test_the_backend_decides_what_else_is_transient(
+    con: duckdb.DuckDBPyConnection, plan: QueryPlan, declared: bool, attempts: int
+) -> None:
+    judged: list[BaseException] = []
+
+    def transient(error: BaseException) -> bool:
+        judged.append(error)
+        return declared and isinstance(error, EngineHiccup)
+
+    backend = CountingBackend(
+        DuckDBBackend(con), fail_on=[1], error=lambda: EngineHiccup("busy"), transient=transient
+    )
+    fetcher = Fetcher(backend, plan.layout, 1, retry=RetryPolicy(retries=2, backoff=0.001))
+    try:
+        pending = fetcher.submit(_specs(plan)[0])
+        if declared:
+            assert _wait_result(pending).rows == PARTS[0][0]
+        else:
+            with pytest.raises(EngineHiccup):
+                _wait_result(pending)
+    finally:
+        fetcher.close()
+    assert backend.fetches == attempts
+    assert len(judged) == 1 and isinstance(judged[0], EngineHiccup)
+
+
+def test_a_transient_failure_to_open_a_cursor_is_retried(
+    con: duckdb.DuckDBPyConnection, plan: QueryPlan
+) -> None:
+    backend = CountingBackend(DuckDBBackend(con), refuse_open=2)
+    fetcher = Fetcher(backend, plan.layout, 1, retry=RetryPolicy(retries=2, backoff=0.001))
+    try:
+        assert _wait_result(fetcher.submit(_specs(plan)[0])).rows == PARTS[0][0]
+        assert (backend.refuse_open, backend.opened) == (0, 1)
+    finally:
+        fetcher.close()
+
+
+def test_a_permanent_failure_to_open_a_cursor_names_the_subquery(
+    con: duckdb.DuckDBPyConnection, plan: QueryPlan
+) -> None:
+    backend = CountingBackend(DuckDBBackend(con), refuse_open=1, open_error=lambda: PermissionError("denied"))
+    fetcher = Fetcher(backend, plan.layout, 1, retry=RetryPolicy(retries=2, backoff=0.001))
+    try:
+        spec = _specs(plan)[0]
+        with pytest.raises(PermissionError) as caught:
+            _wait_result(fetcher.submit(spec))
+        (note,) = caught.value.__notes__
+        assert note.startswith(
+            "raised in thread 'ddbloader-fetch-0' while opening a cursor to fetch partition 0"
+        )
+        assert spec.sql in note
+        # the next fetch opens the cursor again and succeeds
+        assert _wait_result(fetcher.submit(_specs(plan)[1])).rows == PARTS[0][1]
+    finally:
+        fetcher.close()
+
+
+def test_close_during_a_backoff_wait_stops_at_once(con: duckdb.DuckDBPyConnection, plan: QueryPlan) -> None:
+    backend = CountingBackend(DuckDBBackend(con), fail_on=[1], error=lambda: ConnectionResetError("x"))
+    fetcher = Fetcher(backend, plan.layout, 1, retry=RetryPolicy(retries=2, backoff=20.0))
+    pending = fetcher.submit(_specs(plan)[0])
+    assert _wait_until(lambda: backend.fetches == 1)
+    time.sleep(0.05)
+    started = time.monotonic()
+    fetcher.close()
+    assert time.monotonic() - started < 1.0
+    assert not _fetch_threads()
+    with pytest.raises(Stopped):
+        pending.wait(threading.Event(), timeout=1)
+    assert backend.fetches == 1
+    assert backend.opened == backend.closed == 1
+
+
+def test_one_debug_line_per_partition_fetched(
+    con: duckdb.DuckDBPyConnection, plan: QueryPlan, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="ddbloader")
+    fetcher = Fetcher(DuckDBBackend(con), plan.layout, 2)
+    try:
+        for pending in [fetcher.submit(spec) for spec in _specs(plan)]:
+            _wait_result(pending)
+    finally:
+        fetcher.close()
+    lines = sorted(r.getMessage() for r in caplog.records if r.levelno == logging.DEBUG)
+    assert len(lines) == sum(len(p) for p in PARTS)
+    pattern = (
+        r"fetched partition (\d) of group (\d) \(parameters \[(\d), (\d)\]\): (\d+) rows in \d+\.\d{3} s"
+    )
+    for line in lines:
+        match = re.fullmatch(pattern, line)
+        assert match, line
+        position, group, gid, part, rows = map(int, match.groups())
+        assert (gid, part) == (group, position)
+        assert rows == PARTS[group][position]
+
+
+@pytest.mark.parametrize(
+    ("error", "transient"),
+    [
+        (ConnectionError("x"), True),
+        (ConnectionRefusedError("x"), True),
+        (TimeoutError("x"), True),
+        (OSError("x"), False),
+        (duckdb.ConnectionException("closed"), False),
+        (RuntimeError("x"), False),
+        (KeyboardInterrupt(), False),
+        (SystemExit(1), False),
+    ],
+    ids=repr,
+)
+def test_is_transient_without_a_backend_opinion(
+    con: duckdb.DuckDBPyConnection, error: BaseException, transient: bool
+) -> None:
+    assert is_transient(DuckDBBackend(con), error) is transient
+
+
+def test_a_backend_cannot_make_an_interrupt_transient(con: duckdb.DuckDBPyConnection) -> None:
+    backend = CountingBackend(DuckDBBackend(con), transient=lambda error: True)
+    assert is_transient(backend, RuntimeError("x"))
+    assert not is_transient(backend, KeyboardInterrupt())
+
+
+def test_retry_policy_delays_double_up_to_a_cap() -> None:
+    policy = RetryPolicy(retries=40, backoff=0.1)
+    assert [policy.delay(n) for n in (1, 2, 3, 4)] == pytest.approx([0.1, 0.2, 0.4, 0.8])
+    assert policy.delay(40) == MAX_BACKOFF_SECONDS
+    assert RetryPolicy(retries=1, backoff=0).delay(1) == 0
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"retries": -1}, r"retries must be an int >= 0, got -1"),
+        ({"retries": 1.0}, r"retries must be an int >= 0, got 1.0"),
+        ({"retries": True}, r"retries must be an int >= 0, got True"),
+        ({"backoff": -0.5}, r"retry_backoff must be a finite number >= 0, got -0.5"),
+        ({"backoff": float("nan")}, r"retry_backoff must be a finite number >= 0, got nan"),
+    ],
+)
+def test_retry_policy_refuses_what_is_not_a_policy(kwargs: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        RetryPolicy(**kwargs)
+
+
+def test_a_permanent_error_after_retries_says_how_many_came_before(
+    con: duckdb.DuckDBPyConnection, plan: QueryPlan
+) -> None:
+    errors = iter([ConnectionResetError("reset"), PermissionError("revoked")])
+    backend = CountingBackend(DuckDBBackend(con), fail_on=[1, 2], error=lambda: next(errors))
+    fetcher = Fetcher(backend, plan.layout, 1, retry=RetryPolicy(retries=3, backoff=0.001))
+    try:
+        with pytest.raises(PermissionError) as caught:
+            _wait_result(fetcher.submit(_specs(plan)[0]))
+    finally:
+        fetcher.close()
+    assert "ddbloader gave up on attempt 2: this error is not transient" in caught.value.__notes__
+    assert backend.fetches == 2
