@@ -1,18 +1,26 @@
-"""Gather samples into one batch: one allocation per tensor, one index_select per piece."""
+"""Gather samples into one batch: one allocation per tensor, one index_select per piece.
+
+The output is allocated once, where it is going to be read: in pinned host memory (torch's
+caching host allocator, so no ``cudaHostAlloc`` per batch) when it will be copied to a CUDA
+device, or on the device itself when the windows are built there (``window_on_device``).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 import torch
 
-from .manager import Piece
+from .manager import Piece, Segment
 from .source import ColumnLayout
 from .window import WindowGeometry
 
-__all__ = ["batch_count", "gather"]
+__all__ = ["WindowSource", "batch_count", "gather", "torch_dtype"]
+
+#: A segment's ``(x_windows, y_windows)``, wherever they live (see :class:`~ddbloader.manager.Segment`).
+WindowSource = Callable[[Segment], tuple[torch.Tensor, torch.Tensor]]
 
 
 def batch_count(samples: int, batch_size: int, drop_last: bool) -> int:
@@ -20,33 +28,54 @@ def batch_count(samples: int, batch_size: int, drop_last: bool) -> int:
     return samples // batch_size if drop_last else -(-samples // batch_size)
 
 
-def _torch_dtype(dtype: np.dtype[Any]) -> torch.dtype:
+def torch_dtype(dtype: np.dtype[Any]) -> torch.dtype:
+    """The torch dtype of a numpy dtype."""
     return torch.from_numpy(np.empty(0, dtype=dtype)).dtype
 
 
+def _host_windows(segment: Segment) -> tuple[torch.Tensor, torch.Tensor]:
+    return segment.x_windows, segment.y_windows
+
+
 def gather(
-    pieces: Sequence[Piece], geometry: WindowGeometry, layout: ColumnLayout, pin: bool
+    pieces: Sequence[Piece],
+    geometry: WindowGeometry,
+    layout: ColumnLayout,
+    pin: bool,
+    *,
+    device: torch.device | None = None,
+    windows: WindowSource = _host_windows,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Assemble ``pieces`` into ``(x, y)``.
 
-    Shapes: x ``[B, x_window, Fx]`` and y ``[B, y_window, Fy]`` with windows, else ``[B, Fx]`` and
-    ``[B, Fy]``. The tensors are freshly allocated (pinned when ``pin``), so the caller owns them.
+    Shapes: x ``[B, x_window, *x_shape]`` and y ``[B, y_window, *y_shape]`` with windows, else
+    ``[B, *x_shape]`` and ``[B, *y_shape]`` (``x_shape`` is ``(Fx,)`` unless x is one tensor
+    column, see :class:`~ddbloader.source.ColumnLayout`). The tensors are freshly allocated on
+    ``device`` (default: the host; pinned when ``pin``), so the caller owns them. ``windows``
+    gives each segment's window views; they must live on ``device``.
     """
     size = sum(len(p.starts) for p in pieces)
-    x_shape: tuple[int, ...] = (size, len(layout.x_names))
-    y_shape: tuple[int, ...] = (size, len(layout.y_names))
-    if geometry.windowed:
-        x_shape = (size, geometry.x_window, len(layout.x_names))
-        y_shape = (size, geometry.y_window, len(layout.y_names))
-    x = torch.empty(x_shape, dtype=_torch_dtype(layout.x_dtype), pin_memory=pin)
-    y = torch.empty(y_shape, dtype=_torch_dtype(layout.y_dtype), pin_memory=pin)
+    x_rows: tuple[int, ...] = (size, geometry.x_window) if geometry.windowed else (size,)
+    y_rows: tuple[int, ...] = (size, geometry.y_window) if geometry.windowed else (size,)
+    on_host = device is None or device.type == "cpu"
+    x = torch.empty(
+        (*x_rows, layout.x_features),
+        dtype=torch_dtype(layout.x_dtype),
+        device=device,
+        pin_memory=pin and on_host,
+    )
+    y = torch.empty(
+        (*y_rows, layout.y_features),
+        dtype=torch_dtype(layout.y_dtype),
+        device=device,
+        pin_memory=pin and on_host,
+    )
     filled = 0
     for piece in pieces:
-        starts = torch.from_numpy(piece.starts)
+        x_windows, y_windows = windows(piece.segment)
+        starts = torch.from_numpy(piece.starts).to(x_windows.device)
         count = len(starts)
-        torch.index_select(piece.segment.x_windows, 0, starts, out=x[filled : filled + count])
-        torch.index_select(
-            piece.segment.y_windows, 0, starts + geometry.offset, out=y[filled : filled + count]
-        )
+        torch.index_select(x_windows, 0, starts, out=x[filled : filled + count])
+        torch.index_select(y_windows, 0, starts + geometry.offset, out=y[filled : filled + count])
         filled += count
-    return x, y
+    return x.view(*x_rows, *layout.x_shape), y.view(*y_rows, *layout.y_shape)

@@ -9,16 +9,20 @@ from __future__ import annotations
 import difflib
 import math
 import secrets
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
 import torch
 
+from .transforms import Pipeline, as_pipeline
+
 __all__ = ["DDB_ALIASES", "LoaderConfig", "SchemeValues", "normalise_config", "resolve_aliases"]
 
 SchemeValues = tuple[Any, ...]
+#: ``collate=``: takes and returns an ``(x, y)`` batch.
+Collate = Callable[[tuple[torch.Tensor, torch.Tensor]], tuple[torch.Tensor, torch.Tensor]]
 
 #: DolphinDB DDBDataLoader keyword → ddbloader keyword.
 DDB_ALIASES: Mapping[str, str] = {
@@ -44,9 +48,9 @@ class LoaderConfig:
     """Validated loader arguments.
 
     Invariants: ``x_window >= 1``, ``y_window >= 1``, ``stride >= 1``, ``offset >= 0``,
-    ``batch_size >= 1``; ``windowed`` is False exactly when the user gave no ``window_size`` (then
-    both windows are 1 and samples are single rows). ``seed`` is a non-negative int even when the
-    user gave none.
+    ``batch_size >= 1``, ``retries >= 0``, ``retry_backoff`` finite and ``>= 0``; ``windowed`` is
+    False exactly when the user gave no ``window_size`` (then both windows are 1 and samples are
+    single rows). ``seed`` is a non-negative int even when the user gave none.
     """
 
     target_col: tuple[str, ...]
@@ -74,6 +78,11 @@ class LoaderConfig:
     x_dtype: np.dtype[Any] | None
     y_dtype: np.dtype[Any] | None
     timeout: float
+    retries: int = 2
+    retry_backoff: float = 0.1
+    transform: Pipeline | None = None
+    collate: Collate | None = None
+    window_on_device: bool = False
 
     @property
     def span(self) -> int:
@@ -261,7 +270,14 @@ def normalise_config(args: Mapping[str, Any]) -> LoaderConfig:
         raise TypeError(f"timeout must be a number of seconds, got {type(timeout).__name__} {timeout!r}")
     if math.isnan(timeout) or timeout <= 0:
         raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
-    for flag in ("shuffle", "drop_last"):
+    backoff = args["retry_backoff"]
+    if isinstance(backoff, bool) or not isinstance(backoff, (int, float, np.integer, np.floating)):
+        raise TypeError(
+            f"retry_backoff must be a number of seconds, got {type(backoff).__name__} {backoff!r}"
+        )
+    if not math.isfinite(backoff) or backoff < 0:
+        raise ValueError(f"retry_backoff must be a finite number of seconds >= 0, got {backoff!r}")
+    for flag in ("shuffle", "drop_last", "window_on_device"):
         if not isinstance(args[flag], (bool, np.bool_)):
             raise TypeError(f"{flag} must be a bool, got {args[flag]!r}")
     x_dtype, y_dtype = _dtypes(args["dtype"])
@@ -291,4 +307,16 @@ def normalise_config(args: Mapping[str, Any]) -> LoaderConfig:
         x_dtype=x_dtype,
         y_dtype=y_dtype,
         timeout=float(timeout),
+        retries=_positive_int(args["retries"], "retries", minimum=0),
+        retry_backoff=float(backoff),
+        transform=as_pipeline(args["transform"]),
+        collate=_collate(args["collate"]),
+        window_on_device=bool(args["window_on_device"]),
     )
+
+
+def _collate(value: Any) -> Collate | None:
+    if value is not None and not callable(value):
+        raise TypeError(f"collate must be a callable taking and returning an (x, y) batch, got {value!r}")
+    collate: Collate | None = value
+    return collate

@@ -66,8 +66,8 @@ def human_bytes(n: float) -> str:
     return f"{value:.{digits}f} {units[index]}"
 
 
-def _shape(batch: int, window: int | None, features: int) -> str:
-    return "[" + ", ".join(str(d) for d in (batch, window, features) if d is not None) + "]"
+def _shape(batch: int, window: int | None, sample: tuple[int, ...]) -> str:
+    return "[" + ", ".join(str(d) for d in (batch, window, *sample) if d is not None) + "]"
 
 
 def _split(plan: QueryPlan, config: LoaderConfig) -> str:
@@ -94,8 +94,8 @@ def plan_rows(
     x_window = config.x_window if config.windowed else None
     y_window = config.y_window if config.windowed else None
     batch_bytes = config.batch_size * (
-        config.x_window * len(layout.x_names) * layout.x_dtype.itemsize
-        + config.y_window * len(layout.y_names) * layout.y_dtype.itemsize
+        config.x_window * layout.x_features * layout.x_dtype.itemsize
+        + config.y_window * layout.y_features * layout.y_dtype.itemsize
     )
     rows: list[tuple[str, str]] = [
         ("engine", plan.engine),
@@ -109,8 +109,8 @@ def plan_rows(
         ("rows", f"{plan.rows:,}"),
         ("windows per epoch", f"{plan.samples:,}"),
         ("batches per epoch", f"{batches:,}" + (" (drop_last)" if config.drop_last else "")),
-        ("x", f"{_shape(config.batch_size, x_window, len(layout.x_names))} {layout.x_dtype}"),
-        ("y", f"{_shape(config.batch_size, y_window, len(layout.y_names))} {layout.y_dtype}"),
+        ("x", f"{_shape(config.batch_size, x_window, layout.x_shape)} {layout.x_dtype}"),
+        ("y", f"{_shape(config.batch_size, y_window, layout.y_shape)} {layout.y_dtype}"),
         ("bytes per batch", human_bytes(batch_bytes)),
         ("order", f"shuffle={config.shuffle}, seed={config.seed}"),
     ]

@@ -19,8 +19,9 @@ import torch
 from sqlglot import exp
 
 from .backends import Backend, DuckDBBackend, connect
-from .batch import batch_count, gather
+from .batch import batch_count
 from .config import LoaderConfig, normalise_config, resolve_aliases
+from .device import DeviceStage, Staged
 from .display import plan_html, plan_rows, plan_text, readable_in_notebooks
 from .fetch import Fetcher, RetryPolicy
 from .manager import GroupPool, epoch_units
@@ -55,7 +56,7 @@ class _EpochBatches:
         )
         self._batches = self._assemble(run, stop)
 
-    def _assemble(self, run: _EpochRun, stop: threading.Event) -> Iterator[Batch]:
+    def _assemble(self, run: _EpochRun, stop: threading.Event) -> Iterator[Staged]:
         plan, config = run.plan, run.config
         pool = GroupPool(run.units, plan.geometry, config, run.epoch, self._fetcher, stop)
         left = sum(u.samples for u in run.units)
@@ -64,12 +65,12 @@ class _EpochBatches:
             left -= size
             pieces = pool.take(size)
             if index >= run.skip:
-                yield gather(pieces, plan.geometry, plan.layout, config.pin_memory)
+                yield run.stage.assemble(pieces, plan.geometry, plan.layout)
 
     def __iter__(self) -> _EpochBatches:
         return self
 
-    def __next__(self) -> Batch:
+    def __next__(self) -> Staged:
         return next(self._batches)
 
     def close(self) -> None:
@@ -87,6 +88,7 @@ class _EpochRun:
     batches: int
     skip: int
     recorder: StatsRecorder
+    stage: DeviceStage
 
 
 class _EpochIterator:
@@ -102,7 +104,7 @@ class _EpochIterator:
         self.epoch = run.epoch
         self.yielded = run.skip
         self._started = time.perf_counter()
-        prefetcher: Prefetcher[Batch] = Prefetcher(
+        prefetcher: Prefetcher[Staged] = Prefetcher(
             functools.partial(_EpochBatches, run, backend),
             depth=run.config.prefetch_batch,
             name="ddbloader-assemble",
@@ -117,11 +119,16 @@ class _EpochIterator:
     def __len__(self) -> int:
         return self._run.batches - self.yielded
 
+    @property
+    def host_to_device_bytes(self) -> int:
+        """Bytes enqueued for copy to the device so far this epoch (0 when delivering on the CPU)."""
+        return self._run.stage.bytes_to_device
+
     def __next__(self) -> Batch:
         waiting = time.perf_counter()
         ready = self._prefetcher.ready()
         try:
-            x, y = next(self._prefetcher)
+            x, y = self._run.stage.deliver(next(self._prefetcher))
         except StopIteration:
             if self._close.alive:
                 elapsed = time.perf_counter() - self._started
@@ -137,10 +144,6 @@ class _EpochIterator:
         self.yielded += 1
         self._loader._progress = (self.epoch, self.yielded, False)
         self._run.recorder.delivered(len(x), x.nbytes + y.nbytes, time.perf_counter() - waiting, ready)
-        device = self._run.config.device
-        if device.type != "cpu":
-            x = x.to(device, non_blocking=self._run.config.pin_memory)
-            y = y.to(device, non_blocking=self._run.config.pin_memory)
         return x, y
 
     def close(self) -> None:
@@ -205,6 +208,13 @@ class DDBDataLoader:
         retry_backoff: seconds before the first retry; the wait doubles after every attempt.
         progress: show a progress bar while planning (counting the subqueries) once it has
             taken longer than a second.
+        transform: a function (or list of functions) applied to every fetched partition in the
+            fetch threads: Arrow table (or dict of tensors) in, the same rows out; the columns
+            named by input_col/target_col are those of its output (see ddbloader.transforms).
+        collate: a function applied to each assembled ``(x, y)`` batch in the background; it
+            returns an ``(x, y)`` pair of tensors.
+        window_on_device: ship each partition's rows to the device once and build the windows
+            there, instead of copying every window's rows (see ddbloader.device).
         **aliases: DolphinDB's camelCase names (``targetCol``, ``batchSize``, ...).
     """
 
@@ -244,6 +254,9 @@ class DDBDataLoader:
         world_size: int | None = None,
         even_batches: str = "pad",
         progress: bool = False,
+        transform: Any = None,
+        collate: Callable[[Batch], Batch] | None = None,
+        window_on_device: bool = False,
         **aliases: Any,
     ) -> None:
         explicit = {
@@ -334,7 +347,9 @@ class DDBDataLoader:
         batches = batch_count(sum(u.samples for u in units), self.config.batch_size, self.config.drop_last)
         skip = min(self._resume_skip, batches)
         self._recorder = StatsRecorder(epoch)
-        run = _EpochRun(self.plan, self.config, epoch, units, batches, skip, self._recorder)
+        config = self.config
+        stage = DeviceStage(config.device, config.pin_memory, config.window_on_device, config.collate)
+        run = _EpochRun(self.plan, config, epoch, units, batches, skip, self._recorder, stage)
         iterator = _EpochIterator(self, run, self._backend_here())
         _log.info(
             "epoch %d: %d groups, %d partitions, %d samples, %d batches%s",

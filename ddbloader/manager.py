@@ -37,12 +37,14 @@ class Segment:
     """Contiguous rows of one group with their window views. Read-only.
 
     ``x_windows[k]`` is sample-start row ``k``'s x (``[x_window, Fx]``, or ``[Fx]`` unwindowed);
-    ``y_windows[k]`` likewise for y.
+    ``y_windows[k]`` likewise for y. ``x_rows`` / ``y_rows`` are the rows themselves (``[rows, F]``),
+    which ``window_on_device`` ships to the device once to build the same views there.
     """
 
     def __init__(self, block: Block, geometry: WindowGeometry) -> None:
         x = torch.from_numpy(block.x)
         y = torch.from_numpy(block.y)
+        self.x_rows, self.y_rows = x, y
         if geometry.windowed:
             self.x_windows = window_view(x, geometry.x_window)
             self.y_windows = window_view(y, geometry.y_window)

@@ -26,7 +26,7 @@ from .query import (
     Query,
     UserQuery,
 )
-from .source import ColumnLayout, nullable_candidates, resolve_columns
+from .source import ColumnLayout, nullable_candidates, resolve_layout, resolve_layout_on_rows
 from .window import WindowGeometry
 
 if TYPE_CHECKING:
@@ -171,16 +171,21 @@ def build_plan(backend: Backend, sql: str, config: LoaderConfig, progress: bool 
     try:
         if keys:
             query = _pin_pivots(cursor, query)
-        schema = _run(cursor, query.schema(), "reading the result schema").schema
+        probe = _run(cursor, query.schema(), "reading the result schema")
+        schema = probe.schema
         names = {*(config.input_col or schema.names), *config.target_col}
         candidates = nullable_candidates(schema, names)
         with_nulls: set[str] = set()
         if candidates:
             counts = _run(cursor, query.null_counts(candidates), "counting nulls").to_pylist()[0]
             with_nulls = {name for name, nulls in counts.items() if nulls}
-        layout = resolve_columns(schema, config, with_nulls)
+        planned = resolve_layout(probe, config, with_nulls)
         partition_sql = query.filtered([k.expression for k in keys])
         cells = _cells(cursor, query, keys, partition_sql, lost)
+        if planned is None:  # the transform needs rows to show its output
+            rows, where = _probe_partition(cursor, partition_sql, cells)
+            planned = resolve_layout_on_rows(probe, rows, where, config, with_nulls)
+        layout = planned
     finally:
         bar.close()
         cursor.close()
@@ -220,6 +225,18 @@ def build_plan(backend: Backend, sql: str, config: LoaderConfig, progress: bool 
             f"{'(and more) ' if len(short) > 10 else ''}have; they yield no samples"
         )
     return QueryPlan(backend.engine, tuple(groups), layout, geometry)
+
+
+def _probe_partition(
+    cursor: Cursor, partition_sql: str, cells: list[tuple[Any, list[_Cell]]]
+) -> tuple[pa.Table | None, str]:
+    """The smallest partition, to probe a transform on that cannot run on zero rows, and its name."""
+    sized = [(rows, params) for _, row in cells for _, params, rows in row if rows > 0]
+    if not sized:
+        return None, "the query's empty result (the query has no rows)"
+    _, params = min(sized, key=lambda cell: cell[0])
+    table = _run(cursor, partition_sql, "fetching a partition to probe the transform on", params)
+    return table, f"the first rows of subquery {partition_sql!r} with parameters {list(params)!r}"
 
 
 def _parse(backend: Backend, sql: str) -> Query:

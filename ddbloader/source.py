@@ -1,33 +1,74 @@
-"""DataSource: which columns become x and y, their dtypes, and one partition → row-major blocks.
+"""DataSource: which columns become x and y, their dtypes and shapes, and one partition → row-major blocks.
 
 The conversion is the only per-partition copy: each Arrow column is viewed as numpy without a
 copy where Arrow allows it (one chunk, no nulls) and written once into a row-major block of the
 common dtype, so every later window is a strided view of that block.
+
+A column of x or y is numeric and holds either one value per row (one feature) or one
+fixed-shape tensor per row: an Arrow ``fixed_size_list`` or ``fixed_shape_tensor`` column, or a
+``[rows, *shape]`` tensor that a transform returns. Several columns concatenate their flattened
+features; a column with two or more dimensions per row (an image ``[C, H, W]``) must be the only
+column of its tensor, and the sample keeps its shape. Blocks stay 2-D ``[rows, features]`` either
+way (windows and edge stitching never look inside a row); :func:`~ddbloader.batch.gather` gives
+the batch its per-row shape.
+
+A partition transform (``transform=``, see :mod:`ddbloader.transforms`) runs in
+:func:`to_block`, so in the fetch thread, between the fetch and the conversion. The layout
+describes the transform's output, which planning learns by probing the transform: on the query's
+empty result first, and — when the transform cannot run on zero rows (an image decoder cannot
+tell an image's size from no image) — on the first rows of the smallest partition.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+import functools
+import math
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import torch
 
-from .config import LoaderConfig
-from .errors import warn_caller
+from .errors import add_note, warn_caller
 
-__all__ = ["Block", "ColumnLayout", "nullable_candidates", "resolve_columns", "to_block"]
+if TYPE_CHECKING:
+    from .config import LoaderConfig
+    from .transforms import Pipeline
+
+__all__ = [
+    "PROBE_ROWS",
+    "Block",
+    "ColumnLayout",
+    "ColumnType",
+    "arrow_column_type",
+    "arrow_values",
+    "nullable_candidates",
+    "resolve_columns",
+    "resolve_layout",
+    "resolve_layout_on_rows",
+    "to_block",
+]
+
+#: Rows of a partition a transform is probed on at planning time when it cannot run on zero rows.
+PROBE_ROWS = 64
+
+Shape = tuple[int, ...]
 
 
 @dataclass(frozen=True)
 class ColumnLayout:
-    """The columns of x and y, in output order, and the dtype of each tensor.
+    """The columns of x and y, in output order, and the dtype and per-sample shape of each tensor.
 
     ``as_float64`` holds the integer/boolean/decimal columns that must go through float64 (nulls
     become NaN, decimals lose their fixed point). ``result_names`` are the query's result columns
-    as planning saw them; empty means "take the fetched names as they are".
+    as planning saw them; empty means "take the fetched names as they are". ``shapes`` lists the
+    columns that hold a tensor per row, with that tensor's shape; every other column holds one
+    value per row. ``transform`` runs on every fetched partition before the conversion.
+
+    Invariant: a column with two or more dimensions per row is the only column of x (or y).
     """
 
     x_names: tuple[str, ...]
@@ -36,11 +77,44 @@ class ColumnLayout:
     y_dtype: np.dtype[Any]
     as_float64: frozenset[str]
     result_names: tuple[str, ...] = ()
+    shapes: tuple[tuple[str, Shape], ...] = ()
+    transform: Pipeline | None = None
+
+    def column_shape(self, name: str) -> Shape:
+        """Shape of ``name``'s value in one row: ``()`` for a scalar column."""
+        return dict(self.shapes).get(name, ())
+
+    @functools.cached_property
+    def x_shape(self) -> Shape:
+        """Shape of one row of x: ``(Fx,)``, or the shape of x's one tensor column."""
+        return _sample_shape(self.x_names, self.column_shape)
+
+    @functools.cached_property
+    def y_shape(self) -> Shape:
+        """Shape of one row of y: ``(Fy,)``, or the shape of y's one tensor column."""
+        return _sample_shape(self.y_names, self.column_shape)
+
+    @property
+    def x_features(self) -> int:
+        """Values in one row of x (the width of the x block)."""
+        return math.prod(self.x_shape)
+
+    @property
+    def y_features(self) -> int:
+        """Values in one row of y (the width of the y block)."""
+        return math.prod(self.y_shape)
 
     @property
     def row_bytes(self) -> int:
         """Bytes of one x row plus one y row."""
-        return len(self.x_names) * self.x_dtype.itemsize + len(self.y_names) * self.y_dtype.itemsize
+        return self.x_features * self.x_dtype.itemsize + self.y_features * self.y_dtype.itemsize
+
+
+def _sample_shape(names: Sequence[str], shape_of: Any) -> Shape:
+    shapes = [shape_of(n) for n in names]
+    if len(names) == 1 and len(shapes[0]) >= 2:
+        return tuple(shapes[0])
+    return (sum(math.prod(s) for s in shapes),)
 
 
 @dataclass(frozen=True)
@@ -65,13 +139,91 @@ class Block:
         return Block(np.concatenate([b.x for b in blocks]), np.concatenate([b.y for b in blocks]))
 
 
-def _is_numeric(data_type: pa.DataType) -> bool:
-    return bool(
-        pa.types.is_integer(data_type)
-        or pa.types.is_floating(data_type)
-        or pa.types.is_boolean(data_type)
-        or pa.types.is_decimal(data_type)
+@dataclass(frozen=True)
+class ColumnType:
+    """What a column holds per row: ``dtype`` is None for a non-numeric column."""
+
+    dtype: np.dtype[Any] | None
+    shape: Shape
+    text: str
+    decimal: bool = False
+
+
+def arrow_column_type(data_type: pa.DataType) -> ColumnType:
+    """Describe an Arrow type: a numeric scalar, a (nested) fixed-size list or a fixed-shape tensor."""
+    text = str(data_type)
+    if pa.types.is_decimal(data_type):
+        return ColumnType(np.dtype(np.float64), (), text, decimal=True)
+    if pa.types.is_integer(data_type) or pa.types.is_floating(data_type) or pa.types.is_boolean(data_type):
+        return ColumnType(np.dtype(data_type.to_pandas_dtype()), (), text)
+    if isinstance(data_type, pa.FixedShapeTensorType):
+        inner = arrow_column_type(data_type.value_type)
+        return ColumnType(inner.dtype, tuple(data_type.shape), text)
+    if pa.types.is_fixed_size_list(data_type):
+        inner = arrow_column_type(data_type.value_type)
+        if inner.dtype is None:
+            return ColumnType(None, (), text)
+        return ColumnType(inner.dtype, (data_type.list_size, *inner.shape), text)
+    return ColumnType(None, (), text)
+
+
+def _value_type(value: Any) -> ColumnType:
+    """Describe one column of a transform's dict output: a tensor, an array or a list."""
+    if isinstance(value, torch.Tensor):
+        try:
+            dtype = np.dtype(torch.empty(0, dtype=value.dtype).numpy().dtype)
+        except TypeError:
+            return ColumnType(None, (), f"tensor of {value.dtype}")
+        return ColumnType(dtype, tuple(value.shape[1:]), f"tensor of {value.dtype}")
+    if isinstance(value, np.ndarray) and value.dtype.kind in "biuf":
+        return ColumnType(value.dtype, tuple(value.shape[1:]), f"array of {value.dtype}")
+    return ColumnType(None, (), type(value).__name__)
+
+
+def _null_error(name: str, text: str) -> ValueError:
+    return ValueError(
+        f"column {name!r} ({text}) holds NULL values where planning saw none, and its dtype has no NaN; "
+        f"fill them, or cast the column to DOUBLE, in the query or the transform"
     )
+
+
+def arrow_values(column: pa.ChunkedArray, name: str, nulls: Literal["nan", "error"]) -> np.ndarray[Any, Any]:
+    """A numeric Arrow column as numpy ``[rows, *shape]`` (zero-copy where Arrow allows).
+
+    ``nulls="nan"``: integer/boolean/decimal columns with nulls become float64 with NaN.
+    ``nulls="error"``: a null in a column whose dtype has no NaN raises (a float null is NaN).
+
+    Raises:
+        ValueError: a null that ``nulls="error"`` refuses, or a null tensor/list row.
+        TypeError: the column is not numeric.
+    """
+    kind = arrow_column_type(column.type)
+    if kind.dtype is None:
+        raise TypeError(f"column {name!r} of type {column.type} is not numeric")
+    data_type = column.type
+    if not kind.shape:
+        has_nan = pa.types.is_floating(data_type)
+        if kind.decimal or (column.null_count and not has_nan):
+            if nulls == "error" and column.null_count and not kind.decimal:
+                raise _null_error(name, kind.text)
+            column = pc.cast(column, pa.float64())
+        return np.asarray(column.to_numpy())
+    if column.null_count:
+        raise ValueError(f"column {name!r} ({kind.text}) has NULL rows; every row needs a value")
+    rows = len(column)
+    if isinstance(data_type, pa.FixedShapeTensorType):
+        parts = [chunk.to_numpy_ndarray() for chunk in column.chunks if len(chunk)]
+        if not parts:
+            return np.empty((0, *kind.shape), dtype=kind.dtype)
+        return np.concatenate(parts) if len(parts) > 1 else np.asarray(parts[0])
+    flat = column.combine_chunks() if column.num_chunks else pa.array([], data_type)
+    while pa.types.is_fixed_size_list(flat.type):
+        flat = flat.flatten()
+    if flat.null_count and not pa.types.is_floating(flat.type):
+        if nulls == "error":
+            raise _null_error(name, kind.text)
+        flat = pc.cast(flat, pa.float64())
+    return np.asarray(flat.to_numpy(zero_copy_only=False)).reshape(rows, *kind.shape)
 
 
 def nullable_candidates(schema: pa.Schema, names: Collection[str]) -> list[str]:
@@ -86,28 +238,97 @@ def nullable_candidates(schema: pa.Schema, names: Collection[str]) -> list[str]:
     ]
 
 
-def _check_named(names: Sequence[str], parameter: str, schema: pa.Schema) -> None:
-    available = schema.names
+def _check_named(
+    names: Sequence[str], parameter: str, columns: Sequence[tuple[str, ColumnType]], origin: str
+) -> None:
+    available = [n for n, _ in columns]
+    types = dict(columns)
     for name in names:
         if name not in available:
             raise ValueError(
-                f"{parameter} names {name!r}, which is not a column of the query; columns: {available}"
+                f"{parameter} names {name!r}, which is not a column of {origin}; columns: {available}"
             )
         if available.count(name) > 1:
-            raise ValueError(
-                f"{parameter} names {name!r}, but the query returns several columns of that name"
-            )
-        if not _is_numeric(schema.field(name).type):
+            raise ValueError(f"{parameter} names {name!r}, but {origin} returns several columns of that name")
+        if types[name].dtype is None:
             raise TypeError(
-                f"{parameter} names {name!r} of type {schema.field(name).type}, which is not numeric; "
+                f"{parameter} names {name!r} of type {types[name].text}, which is not numeric; "
                 f"cast it in the query or leave it out"
+                + ("" if origin == "the query" else ", or convert it in the transform")
             )
+
+
+def _resolve(
+    columns: Sequence[tuple[str, ColumnType]],
+    config: LoaderConfig,
+    columns_with_nulls: Collection[str],
+    result_names: tuple[str, ...],
+    transform: Pipeline | None,
+) -> ColumnLayout:
+    origin = "the query" if transform is None else f"the output of transform {transform.name}"
+    names = [n for n, _ in columns]
+    types = dict(columns)
+    _check_named(config.target_col, "target_col", columns, origin)
+    for name in config.exclude_col:
+        if name not in names:
+            raise ValueError(
+                f"exclude_col names {name!r}, which is not a column of {origin}; columns: {names}"
+            )
+    if config.input_col is not None:
+        _check_named(config.input_col, "input_col", columns, origin)
+        x_names = [n for n in config.input_col if n not in config.exclude_col]
+    else:
+        candidates = [n for n in names if n not in config.exclude_col]
+        skipped = [n for n in candidates if types[n].dtype is None]
+        if skipped:
+            warn_caller(
+                f"leaving non-numeric columns {skipped} out of x; "
+                f"name input_col or exclude_col to silence this"
+            )
+        x_names = [n for n in candidates if n not in skipped]
+        _check_named(x_names, "the query" if transform is None else "the transform", columns, origin)
+    if not x_names:
+        raise ValueError("x has no columns: input_col/exclude_col leave nothing to feed the model")
+    for parameter, chosen in (("x", x_names), ("y", config.target_col)):
+        wide = [n for n in chosen if len(types[n].shape) >= 2]
+        if wide and len(chosen) > 1:
+            raise ValueError(
+                f"{parameter} combines {wide[0]!r}, which holds a {list(types[wide[0]].shape)} tensor per "
+                f"row, with other columns {[n for n in chosen if n != wide[0]]}; a column with two or "
+                f"more dimensions per row must be the only column of {parameter}"
+            )
+    as_float64 = frozenset(
+        n for n in {*x_names, *config.target_col} if n in columns_with_nulls or types[n].decimal
+    )
+
+    def column_dtype(name: str) -> np.dtype[Any]:
+        if name in as_float64:
+            return np.dtype(np.float64)
+        dtype = types[name].dtype
+        assert dtype is not None  # _check_named refused the non-numeric ones
+        return dtype
+
+    x_dtype = config.x_dtype or np.result_type(*(column_dtype(n) for n in x_names))
+    y_dtype = config.y_dtype or np.result_type(*(column_dtype(n) for n in config.target_col))
+    shapes = tuple(
+        (n, types[n].shape) for n in dict.fromkeys([*x_names, *config.target_col]) if types[n].shape
+    )
+    return ColumnLayout(
+        tuple(x_names),
+        config.target_col,
+        np.dtype(x_dtype),
+        np.dtype(y_dtype),
+        as_float64,
+        result_names,
+        shapes,
+        transform,
+    )
 
 
 def resolve_columns(
     schema: pa.Schema, config: LoaderConfig, columns_with_nulls: Collection[str]
 ) -> ColumnLayout:
-    """Pick x and y from the query's result schema.
+    """Pick x and y from the query's result schema (no transform).
 
     y is ``target_col``; x is ``input_col`` if given, else every column; then ``exclude_col`` is
     removed from x. A named non-numeric column is an error; unnamed non-numeric columns are left
@@ -117,56 +338,116 @@ def resolve_columns(
         ValueError: an unknown, duplicated or ambiguous column, or an empty x.
         TypeError: a named column that is not numeric.
     """
-    _check_named(config.target_col, "target_col", schema)
-    for name in config.exclude_col:
-        if name not in schema.names:
+    columns = [(field.name, arrow_column_type(field.type)) for field in schema]
+    return _resolve(columns, config, columns_with_nulls, tuple(schema.names), None)
+
+
+def _describe(output: Any) -> list[tuple[str, ColumnType]]:
+    if isinstance(output, pa.Table):
+        return [(field.name, arrow_column_type(field.type)) for field in output.schema]
+    return [(name, _value_type(value)) for name, value in output.items()]
+
+
+def resolve_layout(
+    probe: pa.Table, config: LoaderConfig, columns_with_nulls: Collection[str]
+) -> ColumnLayout | None:
+    """The layout of the query's result (``probe``: its empty result), after the transform if any.
+
+    Returns None when the transform fails on zero rows: then probe it on rows with
+    :func:`resolve_layout_on_rows`. ``columns_with_nulls`` names the query's columns that hold
+    nulls; a column the transform derives has the dtype the transform gives it.
+
+    Raises:
+        ValueError / TypeError: as :func:`resolve_columns`, for the transform's output.
+    """
+    transform = config.transform
+    if transform is None:
+        return resolve_columns(probe.schema, config, columns_with_nulls)
+    try:
+        output = transform(probe)
+    except Exception:
+        return None
+    return _resolve(_describe(output), config, columns_with_nulls, tuple(probe.schema.names), transform)
+
+
+def resolve_layout_on_rows(
+    probe: pa.Table,
+    rows: pa.Table | None,
+    where: str,
+    config: LoaderConfig,
+    columns_with_nulls: Collection[str],
+) -> ColumnLayout:
+    """The layout after a transform that needs rows, probed on the first :data:`PROBE_ROWS` of ``rows``.
+
+    ``rows`` is one partition of the query (None when the query has no rows: then the transform
+    must run on the empty ``probe``); ``where`` names it for the error note.
+
+    Raises:
+        Exception: what the transform raised, with a note naming it and ``where``.
+    """
+    transform = config.transform
+    assert transform is not None
+    names = tuple(probe.schema.names)
+    sample = probe if rows is None else _renamed(rows, names).slice(0, PROBE_ROWS)
+    try:
+        output = transform(sample)
+    except Exception as error:
+        add_note(error, f"ddbloader was probing transform {transform.name} at planning time on {where}")
+        raise
+    return _resolve(_describe(output), config, columns_with_nulls, names, transform)
+
+
+def _renamed(table: pa.Table, names: tuple[str, ...]) -> pa.Table:
+    if not names or tuple(table.column_names) == names:
+        return table
+    if table.num_columns != len(names):
+        raise ValueError(f"a partition has columns {table.column_names}, but planning saw {list(names)}")
+    return table.rename_columns(list(names))
+
+
+def _values(frame: pa.Table | Mapping[str, Any], name: str, layout: ColumnLayout) -> np.ndarray[Any, Any]:
+    """Column ``name`` of a partition (or of its transform's output) as numpy ``[rows, *shape]``."""
+    transform = layout.transform
+    origin = "the partition" if transform is None else f"transform {transform.name}"
+    if isinstance(frame, pa.Table):
+        if name not in frame.column_names:
             raise ValueError(
-                f"exclude_col names {name!r}, which is not a column of the query; columns: {schema.names}"
+                f"{origin} gave no column {name!r}, which planning saw; columns: {frame.column_names}"
             )
-    if config.input_col is not None:
-        _check_named(config.input_col, "input_col", schema)
-        x_names = [n for n in config.input_col if n not in config.exclude_col]
-    else:
-        candidates = [n for n in schema.names if n not in config.exclude_col]
-        skipped = [n for n in candidates if not _is_numeric(schema.field(n).type)]
-        if skipped:
-            warn_caller(
-                f"leaving non-numeric columns {skipped} out of x; "
-                f"name input_col or exclude_col to silence this"
-            )
-        x_names = [n for n in candidates if n not in skipped]
-        _check_named(x_names, "the query", schema)
-    if not x_names:
-        raise ValueError("x has no columns: input_col/exclude_col leave nothing to feed the model")
-    as_float64 = frozenset(
-        n
-        for n in {*x_names, *config.target_col}
-        if n in columns_with_nulls or pa.types.is_decimal(schema.field(n).type)
-    )
-
-    def column_dtype(name: str) -> np.dtype[Any]:
-        if name in as_float64:
-            return np.dtype(np.float64)
-        return np.dtype(schema.field(name).type.to_pandas_dtype())  # type: ignore[no-any-return]
-
-    x_dtype = config.x_dtype or np.result_type(*(column_dtype(n) for n in x_names))
-    y_dtype = config.y_dtype or np.result_type(*(column_dtype(n) for n in config.target_col))
-    return ColumnLayout(
-        tuple(x_names),
-        config.target_col,
-        np.dtype(x_dtype),
-        np.dtype(y_dtype),
-        as_float64,
-        tuple(schema.names),
-    )
-
-
-def _fill(out: np.ndarray[Any, Any], table: pa.Table, names: Sequence[str], layout: ColumnLayout) -> None:
-    for j, name in enumerate(names):
-        column = table.column(name)
+        column = frame.column(name)
         if name in layout.as_float64:
             column = pc.cast(column, pa.float64())
-        out[:, j] = column.to_numpy()
+        values = arrow_values(column, name, "error")
+    else:
+        if name not in frame:
+            raise ValueError(f"{origin} gave no column {name!r}, which planning saw; columns: {list(frame)}")
+        value = frame[name]
+        if isinstance(value, torch.Tensor):
+            values = value.numpy(force=True)
+        elif isinstance(value, np.ndarray):
+            values = value
+        else:
+            raise TypeError(f"{origin} gave column {name!r} as {type(value).__name__}; x and y need tensors")
+    shape = layout.column_shape(name)
+    if values.shape[1:] != shape:
+        raise ValueError(
+            f"{origin} gave column {name!r} with per-row shape {list(values.shape[1:])}, but planning saw "
+            f"{list(shape)}: every partition must give the same shape (planning probed the transform on "
+            f"the query's empty result or on a few rows of one partition)"
+        )
+    return values
+
+
+def _fill(
+    out: np.ndarray[Any, Any], frame: pa.Table | Mapping[str, Any], names: Sequence[str], layout: ColumnLayout
+) -> None:
+    rows = out.shape[0]
+    at = 0
+    for name in names:
+        values = _values(frame, name, layout)
+        width = math.prod(values.shape[1:])
+        out[:, at : at + width] = values.reshape(rows, width)
+        at += width
 
 
 def to_block(table: pa.Table, layout: ColumnLayout) -> Block:
@@ -174,20 +455,24 @@ def to_block(table: pa.Table, layout: ColumnLayout) -> Block:
 
     Columns are matched to ``layout.result_names`` by position: an engine may name the columns
     of a query differently once it is wrapped in a subquery (DuckDB renames a repeated ``a`` to
-    ``a_1``), and planning saw the wrapped names.
+    ``a_1``), and planning saw the wrapped names. The layout's transform, if any, runs first.
 
     Raises:
-        ValueError: the partition has another number of columns than planning saw.
+        ValueError: the partition has another number of columns than planning saw; the
+            transform's output lacks a planned column, changes a per-row shape, or holds NULLs
+            in a column whose dtype has no NaN.
+        Exception: what the transform raised, with a note naming it.
     """
-    if layout.result_names and tuple(table.column_names) != layout.result_names:
-        if table.num_columns != len(layout.result_names):
-            raise ValueError(
-                f"a partition has columns {table.column_names}, but planning saw {list(layout.result_names)}"
-            )
-        table = table.rename_columns(list(layout.result_names))
+    table = _renamed(table, layout.result_names)
     rows = table.num_rows
-    x = np.empty((rows, len(layout.x_names)), dtype=layout.x_dtype)
-    y = np.empty((rows, len(layout.y_names)), dtype=layout.y_dtype)
-    _fill(x, table, layout.x_names, layout)
-    _fill(y, table, layout.y_names, layout)
+    frame = table if layout.transform is None else layout.transform(table)
+    x = np.empty((rows, layout.x_features), dtype=layout.x_dtype)
+    y = np.empty((rows, layout.y_features), dtype=layout.y_dtype)
+    try:
+        _fill(x, frame, layout.x_names, layout)
+        _fill(y, frame, layout.y_names, layout)
+    except Exception as error:
+        if layout.transform is not None:
+            add_note(error, f"ddbloader was converting the output of transform {layout.transform.name}")
+        raise
     return Block(x, y)

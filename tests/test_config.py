@@ -111,7 +111,7 @@ def test_alias_plan_matches_snake_case(db: duckdb.DuckDBPyConnection) -> None:
         ("pinMemory", "pin_memory"),
         ("prefetch", "prefetchBatch"),
         ("num_workers", None),
-        ("collate_fn", None),
+        ("collate_fn", "collate"),
     ],
 )
 def test_unknown_keyword_is_refused_with_a_suggestion(

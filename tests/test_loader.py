@@ -481,9 +481,9 @@ def test_gc_running_in_the_abandoned_iterators_own_fetch_thread_does_not_stall(
         gc.collect()
         return OSError("fetch after the collection")
 
-    # one fetch thread, three partitions requested up front: the third fetch starts after the
-    # iterator is dropped and runs the collection (hence its finalizer) in that fetch thread
-    backend = faulty(series, fail_on=[3], hang_on=[3], hang_seconds=0.3, error=collect_then_fail)
+    # one fetch thread, three partitions requested up front: the third fetch hangs until well after
+    # the iterator is dropped, then runs the collection (hence its finalizer) in that fetch thread
+    backend = faulty(series, fail_on=[3], hang_on=[3], hang_seconds=0.8, error=collect_then_fail)
     loader = _shuffled(backend, shuffle=False, fetch_threads=1, group_pool_size=1, prepartition_num=3)
     backend.planning = False
     gc.disable()
@@ -491,11 +491,10 @@ def test_gc_running_in_the_abandoned_iterators_own_fetch_thread_does_not_stall(
         cycle: dict[str, Any] = {"iterator": iter(loader)}
         cycle["self"] = cycle
         next(cycle["iterator"])
-        assert backend.fetches < 3
         del cycle
         started = time.monotonic()
         assert no_threads(grace=4.0)
-        assert time.monotonic() - started < 2.0
+        assert time.monotonic() - started < 3.0
         assert backend.fetches == 3
     finally:
         gc.enable()

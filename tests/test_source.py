@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from ddbloader import DDBDataLoader
-from ddbloader.source import ColumnLayout, to_block
+from ddbloader.source import ColumnLayout, arrow_values, to_block
 
 ROWS = 6
 NULL_ROWS = (0, 3)  # rows where the nullable columns hold NULL
@@ -266,3 +266,63 @@ def test_to_block_handles_chunks_nulls_and_promotion() -> None:
     edge = block.rows_between(1, 3)
     np.testing.assert_array_equal(edge.y, [[8], [9]])
     assert not np.shares_memory(edge.x, block.x)
+
+
+# --- columns that hold a tensor per row -------------------------------------------------------
+
+ARRAYS_SQL = (
+    "SELECT [i, 10 * i]::INTEGER[2] AS v, [[i, i + 1], [i + 2, i + 3], [i + 4, i + 5]]::DOUBLE[2][3] AS m, "
+    "i * 0.5 AS f FROM range(6) r(i) ORDER BY i"
+)
+
+
+def test_array_columns_concatenate_their_features(db: duckdb.DuckDBPyConnection) -> None:
+    loader = load(db, ARRAYS_SQL, target_col="f", input_col=["v", "f"])
+    assert loader.plan.layout.x_shape == (3,)
+    x, _ = first_batch(loader)
+    assert x.dtype == torch.float64
+    assert x.tolist() == [[i, 10 * i, i * 0.5] for i in range(ROWS)]
+
+
+def test_a_matrix_column_keeps_its_shape_per_sample(db: duckdb.DuckDBPyConnection) -> None:
+    loader = load(db, ARRAYS_SQL, target_col="v", input_col="m", window_size=[2, 1])
+    assert (loader.plan.layout.x_shape, loader.plan.layout.y_shape) == ((3, 2), (2,))
+    with loader:
+        x, y = next(iter(loader))
+    assert x.shape == (4, 2, 3, 2) and y.shape == (4, 1, 2)
+    assert x[1, 1].tolist() == [[2, 3], [4, 5], [6, 7]]  # row 2 of the second sample's window
+    assert y[1, 0].tolist() == [3, 30]
+
+
+def test_a_matrix_column_must_be_the_only_column_of_its_tensor(db: duckdb.DuckDBPyConnection) -> None:
+    with pytest.raises(ValueError, match=r"x combines 'm', which holds a \[3, 2\] tensor per row"):
+        load(db, ARRAYS_SQL, target_col="f", input_col=["m", "f"])
+
+
+def test_a_null_array_row_is_refused(db: duckdb.DuckDBPyConnection) -> None:
+    sql = "SELECT CASE WHEN i = 2 THEN NULL ELSE [i, i]::INTEGER[2] END AS v, i * 1.0 AS f FROM range(4) r(i)"
+    with (
+        load(db, sql, target_col="f", input_col="v") as loader,
+        pytest.raises(ValueError, match=r"'v'.*NULL rows"),
+    ):
+        list(loader)
+
+
+def test_nulls_planning_did_not_see_are_refused_instead_of_cast_to_garbage() -> None:
+    table = pa.table({"a": pa.array([1, None], pa.int32()), "c": pa.array([7.0, 8.0])})
+    layout = ColumnLayout(("a",), ("c",), np.dtype(np.int32), np.dtype(np.float64), frozenset())
+    with pytest.raises(ValueError, match=r"column 'a' \(int32\) holds NULL values where planning saw none"):
+        to_block(table, layout)
+
+
+def test_arrow_values_reads_tensor_columns_across_chunks_and_when_empty() -> None:
+    images = np.arange(2 * 2 * 3, dtype=np.uint8).reshape(2, 2, 3)
+    chunk = pa.FixedShapeTensorArray.from_numpy_ndarray(images)
+    column = pa.chunked_array([chunk, chunk])
+    np.testing.assert_array_equal(arrow_values(column, "t", "error"), np.concatenate([images, images]))
+    empty = arrow_values(pa.chunked_array([], column.type), "t", "error")
+    assert empty.shape == (0, 2, 3) and empty.dtype == np.uint8
+    lists = pa.chunked_array([pa.array([[1, None]], pa.list_(pa.int64(), 2))])
+    np.testing.assert_array_equal(arrow_values(lists, "l", "nan"), [[1.0, np.nan]])
+    with pytest.raises(ValueError, match="holds NULL values"):
+        arrow_values(lists, "l", "error")
