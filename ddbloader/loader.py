@@ -265,6 +265,8 @@ class DDBDataLoader:
         args = resolve_aliases(explicit, _DEFAULTS, aliases, self._given_arguments)
         self.config = normalise_config(args)
         self.sharding = resolve_sharding(rank, world_size, even_batches)
+        if not isinstance(progress, bool):
+            raise TypeError(f"progress must be a bool, got {type(progress).__name__} {progress!r}")
         if args["seed"] is None:
             shared = agree_seed(self.config.seed, self.sharding, self.config.shuffle)
             self.config = dataclasses.replace(self.config, seed=shared)

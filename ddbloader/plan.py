@@ -26,7 +26,13 @@ from .query import (
     Query,
     UserQuery,
 )
-from .source import ColumnLayout, nullable_candidates, resolve_layout, resolve_layout_on_rows
+from .source import (
+    ColumnLayout,
+    floating_columns,
+    nullable_candidates,
+    resolve_layout,
+    resolve_layout_on_rows,
+)
 from .window import WindowGeometry
 
 if TYPE_CHECKING:
@@ -89,6 +95,17 @@ class QueryPlan:
     @property
     def partitions(self) -> int:
         return sum(len(g.partitions) for g in self.groups)
+
+
+def _refuse_all_null(cursor: Cursor, query: Query, nulls: dict[str, int]) -> None:
+    """A column of x or y that is NULL in every row would feed only NaN: refuse it by name."""
+    total = int(_run(cursor, query.count(query.text), "counting rows").column(ROWS_ALIAS)[0].as_py())
+    empty = sorted(name for name, count in nulls.items() if total and count == total)
+    if empty:
+        raise ValueError(
+            f"column(s) {empty} are NULL in every one of the query's {total} rows, so they would feed "
+            f"only NaN; leave them out (exclude_col) or fix the query"
+        )
 
 
 def _run(cursor: Cursor, sql: str, purpose: str, params: Sequence[Any] = ()) -> pa.Table:
@@ -175,10 +192,13 @@ def build_plan(backend: Backend, sql: str, config: LoaderConfig, progress: bool 
         schema = probe.schema
         names = {*(config.input_col or schema.names), *config.target_col}
         candidates = nullable_candidates(schema, names)
+        checked = [*candidates, *floating_columns(schema, names)]
         with_nulls: set[str] = set()
-        if candidates:
-            counts = _run(cursor, query.null_counts(candidates), "counting nulls").to_pylist()[0]
-            with_nulls = {name for name, nulls in counts.items() if nulls}
+        if checked:
+            counts = _run(cursor, query.null_counts(checked), "counting nulls").to_pylist()[0]
+            with_nulls = {name for name in candidates if counts[name]}
+            if any(counts.values()):
+                _refuse_all_null(cursor, query, counts)
         planned = resolve_layout(probe, config, with_nulls)
         partition_sql = query.filtered([k.expression for k in keys])
         cells = _cells(cursor, query, keys, partition_sql, lost)

@@ -226,6 +226,17 @@ def arrow_values(column: pa.ChunkedArray, name: str, nulls: Literal["nan", "erro
     return np.asarray(flat.to_numpy(zero_copy_only=False)).reshape(rows, *kind.shape)
 
 
+def floating_columns(schema: pa.Schema, names: Collection[str]) -> list[str]:
+    """Float and decimal columns among ``names``: their nulls become NaN without a dtype change."""
+    return [
+        field.name
+        for field in schema
+        if field.name in names
+        and schema.names.count(field.name) == 1
+        and (pa.types.is_floating(field.type) or pa.types.is_decimal(field.type))
+    ]
+
+
 def nullable_candidates(schema: pa.Schema, names: Collection[str]) -> list[str]:
     """Columns among ``names`` whose dtype changes if they hold nulls (integers and booleans)."""
     # Fields by position: a name the query returns twice is reported by resolve_columns, not here.

@@ -223,14 +223,8 @@ WRONG_TYPES: list[Case] = [
         series(progress="yes"),
         TypeError,
         r"progress must be a bool",
-        (pytest.mark.xfail(reason="progress= is not validated yet: 'yes' is accepted (see the report)"),),
     ),
 ]
-
-ALL_NULL = pytest.mark.xfail(
-    strict=True,
-    reason="a named column that is NULL in every row is fed as NaN without a word (see the report)",
-)
 
 #: Bad columns, schemes, windows, queries and sources.
 BAD_DATA: list[Case] = [
@@ -291,8 +285,8 @@ BAD_DATA: list[Case] = [
     Case("timestamp column", mixed(input_col=["ts"]), TypeError, r"input_col names 'ts' of type timestamp"),
     Case("date column", mixed(input_col=["d"]), TypeError, r"input_col names 'd' of type date32"),
     Case("blob column", mixed(input_col=["i", "b"]), TypeError, r"input_col names 'b' of type binary"),
-    Case("all-null input column", mixed(input_col=["i", "n"]), ValueError, r"'n'.*NULL", (ALL_NULL,)),
-    Case("all-null target column", mixed(target_col="n"), ValueError, r"'n'.*NULL", (ALL_NULL,)),
+    Case("all-null input column", mixed(input_col=["i", "n"]), ValueError, r"'n'.*NULL"),
+    Case("all-null target column", mixed(target_col="n"), ValueError, r"'n'.*NULL"),
     Case(
         "empty group_scheme", series(group_col="gid", group_scheme=[]), ValueError, r"group_scheme is empty"
     ),
