@@ -416,29 +416,23 @@ def _renamed(table: pa.Table, names: tuple[str, ...]) -> pa.Table:
     return table.rename_columns(list(names))
 
 
-def _values(frame: pa.Table | Mapping[str, Any], name: str, layout: ColumnLayout) -> np.ndarray[Any, Any]:
+def _values(frame: Mapping[str, Any], name: str, layout: ColumnLayout) -> np.ndarray[Any, Any]:
     """Column ``name`` of a partition (or of its transform's output) as numpy ``[rows, *shape]``."""
     transform = layout.transform
     origin = "the partition" if transform is None else f"transform {transform.name}"
-    if isinstance(frame, pa.Table):
-        if name not in frame.column_names:
-            raise ValueError(
-                f"{origin} gave no column {name!r}, which planning saw; columns: {frame.column_names}"
-            )
-        column = frame.column(name)
+    if name not in frame:
+        raise ValueError(f"{origin} gave no column {name!r}, which planning saw; columns: {list(frame)}")
+    value = frame[name]
+    if isinstance(value, pa.ChunkedArray):
         if name in layout.as_float64:
-            column = pc.cast(column, pa.float64())
-        values = arrow_values(column, name, "error")
+            value = pc.cast(value, pa.float64())
+        values = arrow_values(value, name, "error")
+    elif isinstance(value, torch.Tensor):
+        values = value.numpy(force=True)
+    elif isinstance(value, np.ndarray):
+        values = value
     else:
-        if name not in frame:
-            raise ValueError(f"{origin} gave no column {name!r}, which planning saw; columns: {list(frame)}")
-        value = frame[name]
-        if isinstance(value, torch.Tensor):
-            values = value.numpy(force=True)
-        elif isinstance(value, np.ndarray):
-            values = value
-        else:
-            raise TypeError(f"{origin} gave column {name!r} as {type(value).__name__}; x and y need tensors")
+        raise TypeError(f"{origin} gave column {name!r} as {type(value).__name__}; x and y need tensors")
     shape = layout.column_shape(name)
     if values.shape[1:] != shape:
         raise ValueError(
@@ -454,8 +448,12 @@ def _fill(
 ) -> None:
     rows = out.shape[0]
     at = 0
+    # by name once per partition: a Table's own name lookups scan every column (O(F²) per block)
+    columns = (
+        dict(zip(frame.column_names, frame.columns, strict=True)) if isinstance(frame, pa.Table) else frame
+    )
     for name in names:
-        values = _values(frame, name, layout)
+        values = _values(columns, name, layout)
         width = math.prod(values.shape[1:])
         out[:, at : at + width] = values.reshape(rows, width)
         at += width
