@@ -15,8 +15,10 @@ Drivers are imported only when a source needs them, so ddbloader works without a
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
+from duckdb import ConnectionException as DuckDBConnectionClosed
 from duckdb import DuckDBPyConnection
 
 from .adbc import POSTGRES_SCHEMES, ADBCBackend, is_adbc_connection
@@ -90,7 +92,7 @@ def _from_factory(factory: Any) -> Backend:
 
     if isinstance(first, DuckDBPyConnection):
         # DuckDB cursors share one database: the first connection is the only one needed.
-        return _Owning(DuckDBBackend(first), first)
+        return _Owning(DuckDBBackend(first), first, factory)
     if is_adbc_connection(first):
         return ADBCBackend(replay)
     if is_dolphindb_session(first):
@@ -107,17 +109,35 @@ def _from_factory(factory: Any) -> Backend:
 
 
 class _Owning:
-    """A DuckDB backend over a connection a factory made: closing the backend closes it."""
+    """A DuckDB backend over a connection a factory made: closing the backend closes it.
 
-    def __init__(self, inner: DuckDBBackend, connection: Any) -> None:
+    When that connection has been closed under it, the next ``cursor()`` opens a new one through
+    the factory, and a closed-connection error counts as transient, so the fetch is retried on
+    the new connection. Thread-safe.
+    """
+
+    def __init__(self, inner: DuckDBBackend, connection: Any, factory: Any) -> None:
         self._inner = inner
         self._connection = connection
+        self._factory = factory
+        self._lock = threading.Lock()
         self.dialect = inner.dialect
         self.engine = inner.engine
 
     def cursor(self) -> Cursor:
-        return self._inner.cursor()
+        with self._lock:
+            try:
+                return self._inner.cursor()
+            except DuckDBConnectionClosed:
+                self._connection = self._factory()
+                self._inner = DuckDBBackend(self._connection)
+                return self._inner.cursor()
+
+    @staticmethod
+    def is_transient(error: BaseException) -> bool:
+        return isinstance(error, DuckDBConnectionClosed)
 
     def close(self) -> None:
-        self._inner.close()
-        self._connection.close()
+        with self._lock:
+            self._inner.close()
+            self._connection.close()
