@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -226,27 +226,25 @@ def arrow_values(column: pa.ChunkedArray, name: str, nulls: Literal["nan", "erro
     return np.asarray(flat.to_numpy(zero_copy_only=False)).reshape(rows, *kind.shape)
 
 
-def floating_columns(schema: pa.Schema, names: Collection[str]) -> list[str]:
-    """Float and decimal columns among ``names``: their nulls become NaN without a dtype change."""
-    return [
-        field.name
-        for field in schema
-        if field.name in names
-        and schema.names.count(field.name) == 1
-        and (pa.types.is_floating(field.type) or pa.types.is_decimal(field.type))
-    ]
-
-
-def nullable_candidates(schema: pa.Schema, names: Collection[str]) -> list[str]:
-    """Columns among ``names`` whose dtype changes if they hold nulls (integers and booleans)."""
+def _columns_where(
+    schema: pa.Schema, names: Collection[str], kind: Callable[[pa.DataType], bool]
+) -> list[str]:
     # Fields by position: a name the query returns twice is reported by resolve_columns, not here.
     return [
         field.name
         for field in schema
-        if field.name in names
-        and schema.names.count(field.name) == 1
-        and (pa.types.is_integer(field.type) or pa.types.is_boolean(field.type))
+        if field.name in names and schema.names.count(field.name) == 1 and kind(field.type)
     ]
+
+
+def floating_columns(schema: pa.Schema, names: Collection[str]) -> list[str]:
+    """Float and decimal columns among ``names``: their nulls become NaN without a dtype change."""
+    return _columns_where(schema, names, lambda t: pa.types.is_floating(t) or pa.types.is_decimal(t))
+
+
+def nullable_candidates(schema: pa.Schema, names: Collection[str]) -> list[str]:
+    """Columns among ``names`` whose dtype changes if they hold nulls (integers and booleans)."""
+    return _columns_where(schema, names, lambda t: pa.types.is_integer(t) or pa.types.is_boolean(t))
 
 
 def _check_named(
