@@ -26,13 +26,7 @@ from .query import (
     Query,
     UserQuery,
 )
-from .source import (
-    ColumnLayout,
-    floating_columns,
-    nullable_candidates,
-    resolve_layout,
-    resolve_layout_on_rows,
-)
+from .source import ColumnLayout, nullable_candidates, resolve_layout, resolve_layout_on_rows
 from .window import WindowGeometry
 
 if TYPE_CHECKING:
@@ -191,13 +185,14 @@ def build_plan(backend: Backend, sql: str, config: LoaderConfig, progress: bool 
         probe = _run(cursor, query.schema(), "reading the result schema")
         schema = probe.schema
         names = {*(config.input_col or schema.names), *config.target_col}
+        # Only integer and boolean columns change dtype with nulls, so only they are scanned at
+        # planning (a full pass over the query); an all-NULL one of them is refused by name.
         candidates = nullable_candidates(schema, names)
-        checked = [*candidates, *floating_columns(schema, names)]
         with_nulls: set[str] = set()
-        if checked:
-            counts = _run(cursor, query.null_counts(checked), "counting nulls").to_pylist()[0]
+        if candidates:
+            counts = _run(cursor, query.null_counts(candidates), "counting nulls").to_pylist()[0]
             with_nulls = {name for name in candidates if counts[name]}
-            if any(counts.values()):
+            if with_nulls:
                 _refuse_all_null(cursor, query, counts)
         planned = resolve_layout(probe, config, with_nulls)
         partition_sql = query.filtered([k.expression for k in keys])

@@ -237,11 +237,6 @@ def _columns_where(
     ]
 
 
-def floating_columns(schema: pa.Schema, names: Collection[str]) -> list[str]:
-    """Float and decimal columns among ``names``: their nulls become NaN without a dtype change."""
-    return _columns_where(schema, names, lambda t: pa.types.is_floating(t) or pa.types.is_decimal(t))
-
-
 def nullable_candidates(schema: pa.Schema, names: Collection[str]) -> list[str]:
     """Columns among ``names`` whose dtype changes if they hold nulls (integers and booleans)."""
     return _columns_where(schema, names, lambda t: pa.types.is_integer(t) or pa.types.is_boolean(t))
