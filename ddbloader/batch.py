@@ -8,16 +8,15 @@ device, or on the device itself when the windows are built there (``window_on_de
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
 
-import numpy as np
 import torch
 
+from .dtypes import torch_dtype
 from .manager import Piece, Segment
 from .source import ColumnLayout
 from .window import WindowGeometry
 
-__all__ = ["WindowSource", "batch_count", "gather", "torch_dtype"]
+__all__ = ["WindowSource", "batch_count", "gather"]
 
 #: A segment's ``(x_windows, y_windows)``, wherever they live (see :class:`~ddbloader.manager.Segment`).
 WindowSource = Callable[[Segment], tuple[torch.Tensor, torch.Tensor]]
@@ -26,11 +25,6 @@ WindowSource = Callable[[Segment], tuple[torch.Tensor, torch.Tensor]]
 def batch_count(samples: int, batch_size: int, drop_last: bool) -> int:
     """Batches in an epoch of ``samples`` samples, as torch's DataLoader counts them."""
     return samples // batch_size if drop_last else -(-samples // batch_size)
-
-
-def torch_dtype(dtype: np.dtype[Any]) -> torch.dtype:
-    """The torch dtype of a numpy dtype."""
-    return torch.from_numpy(np.empty(0, dtype=dtype)).dtype
 
 
 def _host_windows(segment: Segment) -> tuple[torch.Tensor, torch.Tensor]:

@@ -16,6 +16,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
+from .dtypes import numpy_dtype
 from .transforms import Pipeline, as_pipeline
 
 __all__ = ["DDB_ALIASES", "LoaderConfig", "SchemeValues", "normalise_config", "resolve_aliases"]
@@ -196,15 +197,12 @@ def _numpy_dtype(dtype: Any, parameter: str) -> np.dtype[Any] | None:
     if dtype is None:
         return None
     try:
-        if isinstance(dtype, torch.dtype):
-            numpy_dtype: np.dtype[Any] = np.dtype(torch.empty(0, dtype=dtype).numpy().dtype)
-        else:
-            numpy_dtype = np.dtype(dtype)
+        translated = numpy_dtype(dtype)
     except (TypeError, RuntimeError) as exc:
         raise TypeError(f"{parameter}={dtype!r} has no numpy equivalent; use e.g. torch.float32") from exc
-    if numpy_dtype.kind not in "biuf":
+    if translated.kind not in "biuf":
         raise TypeError(f"{parameter}={dtype!r} is not a numeric dtype; use e.g. torch.float32")
-    return numpy_dtype
+    return translated
 
 
 def _dtypes(dtype: Any) -> tuple[np.dtype[Any] | None, np.dtype[Any] | None]:

@@ -53,7 +53,8 @@ import sqlglot
 import torch
 from sqlglot import exp
 
-from .backends import Backend, connect
+from .backends import Backend, connect, is_backend
+from .dtypes import numpy_dtype, torch_dtype
 from .errors import add_note
 from .query import UserQuery
 from .source import arrow_column_type, arrow_values
@@ -254,13 +255,6 @@ def tensors(function: Callable[[Columns], Columns]) -> Callable[[Columns], Colum
     return _TensorStep(function)
 
 
-def _numpy_dtype(dtype: Any) -> np.dtype[Any]:
-    if isinstance(dtype, torch.dtype):
-        dtype = torch.empty(0, dtype=dtype).numpy().dtype
-    result: np.dtype[Any] = np.dtype(dtype)
-    return result
-
-
 def _column(frame: Frame, name: str, helper: object) -> Any:
     names = frame.column_names if isinstance(frame, pa.Table) else list(frame)
     if name not in names:
@@ -299,7 +293,7 @@ class OneHot:
         self.column = column
         self.num_classes = num_classes
         self.name = name or column
-        self.dtype = _numpy_dtype(dtype)
+        self.dtype = numpy_dtype(dtype)
 
     def __repr__(self) -> str:
         suffix = f", name={self.name!r}" if self.name != self.column else ""
@@ -346,10 +340,6 @@ class Stats(NamedTuple):
     n: int
 
 
-def _is_backend(source: Any) -> bool:
-    return all(hasattr(source, a) for a in ("cursor", "dialect", "engine", "close"))
-
-
 def column_stats(source: Any, sql: str, columns: str | Sequence[str]) -> dict[str, Stats]:
     """Mean and standard deviation of ``columns`` over the whole query, in ONE aggregate query.
 
@@ -367,7 +357,7 @@ def column_stats(source: Any, sql: str, columns: str | Sequence[str]) -> dict[st
     names = [columns] if isinstance(columns, str) else list(columns)
     if not names:
         raise ValueError("column_stats needs at least one column")
-    owned = not _is_backend(source)
+    owned = not is_backend(source)
     backend: Backend = connect(source)
     try:
         if callable(getattr(backend, "query", None)):
@@ -455,7 +445,7 @@ class Cast:
     accepts: Accepts = "any"
 
     def __init__(self, dtype: Any, columns: Sequence[str] | None) -> None:
-        self.dtype = _numpy_dtype(dtype)
+        self.dtype = numpy_dtype(dtype)
         if self.dtype.kind not in "biuf":
             raise TypeError(f"cast: {dtype!r} is not a numeric dtype")
         self.columns = None if columns is None else list(columns)
@@ -480,12 +470,12 @@ class Cast:
                     table = table.set_column(index, name, pc.cast(column, target, safe=False))
             return table
         out: Columns = dict(frame)
-        torch_dtype = torch.from_numpy(np.empty(0, dtype=self.dtype)).dtype
+        target_dtype = torch_dtype(self.dtype)
         names = self.columns or [n for n, v in out.items() if isinstance(v, (torch.Tensor, np.ndarray))]
         for name in names:
             value = _column(out, name, self)
             out[name] = (value if isinstance(value, torch.Tensor) else _tensor(np.asarray(value))).to(
-                torch_dtype
+                target_dtype
             )
         return out
 

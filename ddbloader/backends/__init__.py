@@ -36,12 +36,18 @@ __all__ = [
     "DuckDBBackend",
     "Retry",
     "connect",
+    "is_backend",
     "redact_uri",
 ]
 
 
 def _is_dbapi_connection(source: Any) -> bool:
     return all(callable(getattr(source, name, None)) for name in ("cursor", "commit", "close"))
+
+
+def is_backend(source: Any) -> bool:
+    """True for an object that already implements :class:`Backend` (used as it is)."""
+    return all(hasattr(source, attribute) for attribute in ("cursor", "dialect", "engine", "close"))
 
 
 def connect(source: Any) -> Backend:
@@ -56,7 +62,7 @@ def connect(source: Any) -> Backend:
         FileNotFoundError: a DuckDB database path that does not exist.
         ImportError: the driver a URI needs is not installed.
     """
-    if all(hasattr(source, attribute) for attribute in ("cursor", "dialect", "engine", "close")):
+    if is_backend(source):
         return source  # type: ignore[no-any-return]
     if isinstance(source, str) and source.startswith(POSTGRES_SCHEMES):
         return ADBCBackend(source)
