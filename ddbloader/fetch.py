@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from .backends import Backend, Cursor, redact_uri
+from .backends.base import backoff_delay
 from .errors import add_note
 from .plan import PartitionSpec
 from .prefetch import POLL_SECONDS, Pending, Stopped, ThreadFailure, join_all, start_thread
@@ -55,7 +56,7 @@ class RetryPolicy:
 
     def delay(self, attempt: int) -> float:
         """Seconds to wait after failed attempt ``attempt`` (1-based) before the next one."""
-        return float(min(self.backoff * 2 ** (attempt - 1), MAX_BACKOFF_SECONDS))
+        return backoff_delay(self.backoff, attempt, MAX_BACKOFF_SECONDS)
 
 
 def is_transient(backend: Backend, error: BaseException) -> bool:

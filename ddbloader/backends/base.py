@@ -23,7 +23,7 @@ import pyarrow as pa
 
 from ..errors import add_note
 
-__all__ = ["Backend", "Cursor", "Retry", "describe_uri", "redact_uri"]
+__all__ = ["Backend", "Cursor", "Retry", "backoff_delay", "describe_uri", "redact_uri"]
 
 T = TypeVar("T")
 
@@ -59,6 +59,11 @@ class Backend(Protocol):
     def close(self) -> None:
         """Close what this backend opened itself (not a connection the user passed in)."""
         ...
+
+
+def backoff_delay(backoff: float, attempt: int, cap: float) -> float:
+    """Exponential backoff: seconds to wait after failed attempt ``attempt`` (1-based)."""
+    return float(min(backoff * 2 ** (attempt - 1), cap))
 
 
 @dataclass(frozen=True)
@@ -101,7 +106,7 @@ class Retry:
                         add_note(error, f"ddbloader gave up after {attempt} attempts (network errors)")
                     raise
                 reset()
-                if stop.wait(min(self.backoff * 2 ** (attempt - 1), self.max_backoff)):
+                if stop.wait(backoff_delay(self.backoff, attempt, self.max_backoff)):
                     raise
         raise AssertionError("unreachable: the last attempt returns or raises")
 
