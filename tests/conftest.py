@@ -146,6 +146,16 @@ def faulty() -> Callable[..., FaultyBackend]:
     return make
 
 
+def wait_until(condition: Callable[[], bool], seconds: float = 5.0, poll: float = 0.005) -> bool:
+    """True once ``condition()`` holds, False if it still does not after ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(poll)
+    return True
+
+
 def live_threads() -> list[str]:
     """Names of ddbloader's threads still alive."""
     return [t.name for t in threading.enumerate() if t.name.startswith("ddbloader")]

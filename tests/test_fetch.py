@@ -14,7 +14,7 @@ from typing import Any
 import duckdb
 import numpy as np
 import pytest
-from conftest import SERIES_SQL, FaultyBackend, make_series
+from conftest import SERIES_SQL, FaultyBackend, make_series, wait_until
 
 from ddbloader import DDBDataLoader
 from ddbloader.backends import DuckDBBackend
@@ -30,15 +30,6 @@ PARTS = [[3, 2], [4, 1, 2]]
 
 def _fetch_threads() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name.startswith("ddbloader-fetch")]
-
-
-def _wait_until(condition: Callable[[], bool], seconds: float = 5.0) -> bool:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.005)
-    return True
 
 
 @pytest.fixture
@@ -128,7 +119,7 @@ def test_close_with_pending_tasks_cancels_the_unstarted_ones(
     fetcher = Fetcher(backend, plan.layout, 1)
     specs = _specs(plan)
     results = [fetcher.submit(spec) for spec in specs]
-    assert _wait_until(lambda: backend.fetches == 1)
+    assert wait_until(lambda: backend.fetches == 1)
     started = time.monotonic()
     fetcher.close()
     fetcher.close()
@@ -167,7 +158,7 @@ def test_idle_close_wakes_the_threads_instead_of_waiting_out_their_poll(
     elapsed = 0.0
     for _ in range(10):
         fetcher = Fetcher(DuckDBBackend(con), plan.layout, 4)
-        assert _wait_until(lambda: len(_fetch_threads()) == 4)
+        assert wait_until(lambda: len(_fetch_threads()) == 4)
         started = time.monotonic()
         fetcher.close()
         elapsed += time.monotonic() - started
@@ -417,7 +408,7 @@ def test_close_during_a_backoff_wait_stops_at_once(con: duckdb.DuckDBPyConnectio
     backend = CountingBackend(DuckDBBackend(con), fail_on=[1], error=lambda: ConnectionResetError("x"))
     fetcher = Fetcher(backend, plan.layout, 1, retry=RetryPolicy(retries=2, backoff=20.0))
     pending = fetcher.submit(_specs(plan)[0])
-    assert _wait_until(lambda: backend.fetches == 1)
+    assert wait_until(lambda: backend.fetches == 1)
     time.sleep(0.05)
     started = time.monotonic()
     fetcher.close()

@@ -21,7 +21,7 @@ from typing import Any
 import duckdb
 import pytest
 import torch
-from conftest import SERIES_SQL, FaultyBackend, live_threads, make_series
+from conftest import SERIES_SQL, FaultyBackend, live_threads, make_series, wait_until
 
 from ddbloader import DDBDataLoader
 
@@ -37,12 +37,7 @@ def rid(group: int, position: int) -> float:
 
 def no_threads(grace: float = 2.0) -> bool:
     """True once no ddbloader thread is alive, allowing ``grace`` seconds for joins to finish."""
-    deadline = time.monotonic() + grace
-    while live_threads():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
+    return wait_until(lambda: not live_threads(), grace, poll=0.01)
 
 
 def f0_loader(con: duckdb.DuckDBPyConnection, **kwargs: Any) -> DDBDataLoader:

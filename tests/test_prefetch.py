@@ -9,6 +9,7 @@ import traceback
 from collections.abc import Callable, Iterator
 
 import pytest
+from conftest import wait_until
 
 from ddbloader.prefetch import (
     Pending,
@@ -25,15 +26,6 @@ pytestmark = pytest.mark.timeout(30)
 
 class ProducerError(Exception):
     """A failure only the producer raises."""
-
-
-def _wait_until(condition: Callable[[], bool], seconds: float = 5.0) -> bool:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.005)
-    return True
 
 
 class Recorder:
@@ -70,7 +62,7 @@ def test_yields_every_item_in_order(depth: int) -> None:
     assert producer.finalised.is_set()
     with pytest.raises(StopIteration):
         next(prefetcher)
-    assert _wait_until(lambda: not _named("ddbloader-test-order"), 2)
+    assert wait_until(lambda: not _named("ddbloader-test-order"), 2)
 
 
 def test_depth_zero_runs_in_the_consumer_thread() -> None:
@@ -113,7 +105,7 @@ def test_producer_error_reraised_with_type_note_and_frames(depth: int) -> None:
     assert producer.finalised.is_set()
     with pytest.raises(StopIteration):
         next(prefetcher)
-    assert _wait_until(lambda: not _named("ddbloader-test-error"), 2)
+    assert wait_until(lambda: not _named("ddbloader-test-error"), 2)
 
 
 def test_base_exception_from_the_producer_travels_too() -> None:
@@ -125,13 +117,13 @@ def test_base_exception_from_the_producer_travels_too() -> None:
     assert next(prefetcher) == 1
     with pytest.raises(KeyboardInterrupt):
         next(prefetcher)
-    assert _wait_until(lambda: not _named("ddbloader-test-base"), 2)
+    assert wait_until(lambda: not _named("ddbloader-test-base"), 2)
 
 
 def test_close_while_the_producer_is_blocked_on_a_full_queue() -> None:
     producer = Recorder(count=None)
     prefetcher: Prefetcher[int] = Prefetcher(producer, depth=1, name="ddbloader-test-full", timeout=5)
-    assert _wait_until(lambda: producer.produced == 2)
+    assert wait_until(lambda: producer.produced == 2)
     time.sleep(0.2)
     assert producer.produced == 2, "the producer should be blocked on the full queue"
     (thread,) = _named("ddbloader-test-full")
@@ -300,8 +292,8 @@ def test_close_from_a_worker_thread_stops_without_joining() -> None:
     start_thread(close_in_worker, name="ddbloader-test-closer").join(5)
     assert took and took[0] < 0.3
     assert not finished.is_set()
-    assert _wait_until(finished.is_set, 3)
-    assert _wait_until(lambda: not _named("ddbloader-test-gc"), 2)
+    assert wait_until(finished.is_set, 3)
+    assert wait_until(lambda: not _named("ddbloader-test-gc"), 2)
 
 
 def test_join_all_gives_up_on_a_stuck_thread_and_says_so(caplog: pytest.LogCaptureFixture) -> None:

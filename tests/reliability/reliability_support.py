@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-import time
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
@@ -24,6 +23,7 @@ import duckdb
 import pyarrow as pa
 import pytest
 import torch
+from conftest import wait_until
 
 from ddbloader.backends import Backend, Cursor
 
@@ -79,12 +79,7 @@ def loader_threads() -> list[threading.Thread]:
 
 def settle(grace: float = 3.0) -> bool:
     """True once no ddbloader thread is alive, allowing ``grace`` seconds for joins to end."""
-    deadline = time.monotonic() + grace
-    while loader_threads():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.002)
-    return True
+    return wait_until(lambda: not loader_threads(), grace, poll=0.002)
 
 
 # --- sample identities ---------------------------------------------------------------------------
