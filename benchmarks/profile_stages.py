@@ -37,7 +37,8 @@ _STAGES = [
     ("ddbloader.fetch", "to_block", "Arrow -> row-major block"),
     ("ddbloader.manager", "Pending.wait", "assembler waits for a partition"),
     ("ddbloader.manager", "GroupPool.take", "pool draws a batch's samples"),
-    ("ddbloader.loader", "gather", "gather a batch (index_select)"),
+    ("ddbloader.device", "gather", "gather a batch (row take)"),
+    ("ddbloader.prefetch", "_put", "assembler hands a batch over"),
 ]
 
 

@@ -24,7 +24,6 @@ tensors that have shapes but no data (the byte count is what a real device would
 from __future__ import annotations
 
 import contextlib
-import functools
 import weakref
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -37,7 +36,7 @@ from .errors import add_note
 from .manager import Piece, Segment
 from .source import ColumnLayout
 from .transforms import step_name
-from .window import WindowGeometry, window_view
+from .window import WindowGeometry
 
 __all__ = ["Batch", "DeviceStage", "Staged"]
 
@@ -98,8 +97,7 @@ class DeviceStage:
         self._batches += 1
         with self._side_stream():
             if self.window_on_device:
-                windows = functools.partial(self._resident_windows, geometry)
-                x, y = gather(pieces, geometry, layout, False, device=self.device, windows=windows)
+                x, y = gather(pieces, geometry, layout, False, device=self.device, rows=self._resident_rows)
                 x, y = self._collate(x, y)
             else:
                 x, y = self._collate(*gather(pieces, geometry, layout, self.pin))
@@ -148,13 +146,10 @@ class DeviceStage:
         self.bytes_to_device += tensor.nbytes
         return tensor.to(self.device, non_blocking=self.pin)
 
-    def _resident_windows(self, geometry: WindowGeometry, segment: Segment) -> Batch:
-        """The segment's window views on the device, its rows shipped on first use."""
+    def _resident_rows(self, segment: Segment) -> Batch:
+        """The segment's rows on the device, shipped on first use."""
         cached = self._resident.get(segment)
         if cached is None:
-            x, y = self._ship(segment.x_rows), self._ship(segment.y_rows)
-            if geometry.windowed:
-                x, y = window_view(x, geometry.x_window), window_view(y, geometry.y_window)
-            cached = (x, y)
+            cached = (self._ship(segment.x_rows), self._ship(segment.y_rows))
             self._resident[segment] = cached
         return cached

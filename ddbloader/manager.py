@@ -28,28 +28,21 @@ from .prefetch import Pending
 from .shard import EvenBatches, WorkUnit, split_units
 from .shuffle import Purpose, draw_sources, generator, sample_order, visit_order
 from .source import Block
-from .window import WindowGeometry, window_view
+from .window import WindowGeometry
 
 __all__ = ["GroupPool", "GroupStream", "PartitionGauge", "Piece", "Segment", "epoch_units"]
 
 
 class Segment:
-    """Contiguous rows of one group with their window views. Read-only.
+    """Contiguous rows of one group: x ``[rows, Fx]`` and y ``[rows, Fy]``, row-major. Read-only.
 
-    ``x_windows[k]`` is sample-start row ``k``'s x (``[x_window, Fx]``, or ``[Fx]`` unwindowed);
-    ``y_windows[k]`` likewise for y. ``x_rows`` / ``y_rows`` are the rows themselves (``[rows, F]``),
-    which ``window_on_device`` ships to the device once to build the same views there.
+    Sample windows are cut from these rows at gather time (see :func:`~ddbloader.batch.gather`);
+    ``window_on_device`` ships them to the device once and cuts the windows there.
     """
 
-    def __init__(self, block: Block, geometry: WindowGeometry) -> None:
-        x = torch.from_numpy(block.x)
-        y = torch.from_numpy(block.y)
-        self.x_rows, self.y_rows = x, y
-        if geometry.windowed:
-            self.x_windows = window_view(x, geometry.x_window)
-            self.y_windows = window_view(y, geometry.y_window)
-        else:
-            self.x_windows, self.y_windows = x, y
+    def __init__(self, block: Block) -> None:
+        self.x_rows = torch.from_numpy(block.x)
+        self.y_rows = torch.from_numpy(block.y)
 
 
 @dataclass(frozen=True)
@@ -211,7 +204,7 @@ class GroupStream:
             self._steps_taken,
         )
         self._steps_taken += 1
-        segment = Segment(Block.concatenate([*left, block, *right]), self._geometry)
+        segment = Segment(Block.concatenate([*left, block, *right]))
         return _Step(segment, lo, order)
 
     def _gather_edges(self, position: int, direction: int, rows: int) -> list[Block]:

@@ -68,8 +68,8 @@ def test_gather_windowed(x_dtype: Any, y_dtype: Any) -> None:
     geometry = WindowGeometry(x_window=3, y_window=2, stride=1, offset=4, windowed=True)
     first, second = block(9, 2, 1, x_dtype, y_dtype, 0), block(7, 2, 1, x_dtype, y_dtype, 1000)
     pieces = [
-        piece(Segment(first, geometry), [3, 0]),
-        piece(Segment(second, geometry), [1]),
+        piece(Segment(first), [3, 0]),
+        piece(Segment(second), [1]),
     ]
     x, y = gather(pieces, geometry, layout(2, 1, x_dtype, y_dtype), pin=False)
     assert x.shape == (3, 3, 2)
@@ -89,7 +89,7 @@ def test_gather_windowed(x_dtype: Any, y_dtype: Any) -> None:
 def test_gather_unwindowed_with_offset() -> None:
     geometry = WindowGeometry(x_window=1, y_window=1, stride=1, offset=2, windowed=False)
     rows = block(6, 3, 2, np.float64, np.float64, 0)
-    x, y = gather([piece(Segment(rows, geometry), [0, 3, 1])], geometry, layout(3, 2, "f8", "f8"), pin=False)
+    x, y = gather([piece(Segment(rows), [0, 3, 1])], geometry, layout(3, 2, "f8", "f8"), pin=False)
     assert x.shape == (3, 3)
     assert y.shape == (3, 2)
     assert np.array_equal(x.numpy(), rows.x[[0, 3, 1]])
@@ -99,14 +99,14 @@ def test_gather_unwindowed_with_offset() -> None:
 def test_gather_copies_out_of_the_segments() -> None:
     geometry = WindowGeometry(x_window=2, y_window=1, stride=1, offset=2, windowed=True)
     rows = block(5, 1, 1, np.float32, np.float32, 0)
-    segment = Segment(rows, geometry)
+    segment = Segment(rows)
     x, y = gather([piece(segment, [0, 1])], geometry, layout(1, 1, "f4", "f4"), pin=False)
     before = x.clone(), y.clone()
     rows.x[:] = -1
     rows.y[:] = -1
     assert torch.equal(x, before[0])
     assert torch.equal(y, before[1])
-    assert segment.x_windows[0, 0, 0].item() == -1  # the segment itself views the block
+    assert segment.x_rows[0, 0].item() == -1  # the segment itself views the block
 
 
 def test_gather_nothing() -> None:
@@ -121,7 +121,7 @@ def test_gather_nothing() -> None:
 def test_gather_pins_when_asked() -> None:
     geometry = WindowGeometry(x_window=1, y_window=1, stride=1, offset=0, windowed=False)
     rows = block(3, 1, 1, np.float32, np.float32, 0)
-    x, y = gather([piece(Segment(rows, geometry), [2])], geometry, layout(1, 1, "f4", "f4"), pin=True)
+    x, y = gather([piece(Segment(rows), [2])], geometry, layout(1, 1, "f4", "f4"), pin=True)
     assert x.is_pinned()
     assert y.is_pinned()
     assert x.item() == 20.0
