@@ -7,6 +7,7 @@ device, or on the device itself when the windows are built there (``window_on_de
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -18,9 +19,9 @@ from .manager import Piece, Segment
 from .source import ColumnLayout
 from .window import WindowGeometry, window_view
 
-__all__ = ["RowSource", "batch_count", "gather"]
+__all__ = ["RowSource", "batch_count", "gather", "gather_on_device"]
 
-#: A segment's ``(x_rows, y_rows)`` (``[rows, F]`` each), wherever they live.
+#: A segment's ``(x_rows, y_rows)`` (``[rows, F]`` each) on the device the batch is built on.
 RowSource = Callable[[Segment], tuple[torch.Tensor, torch.Tensor]]
 
 
@@ -29,78 +30,95 @@ def batch_count(samples: int, batch_size: int, drop_last: bool) -> int:
     return samples // batch_size if drop_last else -(-samples // batch_size)
 
 
-def _host_rows(segment: Segment) -> tuple[torch.Tensor, torch.Tensor]:
-    return segment.x_rows, segment.y_rows
+@functools.cache
+def _row_steps(length: int) -> np.ndarray[Any, Any]:
+    steps = np.arange(length, dtype=np.int64)
+    steps.setflags(write=False)
+    return steps
 
 
-def _take_windows(rows: torch.Tensor, starts: np.ndarray[Any, Any], length: int, out: torch.Tensor) -> None:
-    """``out[k] = rows[starts[k] : starts[k] + length]`` (``length`` 0: ``rows[starts[k]]``), on the host.
-
-    One ``numpy.take`` over row numbers: it copies row by row in the calling thread at memory
-    speed and releases the GIL, where torch's ``index_select`` over a window view measured half
-    as fast per thread and splits large copies across OpenMP workers that compete with the
-    engine's threads and the training loop. ``mode="clip"`` because the rows are in range by
-    construction, and ``"raise"`` would buffer the whole result before writing ``out``.
-    """
-    index = starts if length == 0 else (starts[:, None] + np.arange(length)).reshape(-1)
-    target = out.numpy().reshape(len(index), rows.shape[1])
-    np.take(rows.numpy(), index, axis=0, out=target, mode="clip")
+def _row_numbers(starts: np.ndarray[Any, Any], length: int) -> np.ndarray[Any, Any]:
+    """The rows of windows of ``length`` rows that start at ``starts``, window after window."""
+    if length == 1:
+        return starts
+    rows: np.ndarray[Any, Any] = starts[:, None] + _row_steps(length)
+    return rows.reshape(-1)
 
 
-def _select_windows(rows: torch.Tensor, starts: torch.Tensor, length: int, out: torch.Tensor) -> None:
-    """:func:`_take_windows` on an accelerator: one ``index_select`` over a window view."""
-    windows = rows if length == 0 else window_view(rows, length)
-    torch.index_select(windows, 0, starts, out=out)
+def _allocate(
+    size: int, geometry: WindowGeometry, layout: ColumnLayout, device: torch.device | None, pin: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Uninitialised ``x [size, x_window, Fx]`` and ``y [size, y_window, Fy]`` (no window axis unwindowed)."""
+    x_window, y_window = (geometry.x_window, geometry.y_window) if geometry.windowed else (1, 1)
+    x = torch.empty(
+        (size, x_window, layout.x_features), dtype=torch_dtype(layout.x_dtype), device=device, pin_memory=pin
+    )
+    y = torch.empty(
+        (size, y_window, layout.y_features), dtype=torch_dtype(layout.y_dtype), device=device, pin_memory=pin
+    )
+    return x, y
+
+
+def _shaped(
+    x: torch.Tensor, y: torch.Tensor, geometry: WindowGeometry, layout: ColumnLayout
+) -> tuple[torch.Tensor, torch.Tensor]:
+    lead = x.shape[:2] if geometry.windowed else x.shape[:1]
+    y_lead = y.shape[:2] if geometry.windowed else y.shape[:1]
+    return x.view(*lead, *layout.x_shape), y.view(*y_lead, *layout.y_shape)
 
 
 def gather(
-    pieces: Sequence[Piece],
-    geometry: WindowGeometry,
-    layout: ColumnLayout,
-    pin: bool,
-    *,
-    device: torch.device | None = None,
-    rows: RowSource = _host_rows,
+    pieces: Sequence[Piece], geometry: WindowGeometry, layout: ColumnLayout, pin: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Assemble ``pieces`` into ``(x, y)``.
+    """Assemble ``pieces`` into ``(x, y)`` on the host, pinned when ``pin``.
 
     Shapes: x ``[B, x_window, *x_shape]`` and y ``[B, y_window, *y_shape]`` with windows, else
     ``[B, *x_shape]`` and ``[B, *y_shape]`` (``x_shape`` is ``(Fx,)`` unless x is one tensor
-    column, see :class:`~ddbloader.source.ColumnLayout`). The tensors are freshly allocated on
-    ``device`` (default: the host; pinned when ``pin``), so the caller owns them. ``rows`` gives
-    each segment's rows; they must live on ``device``.
+    column, see :class:`~ddbloader.source.ColumnLayout`). The tensors are freshly allocated, so
+    the caller owns them.
+
+    Each piece costs one ``ndarray.take`` over row numbers per tensor: it copies in the calling
+    thread at memory speed with the GIL released, where torch's ``index_select`` over a window
+    view measured half as fast per thread and splits large copies across OpenMP workers that
+    compete with the engine's threads and the training loop. ``mode="clip"`` because the rows
+    are in range by construction, and ``"raise"`` would buffer the result before writing ``out``.
     """
     size = sum(len(p.starts) for p in pieces)
-    x_lead: tuple[int, ...] = (size, geometry.x_window) if geometry.windowed else (size,)
-    y_lead: tuple[int, ...] = (size, geometry.y_window) if geometry.windowed else (size,)
-    on_host = device is None or device.type == "cpu"
-    x = torch.empty(
-        (*x_lead, layout.x_features),
-        dtype=torch_dtype(layout.x_dtype),
-        device=device,
-        pin_memory=pin and on_host,
-    )
-    y = torch.empty(
-        (*y_lead, layout.y_features),
-        dtype=torch_dtype(layout.y_dtype),
-        device=device,
-        pin_memory=pin and on_host,
-    )
-    x_length = geometry.x_window if geometry.windowed else 0
-    y_length = geometry.y_window if geometry.windowed else 0
+    x, y = _allocate(size, geometry, layout, None, pin)
+    x_window, y_window = x.shape[1], y.shape[1]
+    x_rows = x.numpy().reshape(size * x_window, layout.x_features)
+    y_rows = y.numpy().reshape(size * y_window, layout.y_features)
+    filled = 0
+    for piece in pieces:
+        starts, block = piece.starts, piece.segment.block
+        stop = filled + len(starts)
+        block.x.take(_row_numbers(starts, x_window), 0, x_rows[filled * x_window : stop * x_window], "clip")
+        block.y.take(
+            _row_numbers(starts + geometry.offset, y_window),
+            0,
+            y_rows[filled * y_window : stop * y_window],
+            "clip",
+        )
+        filled = stop
+    return _shaped(x, y, geometry, layout)
+
+
+def gather_on_device(
+    pieces: Sequence[Piece],
+    geometry: WindowGeometry,
+    layout: ColumnLayout,
+    device: torch.device,
+    rows: RowSource,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`gather` on ``device``, from each segment's rows there (``rows``): one
+    ``index_select`` over a window view per piece and tensor."""
+    x, y = _allocate(sum(len(p.starts) for p in pieces), geometry, layout, device, False)
     filled = 0
     for piece in pieces:
         x_rows, y_rows = rows(piece.segment)
-        count = len(piece.starts)
-        if count == 0:
-            continue
-        x_out, y_out = x[filled : filled + count], y[filled : filled + count]
-        if on_host:
-            _take_windows(x_rows, piece.starts, x_length, x_out)
-            _take_windows(y_rows, piece.starts + geometry.offset, y_length, y_out)
-        else:
-            starts = torch.from_numpy(piece.starts).to(x_rows.device)
-            _select_windows(x_rows, starts, x_length, x_out)
-            _select_windows(y_rows, starts + geometry.offset, y_length, y_out)
-        filled += count
-    return x.view(*x_lead, *layout.x_shape), y.view(*y_lead, *layout.y_shape)
+        starts = torch.from_numpy(piece.starts).to(device)
+        stop = filled + len(starts)
+        torch.index_select(window_view(x_rows, x.shape[1]), 0, starts, out=x[filled:stop])
+        torch.index_select(window_view(y_rows, y.shape[1]), 0, starts + geometry.offset, out=y[filled:stop])
+        filled = stop
+    return _shaped(x, y, geometry, layout)

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .batch import gather
+from .batch import gather, gather_on_device
 from .config import Collate
 from .errors import add_note
 from .manager import Piece, Segment
@@ -97,7 +97,7 @@ class DeviceStage:
         self._batches += 1
         with self._side_stream():
             if self.window_on_device:
-                x, y = gather(pieces, geometry, layout, False, device=self.device, rows=self._resident_rows)
+                x, y = gather_on_device(pieces, geometry, layout, self.device, self._resident_rows)
                 x, y = self._collate(x, y)
             else:
                 x, y = self._collate(*gather(pieces, geometry, layout, self.pin))

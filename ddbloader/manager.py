@@ -16,7 +16,7 @@ import threading
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -26,7 +26,7 @@ from .fetch import Fetcher
 from .plan import QueryPlan
 from .prefetch import Pending
 from .shard import EvenBatches, WorkUnit, split_units
-from .shuffle import Purpose, draw_sources, generator, sample_order, visit_order
+from .shuffle import Purpose, SourceDraws, sample_order, visit_order
 from .source import Block
 from .window import WindowGeometry
 
@@ -36,17 +36,19 @@ __all__ = ["GroupPool", "GroupStream", "PartitionGauge", "Piece", "Segment", "ep
 class Segment:
     """Contiguous rows of one group: x ``[rows, Fx]`` and y ``[rows, Fy]``, row-major. Read-only.
 
+    ``block`` holds them as numpy arrays, ``x_rows`` / ``y_rows`` as tensors sharing that memory.
+
     Sample windows are cut from these rows at gather time (see :func:`~ddbloader.batch.gather`);
     ``window_on_device`` ships them to the device once and cuts the windows there.
     """
 
     def __init__(self, block: Block) -> None:
+        self.block = block
         self.x_rows = torch.from_numpy(block.x)
         self.y_rows = torch.from_numpy(block.y)
 
 
-@dataclass(frozen=True)
-class Piece:
+class Piece(NamedTuple):
     """Some samples of one segment: ``starts`` are their first x rows within the segment."""
 
     segment: Segment
@@ -70,9 +72,11 @@ class PartitionGauge:
 
 @dataclass
 class _Step:
+    """One loaded partition's samples: ``starts`` are their first x rows within ``segment``,
+    in emission order; ``served`` of them have been handed out."""
+
     segment: Segment
-    first_row: int
-    samples: np.ndarray[Any, Any]
+    starts: np.ndarray[Any, Any]
     served: int = 0
 
 
@@ -138,13 +142,13 @@ class GroupStream:
         pieces: list[Piece] = []
         while count > 0:
             step = self._step
-            if step is None or step.served == len(step.samples):
+            if step is None or step.served == len(step.starts):
                 step = self._advance()
-            chosen = step.samples[step.served : step.served + count]
+            chosen = step.starts[step.served : step.served + count]
             step.served += len(chosen)
             count -= len(chosen)
             self.remaining -= len(chosen)
-            pieces.append(Piece(step.segment, chosen * self._geometry.stride - step.first_row))
+            pieces.append(Piece(step.segment, chosen))
         if self.remaining == 0:
             self._finish()
         return pieces
@@ -174,7 +178,7 @@ class GroupStream:
             block = pending.wait(self._stop, self._config.timeout)
             step = self._load(position, block)
             self._step = step
-            if len(step.samples):
+            if len(step.starts):
                 return step
 
     def _load(self, position: int, block: Block) -> _Step:
@@ -205,7 +209,7 @@ class GroupStream:
         )
         self._steps_taken += 1
         segment = Segment(Block.concatenate([*left, block, *right]))
-        return _Step(segment, lo, order)
+        return _Step(segment, order * self._geometry.stride - lo)
 
     def _gather_edges(self, position: int, direction: int, rows: int) -> list[Block]:
         """Up to ``rows`` kept rows of the loaded neighbours on one side, in row order."""
@@ -247,7 +251,7 @@ class GroupPool:
         self._config = config
         self._waiting = deque(u for u in units if u.samples > 0)
         self._active: list[GroupStream] = []
-        self._draws = generator(config.seed, epoch, Purpose.POOL_DRAWS)
+        self._draws = SourceDraws(config.seed, epoch)
         self._make: Callable[[WorkUnit], GroupStream] = lambda unit: GroupStream(
             unit, config, geometry, epoch, fetcher, self.gauge, stop
         )
@@ -261,7 +265,7 @@ class GroupPool:
             if not self._active:
                 raise RuntimeError(f"the epoch ran out of samples with {count} still owed")
             if self._config.shuffle:
-                wanted = draw_sources(self._draws, len(self._active), count).tolist()
+                wanted = self._draws.counts(len(self._active), count)
             else:
                 wanted = [count] + [0] * (len(self._active) - 1)
             for stream, want in zip(self._active, wanted, strict=True):

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Purpose", "draw_sources", "generator", "sample_order", "visit_order"]
+__all__ = ["Purpose", "SourceDraws", "generator", "sample_order", "visit_order"]
 
 
 class Purpose(IntEnum):
@@ -53,6 +53,30 @@ def sample_order(
     return indices
 
 
-def draw_sources(rng: np.random.Generator, active: int, size: int) -> np.ndarray[Any, Any]:
-    """How many of ``size`` samples each of ``active`` pool slots gives, drawn uniformly per sample."""
-    return np.bincount(rng.integers(0, active, size=size), minlength=active)
+class SourceDraws:
+    """The pool's per-sample draws of an epoch: which active slot gives each sample.
+
+    Sample ``k`` of the epoch's draws goes to slot ``floor(u_k * active)``, where ``u_k`` is the
+    ``k``-th uniform of ``generator(seed, epoch, POOL_DRAWS)``: uniform over the slots active when
+    it is drawn, and a pure function of ``(seed, epoch)`` and the sequence of ``active`` counts.
+    The uniforms are drawn ``block`` at a time, so a batch costs no generator call of its own.
+    Not thread-safe (the assembler owns it).
+    """
+
+    def __init__(self, seed: int, epoch: int, block: int = 4096) -> None:
+        self._rng = generator(seed, epoch, Purpose.POOL_DRAWS)
+        self._block = block
+        self._uniforms = np.empty(0)
+        self._used = 0
+
+    def counts(self, active: int, size: int) -> list[int]:
+        """How many of the next ``size`` samples each of ``active`` slots gives."""
+        if self._used + size > len(self._uniforms):
+            fresh = self._rng.random(max(self._block, size))
+            self._uniforms = np.concatenate([self._uniforms[self._used :], fresh])
+            self._used = 0
+        uniforms = self._uniforms[self._used : self._used + size]
+        self._used += size
+        slots = np.minimum((uniforms * active).astype(np.intp), active - 1)
+        counts: list[int] = np.bincount(slots, minlength=active).tolist()
+        return counts

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from ddbloader import DDBDataLoader
 from ddbloader.backends import DuckDBBackend
-from ddbloader.shuffle import Purpose, draw_sources, generator, sample_order, visit_order
+from ddbloader.shuffle import Purpose, SourceDraws, generator, sample_order, visit_order
 
 GROUP_ROWS = 1_000_000
 Batches = list[tuple[torch.Tensor, torch.Tensor]]
@@ -101,20 +101,34 @@ def test_sample_order_keys() -> None:
 
 
 @settings(max_examples=50, deadline=None)
-@given(seed=st.integers(0, 2**63 - 1), active=st.integers(1, 5), size=st.integers(0, 40))
-def test_draw_sources_splits_the_batch(seed: int, active: int, size: int) -> None:
-    counts = draw_sources(generator(seed, 0, Purpose.POOL_DRAWS), active, size)
-    assert counts.shape == (active,)
-    assert counts.sum() == size
-    assert (counts >= 0).all()
-    again = draw_sources(generator(seed, 0, Purpose.POOL_DRAWS), active, size)
-    assert np.array_equal(counts, again)
+@given(
+    seed=st.integers(0, 2**63 - 1),
+    requests=st.lists(st.tuples(st.integers(1, 5), st.integers(0, 40)), max_size=8),
+    block=st.integers(1, 64),
+)
+def test_source_draws_split_each_batch(seed: int, requests: list[tuple[int, int]], block: int) -> None:
+    draws = SourceDraws(seed, 0, block=block)
+    again = SourceDraws(seed, 0, block=block)
+    for active, size in requests:
+        counts = draws.counts(active, size)
+        assert len(counts) == active
+        assert sum(counts) == size
+        assert min(counts) >= 0
+        assert again.counts(active, size) == counts
 
 
-def test_draw_sources_reaches_every_slot() -> None:
-    rng = generator(5, 0, Purpose.POOL_DRAWS)
-    totals = np.sum([draw_sources(rng, 3, 8) for _ in range(50)], axis=0)
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 2**63 - 1), sizes=st.lists(st.integers(0, 40), min_size=1, max_size=8))
+def test_source_draws_do_not_depend_on_the_block_size(seed: int, sizes: list[int]) -> None:
+    small, large = SourceDraws(seed, 3, block=1), SourceDraws(seed, 3, block=1000)
+    assert [small.counts(3, n) for n in sizes] == [large.counts(3, n) for n in sizes]
+
+
+def test_source_draws_reach_every_slot_and_differ_by_epoch() -> None:
+    draws = SourceDraws(5, 0)
+    totals = np.sum([draws.counts(3, 8) for _ in range(50)], axis=0)
     assert all(t > 100 for t in totals.tolist())
+    assert SourceDraws(5, 0).counts(4, 64) != SourceDraws(5, 1).counts(4, 64)
 
 
 # --- through the loader ---------------------------------------------------------------------
