@@ -870,7 +870,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rows", type=int, default=2000, help="rows per symbol-day")
     parser.add_argument("--factors", type=int, default=100)
     parser.add_argument("--window", type=int, default=50)
-    parser.add_argument("--repeat", type=int, default=3, help="repeats of each measured phase")
+    parser.add_argument("--repeat", type=int, default=5, help="repeats of each measured phase")
     parser.add_argument("--memory-check", action="store_true", help="ddbloader peak RSS at 1x and 4x")
     parser.add_argument("--all", action="store_true", help="throughput table and memory check")
     parser.add_argument(
