@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -84,18 +84,13 @@ class DeviceStage:
         )
         self._resident: weakref.WeakKeyDictionary[Segment, Batch] = weakref.WeakKeyDictionary()
 
-    @contextlib.contextmanager
-    def _side_stream(self) -> Iterator[None]:
-        if self._stream is None:
-            yield
-        else:
-            with torch.cuda.stream(self._stream):
-                yield
-
     def assemble(self, pieces: Sequence[Piece], geometry: WindowGeometry, layout: ColumnLayout) -> Staged:
         """Gather ``pieces`` into a batch and start it towards the device."""
         self._batches += 1
-        with self._side_stream():
+        if self._stream is None and self.device.type == "cpu":
+            x, y = self._collate(*gather(pieces, geometry, layout, self.pin))
+            return Staged(x, y, None)
+        with torch.cuda.stream(self._stream) if self._stream is not None else contextlib.nullcontext():
             if self.window_on_device:
                 x, y = gather_on_device(pieces, geometry, layout, self.device, self._resident_rows)
                 x, y = self._collate(x, y)
