@@ -128,8 +128,20 @@ class GroupStream:
         self._edges: dict[int, tuple[Block, Block]] = {}
         self._step: _Step | None = None
         self._steps_taken = 0
-        for _ in range(config.prepartition_num):
+
+    @property
+    def held(self) -> int:
+        """Partitions this stream holds: queued or in flight, plus the one being served."""
+        return len(self._pending) + (self._step is not None)
+
+    def top_up(self, room: int) -> int:
+        """Queue up to ``room`` more fetches, never holding more than ``prepartition_num``
+        partitions; returns how many were queued. A new stream queues nothing until asked."""
+        queued = 0
+        while queued < room and self.held < self._config.prepartition_num and self._to_submit:
             self._submit_next()
+            queued += 1
+        return queued
 
     def _submit_next(self) -> None:
         if self._to_submit:
@@ -169,6 +181,8 @@ class GroupStream:
             if self._step is not None:
                 self._step = None
                 self._gauge.release()
+                self._submit_next()
+            if not self._pending:
                 self._submit_next()
             if not self._pending:
                 raise RuntimeError(
@@ -249,8 +263,10 @@ class GroupPool:
     ) -> None:
         self.gauge = PartitionGauge()
         self._config = config
+        self._budget = config.group_pool_size * config.prepartition_num
         self._waiting = deque(u for u in units if u.samples > 0)
         self._active: list[GroupStream] = []
+        self._ahead: GroupStream | None = None
         self._draws = SourceDraws(config.seed, epoch)
         self._make: Callable[[WorkUnit], GroupStream] = lambda unit: GroupStream(
             unit, config, geometry, epoch, fetcher, self.gauge, stop
@@ -260,8 +276,8 @@ class GroupPool:
         """The next ``count`` samples of the epoch; ``count`` must not exceed what is left."""
         pieces: list[Piece] = []
         while count > 0:
-            while len(self._active) < self._config.group_pool_size and self._waiting:
-                self._active.append(self._make(self._waiting.popleft()))
+            if len(self._active) < self._config.group_pool_size:
+                self._open()
             if not self._active:
                 raise RuntimeError(f"the epoch ran out of samples with {count} still owed")
             if self._config.shuffle:
@@ -274,7 +290,32 @@ class GroupPool:
                     pieces.extend(stream.take(give))
                     count -= give
             self._active = [s for s in self._active if s.remaining > 0]
+        if self.gauge.held < self._budget:
+            self._top_up()
         return pieces
+
+    def _open(self) -> None:
+        """Fill the pool from the waiting units (the one opened ahead first), then queue fetches."""
+        while len(self._active) < self._config.group_pool_size and (self._ahead or self._waiting):
+            if self._ahead is not None:
+                self._active.append(self._ahead)
+                self._ahead = None
+            else:
+                self._active.append(self._make(self._waiting.popleft()))
+        self._top_up()
+
+    def _top_up(self) -> None:
+        """Spend the partition budget (``group_pool_size × prepartition_num``): the active units'
+        next partitions first, then the first partitions of the next waiting unit, so that its
+        first batch does not wait for a fetch when it enters the pool. The budget frees up as
+        active units run out of partitions to queue, near their ends."""
+        for stream in self._active:
+            stream.top_up(self._budget - self.gauge.held)
+        room = self._budget - self.gauge.held
+        if room > 0 and self._ahead is None and self._waiting:
+            self._ahead = self._make(self._waiting.popleft())
+        if room > 0 and self._ahead is not None:
+            self._ahead.top_up(room)
 
 
 def epoch_units(

@@ -490,7 +490,9 @@ def test_gc_running_in_the_abandoned_iterators_own_fetch_thread_does_not_stall(
         started = time.monotonic()
         assert no_threads(grace=4.0)
         assert time.monotonic() - started < 3.0
-        assert backend.fetches == 3
+        # the hanging third fetch ran; the next group's first partition may have been queued ahead
+        # of need and fetched before the close reached the fetch thread
+        assert backend.fetches >= 3
     finally:
         gc.enable()
         loader.close()

@@ -26,6 +26,9 @@ from ddbloader import DDBDataLoader
 from ddbloader.backends import DuckDBBackend
 from ddbloader.fetch import Fetcher
 from ddbloader.manager import GroupPool, epoch_units
+from ddbloader.plan import PartitionSpec
+from ddbloader.prefetch import Pending
+from ddbloader.source import Block
 
 GROUP_ROWS = 1_000_000
 
@@ -310,3 +313,55 @@ def test_partition_gauge_reaches_its_bound(con: duckdb.DuckDBPyConnection, shuff
     high_water, held_after = held_partitions(con, case)
     assert high_water == 6
     assert held_after == 0
+
+
+class _RecordingFetcher(Fetcher):
+    """A real fetcher that also records, for each queued fetch, its group and how many samples
+    the pool had handed out when it was queued."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.taken = 0
+        self.queued: list[tuple[int, int]] = []
+
+    def submit(self, spec: PartitionSpec) -> Pending[Block]:
+        self.queued.append((spec.group, self.taken))
+        return super().submit(spec)
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_next_unit_is_fetched_ahead_within_the_budget(con: duckdb.DuckDBPyConnection, shuffle: bool) -> None:
+    # Three groups of three 6-row partitions, one unit in the pool, two partitions each: once
+    # group 0 is on its last partition the budget has room for group 1's first one, so group 1's
+    # first batch never waits for a fetch queued only when it enters the pool.
+    make_series(con, [[6, 6, 6]] * 3)
+    options: dict[str, Any] = {"group_pool_size": 1, "prepartition_num": 2, "shuffle": shuffle, "seed": 3}
+    with DDBDataLoader(
+        con,
+        SERIES_SQL,
+        "y",
+        batch_size=2,
+        window_size=2,
+        input_col=["f0"],
+        group_col="gid",
+        repartition_col="part",
+        **options,
+    ) as loader:
+        plan, config = loader.plan, loader.config
+        fetcher = _RecordingFetcher(DuckDBBackend(con), plan.layout, 1)
+        stop = threading.Event()
+        try:
+            units = epoch_units(plan, config, 0)
+            pool = GroupPool(units, plan.geometry, config, 0, fetcher, stop)
+            while fetcher.taken < plan.samples:
+                pieces = pool.take(min(2, plan.samples - fetcher.taken))
+                assert pool.gauge.held <= 2
+                fetcher.taken += sum(len(p.starts) for p in pieces)
+        finally:
+            stop.set()
+            fetcher.close()
+    assert len(fetcher.queued) == 9
+    first_unit, second_unit = units[0], units[1]
+    ahead = next(taken for group, taken in fetcher.queued if group == second_unit.group.index)
+    assert 0 < ahead < first_unit.samples
+    assert pool.gauge.high_water == 2
