@@ -39,6 +39,7 @@ _STAGES = [
     ("ddbloader.manager", "GroupPool.take", "pool draws a batch's samples"),
     ("ddbloader.device", "gather", "gather a batch (row take)"),
     ("ddbloader.prefetch", "_put", "assembler hands a batch over"),
+    ("ddbloader.source", "Block.concatenate", "segment = edges + partition (copy)"),
 ]
 
 

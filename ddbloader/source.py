@@ -149,8 +149,11 @@ class ColumnType:
     decimal: bool = False
 
 
+@functools.lru_cache(maxsize=256)
 def arrow_column_type(data_type: pa.DataType) -> ColumnType:
-    """Describe an Arrow type: a numeric scalar, a (nested) fixed-size list or a fixed-shape tensor."""
+    """Describe an Arrow type: a numeric scalar, a (nested) fixed-size list or a fixed-shape tensor.
+
+    Cached: every fetched partition asks again for each of its columns."""
     text = str(data_type)
     if pa.types.is_decimal(data_type):
         return ColumnType(np.dtype(np.float64), (), text, decimal=True)
