@@ -23,6 +23,8 @@ Contenders, each in its own subprocess so that its peak RSS and CPU time are its
   run to Arrow and dropped, with ``fetch_threads`` cursors in parallel / with one cursor.
 * ``inmemory``: the whole table as one tensor, windows gathered by ``index_select`` over a strided
   window view, 64 at a time in shuffled order: the upper bound.
+* ``inmemory-take``: the same, gathered in one thread by ``numpy.take`` of rows, as ddbloader's
+  assembler does: the copy alone, without engine, conversion or hand-over.
 * ``baseline``: imports only, the RSS every contender starts from.
 
 The consumer does nothing with a batch but count its rows (``n += x.shape[0]``), so the
@@ -35,6 +37,7 @@ from __future__ import annotations
 import argparse
 import bisect
 import datetime as dt
+import functools
 import json
 import os
 import platform
@@ -441,7 +444,7 @@ def run_floor_serial(shape: Shape, repeat: int) -> list[Run]:
     return _floor(shape, repeat, 1)
 
 
-def run_inmemory(shape: Shape, repeat: int) -> list[Run]:
+def run_inmemory(shape: Shape, repeat: int, *, one_thread: bool = False) -> list[Run]:
     import duckdb
     import numpy as np
     import torch
@@ -462,6 +465,7 @@ def run_inmemory(shape: Shape, repeat: int) -> list[Run]:
     starts = torch.from_numpy(
         np.concatenate([f0 + np.arange(c - w) for f0, c in zip(firsts, counts, strict=True)])
     )
+    x_rows, y_rows, steps = x.numpy(), y.numpy(), np.arange(w)
     load_s = time.perf_counter() - started
     runs = []
     for i in range(repeat):
@@ -470,8 +474,13 @@ def run_inmemory(shape: Shape, repeat: int) -> list[Run]:
         def epoch(order: torch.Tensor = order) -> Iterator[int]:
             for b in range(0, len(order), BATCH):
                 index = order[b : b + BATCH]
-                bx = x_windows.index_select(0, index)
-                by = y_windows.index_select(0, index + w)
+                if one_thread:
+                    rows = (index.numpy()[:, None] + steps).reshape(-1)
+                    bx = torch.from_numpy(x_rows.take(rows, 0, mode="clip").reshape(-1, w, f))
+                    by = torch.from_numpy(y_rows.take(index.numpy() + w, 0, mode="clip").reshape(-1, 1, 1))
+                else:
+                    bx = x_windows.index_select(0, index)
+                    by = y_windows.index_select(0, index + w)
                 assert bx.shape[1:] == (w, f) and by.shape[1:] == (1, 1)
                 yield bx.shape[0]
 
@@ -499,6 +508,7 @@ CONTENDERS: dict[str, Callable[[Shape, int], list[Run]]] = {
     "floor": run_floor,
     "floor-serial": run_floor_serial,
     "inmemory": run_inmemory,
+    "inmemory-take": functools.partial(run_inmemory, one_thread=True),
 }
 
 
@@ -601,6 +611,8 @@ def throughput(shape: Shape, repeat: int, ddbloader_from: str | None) -> dict[st
         "loader_wall_vs_parallel_floor": ddb["wall_s"] / results["floor"]["wall_s"],
         "loader_wall_vs_serial_floor": ddb["wall_s"] / results["floor-serial"]["wall_s"],
         "inmemory_vs_loader_iteration": results["inmemory"]["windows_per_s"] / ddb["windows_per_s"],
+        "inmemory_one_thread_vs_loader_iteration": results["inmemory-take"]["windows_per_s"]
+        / ddb["windows_per_s"],
         "ddbloader_first_batch_s": ddb["first_batch_s"],
         "ddbloader_first_batch_from_constructor_s": ddb["setup_s"] + ddb["first_batch_s"],
         "ddbloader_total_s": ddb_total,
@@ -729,6 +741,7 @@ _LABELS = {
     "floor": "engine floor (fetch_threads cursors in parallel)",
     "floor-serial": "engine floor (one cursor)",
     "inmemory": "in-memory upper bound",
+    "inmemory-take": "in-memory, one thread (numpy take of rows, as ddbloader gathers)",
 }
 
 
@@ -808,6 +821,8 @@ def render(data: dict[str, Any]) -> str:
             f"{_check(r['ddbloader_first_batch_from_constructor_s'] < TARGET_FIRST_BATCH_S)} |",
             f"| in-memory upper bound ÷ ddbloader, windows/s (headroom) | "
             f"{r['inmemory_vs_loader_iteration']:.2f}× | | | |",
+            f"| in-memory one-thread gather ÷ ddbloader, windows/s | "
+            f"{r['inmemory_one_thread_vs_loader_iteration']:.2f}× | | | |",
             "",
         ]
     mc = data.get("memory_check")
