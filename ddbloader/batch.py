@@ -59,11 +59,27 @@ def _batch_shapes(
     return (size, *layout.x_shape), (size, *layout.y_shape)
 
 
-def _host_buffer(shape: tuple[int, ...], dtype: np.dtype[Any], pin: bool) -> np.ndarray[Any, Any]:
-    """An uninitialised host array; pinned through torch's caching host allocator when ``pin``."""
+def _host_buffer(
+    shape: tuple[int, ...], dtype: np.dtype[Any], pin: bool
+) -> torch.Tensor | np.ndarray[Any, Any]:
+    """An uninitialised host buffer: a numpy array, or a pinned tensor when ``pin``.
+
+    A pinned buffer must reach the caller as the tensor torch allocated: the caching host allocator
+    finds its block through the tensor's storage to record the stream of a ``non_blocking`` copy
+    and keep the block until that copy is done. A tensor made by ``torch.from_numpy`` over the same
+    memory would hide the block, which could then be reused while the copy is still in flight.
+    """
     if pin:
-        return torch.empty(shape, dtype=torch_dtype(dtype), pin_memory=True).numpy()
+        return torch.empty(shape, dtype=torch_dtype(dtype), pin_memory=True)
     return np.empty(shape, dtype=dtype)
+
+
+def _as_tensor(buffer: torch.Tensor | np.ndarray[Any, Any]) -> torch.Tensor:
+    return buffer if isinstance(buffer, torch.Tensor) else torch.from_numpy(buffer)
+
+
+def _as_array(buffer: torch.Tensor | np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    return buffer.numpy() if isinstance(buffer, torch.Tensor) else buffer
 
 
 def gather(
@@ -89,8 +105,8 @@ def gather(
     x_shape, y_shape = _batch_shapes(size, geometry, layout)
     x = _host_buffer(x_shape, layout.x_dtype, pin)
     y = _host_buffer(y_shape, layout.y_dtype, pin)
-    x_rows = x.reshape(size * x_window, layout.x_features)
-    y_rows = y.reshape(size * y_window, layout.y_features)
+    x_rows = _as_array(x).reshape(size * x_window, layout.x_features)
+    y_rows = _as_array(y).reshape(size * y_window, layout.y_features)
     offset = geometry.offset
     filled = 0
     for piece in pieces:
@@ -101,7 +117,7 @@ def gather(
             _row_numbers(starts + offset, y_window), 0, y_rows[filled * y_window : stop * y_window], "clip"
         )
         filled = stop
-    return torch.from_numpy(x), torch.from_numpy(y)
+    return _as_tensor(x), _as_tensor(y)
 
 
 def gather_on_device(
