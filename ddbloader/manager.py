@@ -198,6 +198,12 @@ class GroupStream:
     def _load(self, position: int, block: Block) -> _Step:
         edge = self._geometry.span - 1
         first, stop = self._bounds[position], self._bounds[position + 1]
+        if block.rows != stop - first:
+            raise ValueError(
+                f"{self.group.partitions[position].describe()} returned {block.rows} rows, but planning "
+                f"counted {stop - first}: the data changed after the loader was built (len(), the "
+                f"windows and the sample order all rest on those counts); build the loader again"
+            )
         left = self._gather_edges(position, -1, edge)
         right = self._gather_edges(position, +1, edge)
         lo = first - sum(b.rows for b in left)
@@ -223,7 +229,14 @@ class GroupStream:
         )
         self._steps_taken += 1
         segment = Segment(Block.concatenate([*left, block, *right]))
-        return _Step(segment, order * self._geometry.stride - lo)
+        starts = order * self._geometry.stride - lo
+        if len(starts) and (starts.min() < 0 or starts.max() + self._geometry.span > segment.block.rows):
+            # the gather copies without bounds checks (see batch.gather): never let a bad row through
+            raise RuntimeError(
+                f"internal error: group {self.group.index} step {self._steps_taken - 1} has samples "
+                f"outside its {segment.block.rows} rows"
+            )
+        return _Step(segment, starts)
 
     def _gather_edges(self, position: int, direction: int, rows: int) -> list[Block]:
         """Up to ``rows`` kept rows of the loaded neighbours on one side, in row order."""

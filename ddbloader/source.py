@@ -149,11 +149,25 @@ class ColumnType:
     decimal: bool = False
 
 
-@functools.lru_cache(maxsize=256)
 def arrow_column_type(data_type: pa.DataType) -> ColumnType:
     """Describe an Arrow type: a numeric scalar, a (nested) fixed-size list or a fixed-shape tensor.
 
-    Cached: every fetched partition asks again for each of its columns."""
+    Cached per type, since every fetched partition asks again for each of its columns; a Python
+    extension type without ``__hash__`` is described afresh each time.
+    """
+    try:
+        hash(data_type)
+    except TypeError:
+        return _column_type(data_type)
+    return _cached_column_type(data_type)
+
+
+@functools.lru_cache(maxsize=256)
+def _cached_column_type(data_type: pa.DataType) -> ColumnType:
+    return _column_type(data_type)
+
+
+def _column_type(data_type: pa.DataType) -> ColumnType:
     text = str(data_type)
     if pa.types.is_decimal(data_type):
         return ColumnType(np.dtype(np.float64), (), text, decimal=True)

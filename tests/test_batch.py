@@ -125,3 +125,46 @@ def test_gather_pins_when_asked() -> None:
     assert x.is_pinned()
     assert y.is_pinned()
     assert x.item() == 20.0
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    data=st.data(),
+    windowed=st.booleans(),
+    x_window=st.integers(1, 5),
+    y_window=st.integers(1, 3),
+    offset=st.integers(0, 6),
+    fx=st.integers(1, 4),
+    fy=st.integers(1, 3),
+    dtypes=st.sampled_from([(np.float64, np.float32), (np.int16, np.int64), (np.bool_, np.float64)]),
+)
+def test_gather_matches_slicing_the_rows(
+    data: st.DataObject,
+    windowed: bool,
+    x_window: int,
+    y_window: int,
+    offset: int,
+    fx: int,
+    fy: int,
+    dtypes: tuple[Any, Any],
+) -> None:
+    if not windowed:
+        x_window = y_window = 1
+    geometry = WindowGeometry(x_window, y_window, stride=1, offset=offset, windowed=windowed)
+    span = max(x_window, offset + y_window)
+    pieces, want_x, want_y = [], [], []
+    for base in range(data.draw(st.integers(0, 3))):
+        rows = block(span + data.draw(st.integers(0, 6)), fx, fy, *dtypes, base=1000 * base)
+        starts = data.draw(st.lists(st.integers(0, rows.rows - span), max_size=5))
+        pieces.append(piece(Segment(rows), starts))
+        for s in starts:
+            want_x.append(rows.x[s : s + x_window] if windowed else rows.x[s])
+            want_y.append(rows.y[s + offset : s + offset + y_window] if windowed else rows.y[s + offset])
+    x, y = gather(pieces, geometry, layout(fx, fy, *dtypes), pin=False)
+    x_shape = (len(want_x), x_window, fx) if windowed else (len(want_x), fx)
+    y_shape = (len(want_y), y_window, fy) if windowed else (len(want_y), fy)
+    assert x.shape == x_shape and y.shape == y_shape
+    assert x.dtype == torch.from_numpy(np.empty(0, dtypes[0])).dtype
+    if want_x:
+        assert np.array_equal(x.numpy(), np.stack(want_x))
+        assert np.array_equal(y.numpy(), np.stack(want_y))

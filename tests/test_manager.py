@@ -365,3 +365,37 @@ def test_next_unit_is_fetched_ahead_within_the_budget(con: duckdb.DuckDBPyConnec
     ahead = next(taken for group, taken in fetcher.queued if group == second_unit.group.index)
     assert 0 < ahead < first_unit.samples
     assert pool.gauge.high_water == 2
+
+
+@pytest.mark.parametrize(
+    ("change", "rows"),
+    [
+        ("DELETE FROM series WHERE gid = 0 AND part = 1 AND pos % 2 = 0", 3),
+        (
+            "INSERT INTO series SELECT gid, part, pos + 100, rid + 100, f0, f1, y FROM series WHERE gid = 0 "
+            "AND part = 1",
+            12,
+        ),
+    ],
+)
+def test_a_partition_whose_rows_changed_after_planning_is_refused_by_name(
+    con: duckdb.DuckDBPyConnection, change: str, rows: int
+) -> None:
+    # len(), the windows and the sample order rest on the planned counts: a partition that no
+    # longer has them must stop the epoch, never feed rows the plan does not describe
+    make_series(con, [[5, 6], [4]])
+    with DDBDataLoader(
+        con,
+        SERIES_SQL,
+        "y",
+        batch_size=2,
+        window_size=2,
+        input_col=["f0"],
+        group_col="gid",
+        repartition_col="part",
+    ) as loader:
+        con.execute(change)
+        with pytest.raises(
+            ValueError, match=rf"partition 1 of group 0 .* returned {rows} rows, but planning counted 6"
+        ):
+            list(loader)

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from ddbloader import DDBDataLoader
-from ddbloader.source import ColumnLayout, arrow_values, to_block
+from ddbloader.source import ColumnLayout, arrow_column_type, arrow_values, to_block
 
 ROWS = 6
 NULL_ROWS = (0, 3)  # rows where the nullable columns hold NULL
@@ -326,3 +326,43 @@ def test_arrow_values_reads_tensor_columns_across_chunks_and_when_empty() -> Non
     np.testing.assert_array_equal(arrow_values(lists, "l", "nan"), [[1.0, np.nan]])
     with pytest.raises(ValueError, match="holds NULL values"):
         arrow_values(lists, "l", "error")
+
+
+class _Label(pa.ExtensionType):
+    """A user extension type defined as pyarrow's docs show, without ``__hash__``."""
+
+    def __init__(self) -> None:
+        super().__init__(pa.string(), "test.label")
+
+    def __arrow_ext_serialize__(self) -> bytes:
+        return b""
+
+    @classmethod
+    def __arrow_ext_deserialize__(cls, storage_type: pa.DataType, serialized: bytes) -> _Label:
+        return cls()
+
+
+def test_an_unhashable_extension_column_beside_x_and_y_is_left_alone(con: duckdb.DuckDBPyConnection) -> None:
+    with pytest.raises(TypeError):
+        hash(_Label())
+
+    def add_label(table: pa.Table) -> pa.Table:
+        labels = pa.ExtensionArray.from_storage(_Label(), pa.array(["a"] * table.num_rows, pa.string()))
+        return table.append_column("label", labels)
+
+    con.execute("CREATE TABLE t AS SELECT i::DOUBLE AS f0, i * 2.0 AS y FROM range(20) r(i)")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        loader = DDBDataLoader(
+            con,
+            "SELECT f0, y FROM t ORDER BY f0",
+            "y",
+            batch_size=4,
+            window_size=2,
+            input_col=["f0"],
+            transform=add_label,
+        )
+    with loader:
+        xs = torch.cat([x for x, _ in loader])
+    assert xs[:, 0, 0].tolist() == [float(i) for i in range(18)]
+    assert arrow_column_type(_Label()).dtype is None
