@@ -329,14 +329,9 @@ class _RecordingFetcher(Fetcher):
         return super().submit(spec)
 
 
-@pytest.mark.parametrize("shuffle", [False, True])
-def test_next_unit_is_fetched_ahead_within_the_budget(con: duckdb.DuckDBPyConnection, shuffle: bool) -> None:
-    # Three groups of three 6-row partitions, one unit in the pool, two partitions each: once
-    # group 0 is on its last partition the budget has room for group 1's first one, so group 1's
-    # first batch never waits for a fetch queued only when it enters the pool.
-    make_series(con, [[6, 6, 6]] * 3)
-    options: dict[str, Any] = {"group_pool_size": 1, "prepartition_num": 2, "shuffle": shuffle, "seed": 3}
-    with DDBDataLoader(
+def _pairs_loader(con: duckdb.DuckDBPyConnection, **options: Any) -> DDBDataLoader:
+    """Batches of 2 windows of 2 rows of f0, one series per gid, repartitioned by part."""
+    return DDBDataLoader(
         con,
         SERIES_SQL,
         "y",
@@ -346,7 +341,17 @@ def test_next_unit_is_fetched_ahead_within_the_budget(con: duckdb.DuckDBPyConnec
         group_col="gid",
         repartition_col="part",
         **options,
-    ) as loader:
+    )
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_next_unit_is_fetched_ahead_within_the_budget(con: duckdb.DuckDBPyConnection, shuffle: bool) -> None:
+    # Three groups of three 6-row partitions, one unit in the pool, two partitions each: once
+    # group 0 is on its last partition the budget has room for group 1's first one, so group 1's
+    # first batch never waits for a fetch queued only when it enters the pool.
+    make_series(con, [[6, 6, 6]] * 3)
+    options: dict[str, Any] = {"group_pool_size": 1, "prepartition_num": 2, "shuffle": shuffle, "seed": 3}
+    with _pairs_loader(con, **options) as loader:
         plan, config = loader.plan, loader.config
         fetcher = _RecordingFetcher(DuckDBBackend(con), plan.layout, 1)
         stop = threading.Event()
@@ -384,16 +389,7 @@ def test_a_partition_whose_rows_changed_after_planning_is_refused_by_name(
     # len(), the windows and the sample order rest on the planned counts: a partition that no
     # longer has them must stop the epoch, never feed rows the plan does not describe
     make_series(con, [[5, 6], [4]])
-    with DDBDataLoader(
-        con,
-        SERIES_SQL,
-        "y",
-        batch_size=2,
-        window_size=2,
-        input_col=["f0"],
-        group_col="gid",
-        repartition_col="part",
-    ) as loader:
+    with _pairs_loader(con) as loader:
         con.execute(change)
         with pytest.raises(
             ValueError, match=rf"partition 1 of group 0 .* returned {rows} rows, but planning counted 6"
