@@ -40,7 +40,8 @@ Batch = tuple[torch.Tensor, torch.Tensor]
 class _EpochBatches:
     """The batches of one epoch's work units, assembled in the calling (assembler) thread.
 
-    The first ``skip`` batches are drawn but not gathered (exact resume). Its fetch threads stop in
+    The first ``skip`` batches are drawn from row counts alone, without fetching or gathering
+    (exact resume, see :class:`~ddbloader.manager.GroupPool`). Its fetch threads stop in
     ``close()``, never on a failure: the driver reports the failure first and closes after, so a
     slow join (a fetch stuck in the engine) cannot delay the error past the consumer's own timeout
     and replace it with a vaguer one.
@@ -58,11 +59,15 @@ class _EpochBatches:
 
     def _assemble(self, run: _EpochRun, stop: threading.Event) -> Iterator[Staged]:
         plan, config = run.plan, run.config
-        pool = GroupPool(run.units, plan.geometry, config, run.epoch, self._fetcher, stop)
+        pool = GroupPool(
+            run.units, plan.geometry, config, run.epoch, self._fetcher, stop, fetching=run.skip == 0
+        )
         left = sum(u.samples for u in run.units)
         for index in range(run.batches):
             size = min(config.batch_size, left)
             left -= size
+            if index == run.skip and index:
+                pool.start_fetching()
             pieces = pool.take(size)
             if index >= run.skip:
                 yield run.stage.assemble(pieces, plan.geometry, plan.layout)

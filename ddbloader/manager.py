@@ -73,10 +73,14 @@ class PartitionGauge:
 @dataclass
 class _Step:
     """One loaded partition's samples: ``starts`` are their first x rows within ``segment``,
-    in emission order; ``served`` of them have been handed out."""
+    in emission order; ``served`` of them have been handed out. ``segment`` is partition
+    ``position`` with ``left`` kept rows of its loaded neighbours before it and ``right`` after."""
 
     segment: Segment
     starts: np.ndarray[Any, Any]
+    position: int
+    left: int
+    right: int
     served: int = 0
 
 
@@ -95,6 +99,7 @@ class GroupStream:
         fetcher: Fetcher,
         gauge: PartitionGauge,
         stop: threading.Event,
+        fetching: bool = True,
     ) -> None:
         group = unit.group
         self.group = group
@@ -124,10 +129,20 @@ class GroupStream:
             unit.first,
         )
         self._to_submit: deque[int] = deque(needed[int(i)] for i in order)
-        self._pending: deque[tuple[int, Pending[Block]]] = deque()
+        self._pending: deque[tuple[int, Pending[Block] | None]] = deque()
         self._edges: dict[int, tuple[Block, Block]] = {}
         self._step: _Step | None = None
         self._steps_taken = 0
+        self._fetching = fetching
+
+    def start_fetching(self) -> None:
+        """End a fast-forward: fetch what is queued, and the data of the step being served (and
+        of the neighbours whose edge rows it or a later step needs) when it is next needed."""
+        self._fetching = True
+        self._pending = deque(
+            (position, self._fetcher.submit(self.group.partitions[position]) if pending is None else pending)
+            for position, pending in self._pending
+        )
 
     @property
     def held(self) -> int:
@@ -147,7 +162,8 @@ class GroupStream:
         if self._to_submit:
             position = self._to_submit.popleft()
             self._gauge.acquire()
-            self._pending.append((position, self._fetcher.submit(self.group.partitions[position])))
+            spec = self.group.partitions[position]
+            self._pending.append((position, self._fetcher.submit(spec) if self._fetching else None))
 
     def take(self, count: int) -> list[Piece]:
         """The next ``count`` samples (``count <= remaining``), loading partitions as needed."""
@@ -156,6 +172,8 @@ class GroupStream:
             step = self._step
             if step is None or step.served == len(step.starts):
                 step = self._advance()
+            if self._fetching and not step.segment.block.fetched:
+                step.segment = self._fetched_segment(step)
             chosen = step.starts[step.served : step.served + count]
             step.served += len(chosen)
             count -= len(chosen)
@@ -189,33 +207,53 @@ class GroupStream:
                     f"group {self.group.index} ran out of partitions with {self.remaining} samples owed"
                 )
             position, pending = self._pending.popleft()
-            block = pending.wait(self._stop, self._config.timeout)
+            if pending is None:
+                block = Block.unfetched(self._bounds[position + 1] - self._bounds[position])
+            else:
+                block = self._checked(position, pending.wait(self._stop, self._config.timeout))
             step = self._load(position, block)
             self._step = step
             if len(step.starts):
                 return step
 
+    def _checked(self, position: int, block: Block) -> Block:
+        planned = self._bounds[position + 1] - self._bounds[position]
+        if block.rows != planned:
+            raise ValueError(
+                f"{self.group.partitions[position].describe()} returned {block.rows} rows, but planning "
+                f"counted {planned}: the data changed after the loader was built (len(), the "
+                f"windows and the sample order all rest on those counts); build the loader again"
+            )
+        return block
+
+    def _fetch_now(self, position: int) -> Block:
+        """Partition ``position``'s rows, fetched and awaited now (after a fast-forward)."""
+        pending = self._fetcher.submit(self.group.partitions[position])
+        return self._checked(position, pending.wait(self._stop, self._config.timeout))
+
+    def _keep_edges(self, position: int, block: Block) -> None:
+        keep = min(self._geometry.span - 1, block.rows)
+        self._edges[position] = (
+            block.rows_between(0, keep),
+            block.rows_between(block.rows - keep, block.rows),
+        )
+
+    def _fetched_segment(self, step: _Step) -> Segment:
+        """The data of a step loaded during a fast-forward: its partition and the same edge rows."""
+        block = self._fetch_now(step.position)
+        self._keep_edges(step.position, block)
+        left = self._gather_edges(step.position, -1, step.left)
+        right = self._gather_edges(step.position, +1, step.right)
+        return Segment(Block.concatenate([*left, block, *right]))
+
     def _load(self, position: int, block: Block) -> _Step:
         edge = self._geometry.span - 1
         first, stop = self._bounds[position], self._bounds[position + 1]
-        if block.rows != stop - first:
-            raise ValueError(
-                f"{self.group.partitions[position].describe()} returned {block.rows} rows, but planning "
-                f"counted {stop - first}: the data changed after the loader was built (len(), the "
-                f"windows and the sample order all rest on those counts); build the loader again"
-            )
         left = self._gather_edges(position, -1, edge)
         right = self._gather_edges(position, +1, edge)
         lo = first - sum(b.rows for b in left)
         hi = stop + sum(b.rows for b in right)
-        if edge:
-            keep = min(edge, block.rows)
-            self._edges[position] = (
-                block.rows_between(0, keep),
-                block.rows_between(block.rows - keep, block.rows),
-            )
-        else:
-            self._edges[position] = (block.rows_between(0, 0), block.rows_between(0, 0))
+        self._keep_edges(position, block)
         completed = self._geometry.samples_completed_by(first, stop, lo, hi, self.group.samples)
         samples = range(max(completed.start, self._unit.first), min(completed.stop, self._unit.stop))
         order = sample_order(
@@ -236,7 +274,7 @@ class GroupStream:
                 f"internal error: group {self.group.index} step {self._steps_taken - 1} has samples "
                 f"outside its {segment.block.rows} rows"
             )
-        return _Step(segment, starts)
+        return _Step(segment, starts, position, first - lo, hi - stop)
 
     def _gather_edges(self, position: int, direction: int, rows: int) -> list[Block]:
         """Up to ``rows`` kept rows of the loaded neighbours on one side, in row order."""
@@ -244,12 +282,15 @@ class GroupStream:
         neighbour = position + direction
         while rows > 0 and neighbour in self._edges:
             head, tail = self._edges[neighbour]
+            if self._fetching and not head.fetched:
+                self._keep_edges(neighbour, self._fetch_now(neighbour))
+                head, tail = self._edges[neighbour]
             kept = tail if direction < 0 else head
             take = min(rows, kept.rows)
             part = (
-                Block(kept.x[kept.rows - take :], kept.y[kept.rows - take :])
+                Block(kept.x[kept.rows - take :], kept.y[kept.rows - take :], kept.fetched)
                 if direction < 0
-                else Block(kept.x[:take], kept.y[:take])
+                else Block(kept.x[:take], kept.y[:take], kept.fetched)
             )
             pieces.append(part)
             rows -= take
@@ -263,6 +304,12 @@ class GroupPool:
     Units enter in the given order (the epoch's group order, see :func:`epoch_units`). Without
     shuffle they are served one after another (the pool only prefetches the next ones); with
     shuffle each sample of a batch comes from a uniformly drawn active unit.
+
+    With ``fetching=False`` the pool fast-forwards: it draws the same samples from row counts
+    alone, fetching nothing, and its pieces have no data (they are for skipping, not gathering).
+    :meth:`start_fetching` ends the fast-forward; the partitions the rest of the epoch needs are
+    then fetched, including, once each, the neighbours of a partition loaded during the
+    fast-forward whose edge rows a window still needs.
     """
 
     def __init__(
@@ -273,6 +320,8 @@ class GroupPool:
         epoch: int,
         fetcher: Fetcher,
         stop: threading.Event,
+        *,
+        fetching: bool = True,
     ) -> None:
         self.gauge = PartitionGauge()
         self._config = config
@@ -281,9 +330,16 @@ class GroupPool:
         self._active: list[GroupStream] = []
         self._ahead: GroupStream | None = None
         self._draws = SourceDraws(config.seed, epoch)
+        self._fetching = fetching
         self._make: Callable[[WorkUnit], GroupStream] = lambda unit: GroupStream(
-            unit, config, geometry, epoch, fetcher, self.gauge, stop
+            unit, config, geometry, epoch, fetcher, self.gauge, stop, self._fetching
         )
+
+    def start_fetching(self) -> None:
+        """End the fast-forward (see the class docstring)."""
+        self._fetching = True
+        for stream in [*self._active, *([self._ahead] if self._ahead else [])]:
+            stream.start_fetching()
 
     def take(self, count: int) -> list[Piece]:
         """The next ``count`` samples of the epoch; ``count`` must not exceed what is left."""

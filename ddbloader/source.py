@@ -119,10 +119,20 @@ def _sample_shape(names: Sequence[str], shape_of: Any) -> Shape:
 
 @dataclass(frozen=True)
 class Block:
-    """One partition as row-major arrays: x ``[rows, Fx]`` and y ``[rows, Fy]``. Read-only."""
+    """One partition as row-major arrays: x ``[rows, Fx]`` and y ``[rows, Fy]``. Read-only.
+
+    An unfetched block (``fetched=False``, see :meth:`unfetched`) knows only its row count: its
+    arrays have no columns. It stands for a partition while an epoch is fast-forwarded to a resume
+    point, where only the row counts decide which samples come out.
+    """
 
     x: np.ndarray[Any, Any]
     y: np.ndarray[Any, Any]
+    fetched: bool = True
+
+    @staticmethod
+    def unfetched(rows: int) -> Block:
+        return Block(np.empty((rows, 0)), np.empty((rows, 0)), fetched=False)
 
     @property
     def rows(self) -> int:
@@ -130,12 +140,14 @@ class Block:
 
     def rows_between(self, start: int, stop: int) -> Block:
         """Rows ``[start, stop)`` as a compact copy, so the full block can be freed."""
-        return Block(self.x[start:stop].copy(), self.y[start:stop].copy())
+        return Block(self.x[start:stop].copy(), self.y[start:stop].copy(), self.fetched)
 
     @staticmethod
     def concatenate(blocks: Sequence[Block]) -> Block:
         if len(blocks) == 1:
             return blocks[0]
+        if not all(b.fetched for b in blocks):
+            return Block.unfetched(sum(b.rows for b in blocks))
         return Block(np.concatenate([b.x for b in blocks]), np.concatenate([b.y for b in blocks]))
 
 

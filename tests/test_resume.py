@@ -7,7 +7,7 @@ from typing import Any
 
 import duckdb
 import pytest
-from conftest import SERIES_SQL, make_series
+from conftest import SERIES_SQL, FaultyBackend, make_series
 from resume_check import (
     assert_resumes_exactly,
     assert_same_batches,
@@ -181,3 +181,26 @@ def test_a_state_from_other_batching_arguments_is_refused(
         pytest.raises(ValueError, match=name),
     ):
         second.load_state_dict(state)
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_a_resume_fetches_only_what_the_rest_of_the_epoch_needs(
+    con: duckdb.DuckDBPyConnection, faulty: Callable[..., FaultyBackend], shuffle: bool
+) -> None:
+    # 4 series x 10 partitions; resuming before the last 2 batches must not replay the epoch's
+    # fetches: only the partitions being served, those queued behind them and the neighbours
+    # whose edge rows a remaining window spans
+    make_series(con, [[8] * 10] * 4)
+    options: dict[str, Any] = {"batch_size": 8, "window_size": 3, "shuffle": shuffle, "seed": 5, **GROUPED}
+    with DDBDataLoader(con, SERIES_SQL, "y", input_col=["f0"], **options) as loader:
+        iterator = iter(loader)
+        done = [next(iterator) for _ in range(len(loader) - 2)]
+        state = loader.state_dict()
+        rest = list(iterator)
+    backend = faulty(con)
+    with DDBDataLoader(backend, SERIES_SQL, "y", input_col=["f0"], **options) as resumed:
+        backend.planning = False
+        resumed.load_state_dict(state)
+        assert_same_batches(list(resumed), rest, "the last 2 batches")
+    assert len(done) > 20
+    assert 1 <= backend.fetches <= 12  # of the 40 partitions a full replay fetched
