@@ -134,10 +134,28 @@ class GroupStream:
         self._step: _Step | None = None
         self._steps_taken = 0
         self._fetching = fetching
+        self._early: dict[int, Pending[Block]] = {}
+
+    def submit_rebuild(self) -> None:
+        """After a fast-forward, queue first what the step being served needs: its partition and
+        the neighbours whose kept rows its remaining samples reach (fetched and awaited together
+        when the step is next served, see :meth:`take`)."""
+        step = self._step
+        if step is None or step.segment.block.fetched or step.served == len(step.starts):
+            return
+        left, right = self._edge_sides(step)
+        needed = [step.position]
+        if left:
+            needed += self._neighbours(step.position, -1, step.left)
+        if right:
+            needed += self._neighbours(step.position, +1, step.right)
+        for position in needed:
+            if position == step.position or not self._edges[position][0].fetched:
+                self._early[position] = self._fetcher.submit(self.group.partitions[position])
 
     def start_fetching(self) -> None:
-        """End a fast-forward: fetch what is queued, and the data of the step being served (and
-        of the neighbours whose edge rows it or a later step needs) when it is next needed."""
+        """End a fast-forward: fetch what is queued (after :meth:`submit_rebuild`'s fetches), and
+        the edge rows of neighbours loaded during the fast-forward when a window needs them."""
         self._fetching = True
         self._pending = deque(
             (position, self._fetcher.submit(self.group.partitions[position]) if pending is None else pending)
@@ -193,6 +211,7 @@ class GroupStream:
         self._pending.clear()
         self._to_submit.clear()
         self._edges.clear()
+        self._early.clear()
 
     def _advance(self) -> _Step:
         while True:
@@ -227,9 +246,29 @@ class GroupStream:
         return block
 
     def _fetch_now(self, position: int) -> Block:
-        """Partition ``position``'s rows, fetched and awaited now (after a fast-forward)."""
-        pending = self._fetcher.submit(self.group.partitions[position])
+        """Partition ``position``'s rows, awaited now (after a fast-forward); fetched now unless
+        :meth:`submit_rebuild` queued it already."""
+        pending = self._early.pop(position, None) or self._fetcher.submit(self.group.partitions[position])
         return self._checked(position, pending.wait(self._stop, self._config.timeout))
+
+    def _edge_sides(self, step: _Step) -> tuple[bool, bool]:
+        """Whether the step's remaining samples reach into its left / right edge rows."""
+        rest = step.starts[step.served :]
+        own_rows = self._bounds[step.position + 1] - self._bounds[step.position]
+        reach_left = step.left > 0 and int(rest.min()) < step.left
+        reach_right = step.right > 0 and int(rest.max()) + self._geometry.span > step.left + own_rows
+        return reach_left, reach_right
+
+    def _neighbours(self, position: int, direction: int, rows: int) -> list[int]:
+        """The loaded neighbours whose kept rows an edge walk of ``rows`` rows visits."""
+        visited = []
+        neighbour = position + direction
+        while rows > 0 and neighbour in self._edges:
+            head, tail = self._edges[neighbour]
+            rows -= min(rows, (tail if direction < 0 else head).rows)
+            visited.append(neighbour)
+            neighbour += direction
+        return visited
 
     def _keep_edges(self, position: int, block: Block) -> None:
         keep = min(self._geometry.span - 1, block.rows)
@@ -239,11 +278,17 @@ class GroupStream:
         )
 
     def _fetched_segment(self, step: _Step) -> Segment:
-        """The data of a step loaded during a fast-forward: its partition and the same edge rows."""
+        """The data of a step loaded during a fast-forward: its partition and the same edge rows.
+
+        Edge rows that no remaining sample of the step reaches are zeros, not fetched (they only
+        keep the segment's row numbering)."""
         block = self._fetch_now(step.position)
         self._keep_edges(step.position, block)
-        left = self._gather_edges(step.position, -1, step.left)
-        right = self._gather_edges(step.position, +1, step.right)
+        reach_left, reach_right = self._edge_sides(step)
+        left = self._gather_edges(step.position, -1, step.left) if reach_left else [_zeros(block, step.left)]
+        right = (
+            self._gather_edges(step.position, +1, step.right) if reach_right else [_zeros(block, step.right)]
+        )
         return Segment(Block.concatenate([*left, block, *right]))
 
     def _load(self, position: int, block: Block) -> _Step:
@@ -298,6 +343,12 @@ class GroupStream:
         return pieces[::-1] if direction < 0 else pieces
 
 
+def _zeros(like: Block, rows: int) -> Block:
+    return Block(
+        np.zeros((rows, like.x.shape[1]), like.x.dtype), np.zeros((rows, like.y.shape[1]), like.y.dtype)
+    )
+
+
 class GroupPool:
     """The ``group_pool_size`` active work units of an epoch, and the draw of each batch's samples.
 
@@ -338,7 +389,10 @@ class GroupPool:
     def start_fetching(self) -> None:
         """End the fast-forward (see the class docstring)."""
         self._fetching = True
-        for stream in [*self._active, *([self._ahead] if self._ahead else [])]:
+        streams = [*self._active, *([self._ahead] if self._ahead else [])]
+        for stream in streams:
+            stream.submit_rebuild()
+        for stream in streams:
             stream.start_fetching()
 
     def take(self, count: int) -> list[Piece]:

@@ -204,3 +204,25 @@ def test_a_resume_fetches_only_what_the_rest_of_the_epoch_needs(
         assert_same_batches(list(resumed), rest, "the last 2 batches")
     assert len(done) > 20
     assert 1 <= backend.fetches <= 12  # of the 40 partitions a full replay fetched
+
+
+def test_a_resume_does_not_fetch_edge_rows_no_remaining_window_reaches(
+    con: duckdb.DuckDBPyConnection, faulty: Callable[..., FaultyBackend]
+) -> None:
+    # one series of 3 partitions of 5 rows, windows of 3 rows: the last 2 samples (rows 11..14)
+    # lie in partition 2 alone, so partition 1's edge rows, kept for the step, need no fetch
+    make_series(con, [[5, 5, 5]])
+    options: dict[str, Any] = {"batch_size": 1, "window_size": [3, 1], "offset": 2, **GROUPED}
+    with DDBDataLoader(con, SERIES_SQL, "y", input_col=["f0"], **options) as loader:
+        iterator = iter(loader)
+        for _ in range(len(loader) - 2):
+            next(iterator)
+        state = loader.state_dict()
+        rest = list(iterator)
+    backend = faulty(con)
+    with DDBDataLoader(backend, SERIES_SQL, "y", input_col=["f0"], **options) as resumed:
+        backend.planning = False
+        resumed.load_state_dict(state)
+        assert_same_batches(list(resumed), rest, "the last 2 batches")
+    assert [x[0, :, 0].tolist() for x, _ in rest] == [[11.0, 12.0, 13.0], [12.0, 13.0, 14.0]]
+    assert backend.fetches == 1
