@@ -9,6 +9,7 @@ import duckdb
 import pytest
 from conftest import SERIES_SQL, FaultyBackend, make_series
 from resume_check import (
+    Batch,
     assert_resumes_exactly,
     assert_same_batches,
     assert_small_state,
@@ -183,6 +184,29 @@ def test_a_state_from_other_batching_arguments_is_refused(
         second.load_state_dict(state)
 
 
+def resume_last_two(
+    con: duckdb.DuckDBPyConnection, faulty: Callable[..., FaultyBackend], options: dict[str, Any]
+) -> tuple[int, list[Batch], int]:
+    """Cut an epoch of f0 windows 2 batches before its end and resume over a fetch-counting backend.
+
+    Returns the batches served before the cut, the last 2 batches (checked equal to the
+    uninterrupted run's) and the partition fetches of the resumed loader.
+    """
+    with DDBDataLoader(con, SERIES_SQL, "y", input_col=["f0"], **options) as loader:
+        iterator = iter(loader)
+        served = len(loader) - 2
+        for _ in range(served):
+            next(iterator)
+        state = loader.state_dict()
+        rest = list(iterator)
+    backend = faulty(con)
+    with DDBDataLoader(backend, SERIES_SQL, "y", input_col=["f0"], **options) as resumed:
+        backend.planning = False
+        resumed.load_state_dict(state)
+        assert_same_batches(list(resumed), rest, "the last 2 batches")
+    return served, rest, backend.fetches
+
+
 @pytest.mark.parametrize("shuffle", [False, True])
 def test_a_resume_fetches_only_what_the_rest_of_the_epoch_needs(
     con: duckdb.DuckDBPyConnection, faulty: Callable[..., FaultyBackend], shuffle: bool
@@ -192,18 +216,9 @@ def test_a_resume_fetches_only_what_the_rest_of_the_epoch_needs(
     # whose edge rows a remaining window spans
     make_series(con, [[8] * 10] * 4)
     options: dict[str, Any] = {"batch_size": 8, "window_size": 3, "shuffle": shuffle, "seed": 5, **GROUPED}
-    with DDBDataLoader(con, SERIES_SQL, "y", input_col=["f0"], **options) as loader:
-        iterator = iter(loader)
-        done = [next(iterator) for _ in range(len(loader) - 2)]
-        state = loader.state_dict()
-        rest = list(iterator)
-    backend = faulty(con)
-    with DDBDataLoader(backend, SERIES_SQL, "y", input_col=["f0"], **options) as resumed:
-        backend.planning = False
-        resumed.load_state_dict(state)
-        assert_same_batches(list(resumed), rest, "the last 2 batches")
-    assert len(done) > 20
-    assert 1 <= backend.fetches <= 12  # of the 40 partitions a full replay fetched
+    served, _, fetches = resume_last_two(con, faulty, options)
+    assert served > 20
+    assert 1 <= fetches <= 12  # of the 40 partitions a full replay fetched
 
 
 def test_a_resume_does_not_fetch_edge_rows_no_remaining_window_reaches(
@@ -213,16 +228,6 @@ def test_a_resume_does_not_fetch_edge_rows_no_remaining_window_reaches(
     # lie in partition 2 alone, so partition 1's edge rows, kept for the step, need no fetch
     make_series(con, [[5, 5, 5]])
     options: dict[str, Any] = {"batch_size": 1, "window_size": [3, 1], "offset": 2, **GROUPED}
-    with DDBDataLoader(con, SERIES_SQL, "y", input_col=["f0"], **options) as loader:
-        iterator = iter(loader)
-        for _ in range(len(loader) - 2):
-            next(iterator)
-        state = loader.state_dict()
-        rest = list(iterator)
-    backend = faulty(con)
-    with DDBDataLoader(backend, SERIES_SQL, "y", input_col=["f0"], **options) as resumed:
-        backend.planning = False
-        resumed.load_state_dict(state)
-        assert_same_batches(list(resumed), rest, "the last 2 batches")
+    _, rest, fetches = resume_last_two(con, faulty, options)
     assert [x[0, :, 0].tolist() for x, _ in rest] == [[11.0, 12.0, 13.0], [12.0, 13.0, 14.0]]
-    assert backend.fetches == 1
+    assert fetches == 1
