@@ -61,25 +61,19 @@ def _batch_shapes(
 
 def _host_buffer(
     shape: tuple[int, ...], dtype: np.dtype[Any], pin: bool
-) -> torch.Tensor | np.ndarray[Any, Any]:
-    """An uninitialised host buffer: a numpy array, or a pinned tensor when ``pin``.
+) -> tuple[torch.Tensor, np.ndarray[Any, Any]]:
+    """An uninitialised host tensor, pinned when ``pin``, and a numpy array over the same memory.
 
-    A pinned buffer must reach the caller as the tensor torch allocated: the caching host allocator
-    finds its block through the tensor's storage to record the stream of a ``non_blocking`` copy
-    and keep the block until that copy is done. A tensor made by ``torch.from_numpy`` over the same
-    memory would hide the block, which could then be reused while the copy is still in flight.
+    Unpinned, numpy allocates and torch wraps. Pinned, torch allocates and the tensor itself must
+    reach the caller: the caching host allocator finds its block through the tensor's storage to
+    record the stream of a ``non_blocking`` copy and keep the block until that copy is done; a
+    ``torch.from_numpy`` wrapper would hide the block, which could then be reused mid-copy.
     """
     if pin:
-        return torch.empty(shape, dtype=torch_dtype(dtype), pin_memory=True)
-    return np.empty(shape, dtype=dtype)
-
-
-def _as_tensor(buffer: torch.Tensor | np.ndarray[Any, Any]) -> torch.Tensor:
-    return buffer if isinstance(buffer, torch.Tensor) else torch.from_numpy(buffer)
-
-
-def _as_array(buffer: torch.Tensor | np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
-    return buffer.numpy() if isinstance(buffer, torch.Tensor) else buffer
+        tensor = torch.empty(shape, dtype=torch_dtype(dtype), pin_memory=True)
+        return tensor, tensor.numpy()
+    array = np.empty(shape, dtype=dtype)
+    return torch.from_numpy(array), array
 
 
 def gather(
@@ -97,16 +91,16 @@ def gather(
     view measured half as fast per thread and splits large copies across OpenMP workers that
     compete with the engine's threads and the training loop. ``mode="clip"`` because the rows
     are in range by construction, and ``"raise"`` would buffer the result before writing ``out``.
-    The buffers are numpy arrays until the end (a torch call costs microseconds of dispatch,
-    which at thousands of batches per second is a visible share of the assembler's time).
+    The copies write through numpy views (a torch call costs microseconds of dispatch, which at
+    thousands of batches per second is a visible share of the assembler's time).
     """
     size = sum(len(p.starts) for p in pieces)
     x_window, y_window = _windows(geometry)
     x_shape, y_shape = _batch_shapes(size, geometry, layout)
-    x = _host_buffer(x_shape, layout.x_dtype, pin)
-    y = _host_buffer(y_shape, layout.y_dtype, pin)
-    x_rows = _as_array(x).reshape(size * x_window, layout.x_features)
-    y_rows = _as_array(y).reshape(size * y_window, layout.y_features)
+    x, x_array = _host_buffer(x_shape, layout.x_dtype, pin)
+    y, y_array = _host_buffer(y_shape, layout.y_dtype, pin)
+    x_rows = x_array.reshape(size * x_window, layout.x_features)
+    y_rows = y_array.reshape(size * y_window, layout.y_features)
     offset = geometry.offset
     filled = 0
     for piece in pieces:
@@ -117,7 +111,7 @@ def gather(
             _row_numbers(starts + offset, y_window), 0, y_rows[filled * y_window : stop * y_window], "clip"
         )
         filled = stop
-    return _as_tensor(x), _as_tensor(y)
+    return x, y
 
 
 def gather_on_device(

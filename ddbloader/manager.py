@@ -167,14 +167,13 @@ class GroupStream:
         """Partitions this stream holds: queued or in flight, plus the one being served."""
         return len(self._pending) + (self._step is not None)
 
-    def top_up(self, room: int) -> int:
+    def top_up(self, room: int) -> None:
         """Queue up to ``room`` more fetches, never holding more than ``prepartition_num``
-        partitions; returns how many were queued. A new stream queues nothing until asked."""
-        queued = 0
-        while queued < room and self.held < self._config.prepartition_num and self._to_submit:
+        partitions. A new stream queues nothing until asked."""
+        for _ in range(room):
+            if self.held >= self._config.prepartition_num or not self._to_submit:
+                return
             self._submit_next()
-            queued += 1
-        return queued
 
     def _submit_next(self) -> None:
         if self._to_submit:
