@@ -688,19 +688,15 @@ def _ddbloader_version(ddbloader_from: str | None) -> str:
     """Which ddbloader ran: a directory given by --ddbloader-from, or this checkout's commit."""
     if ddbloader_from:
         return f"from {ddbloader_from}"
+
+    def git(*args: str) -> str:
+        return subprocess.run(
+            ["git", "-C", str(HERE.parent), *args], capture_output=True, text=True, check=True
+        ).stdout.strip()
+
     try:
-        head = subprocess.run(
-            ["git", "-C", str(HERE.parent), "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "-C", str(HERE.parent), "status", "--porcelain", "ddbloader"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
+        head = git("rev-parse", "--short", "HEAD")
+        dirty = git("status", "--porcelain", "ddbloader")
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
     return f"checkout {head}{' + uncommitted changes' if dirty else ''}"

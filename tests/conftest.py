@@ -6,12 +6,14 @@ import random
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import duckdb
 import pyarrow as pa
 import pytest
 
+from ddbloader import DDBDataLoader
 from ddbloader.backends import Backend, Cursor, DuckDBBackend
 
 SERIES_SQL = "SELECT gid, part, pos, rid, f0, f1, y FROM series ORDER BY gid, part, pos"
@@ -57,6 +59,19 @@ def con() -> Iterator[duckdb.DuckDBPyConnection]:
     connection = duckdb.connect()
     yield connection
     connection.close()
+
+
+def series_file(path: Path, parts: Sequence[Sequence[int]]) -> Path:
+    """Write a DuckDB file at ``path`` holding ``make_series(parts)``'s ``series`` table."""
+    with duckdb.connect(str(path)) as writer:
+        make_series(writer, parts)
+    return path
+
+
+@pytest.fixture
+def db_path(tmp_path: Path) -> str:
+    """A DuckDB file holding the ``series`` table of :func:`series` (for loaders that open a path)."""
+    return str(series_file(tmp_path / "series.duckdb", [[10, 7, 12], [15, 6], [8, 9, 11, 10]]))
 
 
 @pytest.fixture
@@ -169,3 +184,16 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=False,
         help="run the long reliability soak variants (tests/reliability): more cycles, bigger tables",
     )
+
+
+def series_loader(source: Any, **kwargs: Any) -> DDBDataLoader:
+    """A loader over ``series`` (see :func:`make_series`): x = f0, f1; y; grouped by gid,
+    repartitioned by part, batches of 8; ``kwargs`` add or override arguments."""
+    arguments: dict[str, Any] = {
+        "batch_size": 8,
+        "input_col": ["f0", "f1"],
+        "group_col": "gid",
+        "repartition_col": "part",
+    }
+    arguments.update(kwargs)
+    return DDBDataLoader(source, SERIES_SQL, "y", **arguments)

@@ -11,13 +11,12 @@ import multiprocessing
 import pickle
 from collections import Counter
 from collections.abc import Iterable
-from pathlib import Path
 from typing import Any
 
 import duckdb
 import pytest
 import torch
-from conftest import SERIES_SQL, make_series
+from conftest import SERIES_SQL
 from torch.utils.data import DataLoader
 from torchdata.stateful_dataloader import StatefulDataLoader
 
@@ -41,14 +40,6 @@ ARGS: dict[str, Any] = {
 }
 
 Batch = tuple[torch.Tensor, torch.Tensor]
-
-
-@pytest.fixture
-def db_path(tmp_path: Path) -> str:
-    path = tmp_path / "series.duckdb"
-    with duckdb.connect(str(path)) as writer:
-        make_series(writer, [[10, 7, 12], [15, 6], [8, 9, 11, 10]])
-    return str(path)
 
 
 def dataset(source: Any, **overrides: Any) -> DDBIterableDataset:

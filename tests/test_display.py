@@ -14,7 +14,7 @@ from typing import Any
 import duckdb
 import pytest
 import torch
-from conftest import SERIES_SQL, FaultyBackend
+from conftest import SERIES_SQL, FaultyBackend, series_loader
 
 from ddbloader import DDBDataLoader
 from ddbloader.display import compact_traceback, human_bytes, readable_in_notebooks
@@ -26,16 +26,7 @@ GROUP_ROWS = (29, 21, 38)
 
 def windowed(source: Any, **kwargs: Any) -> DDBDataLoader:
     """Windows of 4 rows → the next 2, batches of 8, grouped by gid, repartitioned by part."""
-    arguments: dict[str, Any] = {
-        "batch_size": 8,
-        "window_size": [4, 2],
-        "input_col": ["f0", "f1"],
-        "group_col": "gid",
-        "repartition_col": "part",
-        "seed": 3,
-    }
-    arguments.update(kwargs)
-    return DDBDataLoader(source, SERIES_SQL, "y", **arguments)
+    return series_loader(source, **{"window_size": [4, 2], "seed": 3, **kwargs})
 
 
 def expected_windows(x_window: int = 4, y_window: int = 2) -> int:

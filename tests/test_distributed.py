@@ -246,14 +246,6 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-@pytest.fixture
-def db_path(tmp_path: Path) -> str:
-    path = tmp_path / "series.duckdb"
-    with duckdb.connect(str(path)) as writer:
-        make_series(writer, [[10, 7, 12], [15, 6], [8, 9, 11, 10]])
-    return str(path)
-
-
 @pytest.mark.timeout(180)  # the module's mark would cut the subprocess's own timeout short
 def test_torchrun_two_ranks_shard_evenly_and_train(db_path: str, tmp_path: Path) -> None:
     out = tmp_path / "out"

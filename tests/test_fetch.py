@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import re
@@ -215,6 +216,19 @@ def _wait_result(pending: Pending[Block], timeout: float = 10) -> Block:
     return pending.wait(threading.Event(), timeout=timeout)
 
 
+@contextlib.contextmanager
+def faulty_fetcher(
+    con: duckdb.DuckDBPyConnection, plan: QueryPlan, retry: RetryPolicy, **faults: Any
+) -> Iterator[tuple[CountingBackend, Fetcher]]:
+    """A one-thread fetcher over ``con`` with ``faults`` injected (see CountingBackend); closed after."""
+    backend = CountingBackend(DuckDBBackend(con), **faults)
+    fetcher = Fetcher(backend, plan.layout, 1, retry=retry)
+    try:
+        yield backend, fetcher
+    finally:
+        fetcher.close()
+
+
 @pytest.mark.parametrize(
     "make_error",
     [
@@ -232,17 +246,16 @@ def test_a_network_error_is_retried_on_a_fresh_cursor(
     make_error: Callable[[], BaseException],
 ) -> None:
     caplog.set_level(logging.WARNING, logger="ddbloader")
-    backend = CountingBackend(DuckDBBackend(con), fail_on=[1], error=make_error)
-    fetcher = Fetcher(backend, plan.layout, 1, retry=RetryPolicy(retries=2, backoff=0.01))
-    try:
+    with faulty_fetcher(con, plan, RetryPolicy(retries=2, backoff=0.01), fail_on=[1], error=make_error) as (
+        backend,
+        fetcher,
+    ):
         spec = _specs(plan)[0]
         block = _wait_result(fetcher.submit(spec))
         np.testing.assert_array_equal(block.x[:, 0], _expected_rids(spec))
         assert backend.fetches == 2
         # the failed cursor was closed and a new one opened for the second attempt
         assert (backend.opened, backend.closed) == (2, 1)
-    finally:
-        fetcher.close()
     assert backend.closed == 2
     (record,) = [r for r in caplog.records if r.name == "ddbloader"]
     assert record.levelno == logging.WARNING
@@ -256,14 +269,16 @@ def test_retries_wait_with_exponential_backoff(
     con: duckdb.DuckDBPyConnection, plan: QueryPlan, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.WARNING, logger="ddbloader")
-    backend = CountingBackend(DuckDBBackend(con), fail_on=[1, 2, 3], error=lambda: ConnectionResetError("x"))
-    fetcher = Fetcher(backend, plan.layout, 1, retry=RetryPolicy(retries=3, backoff=0.05))
-    try:
+    with faulty_fetcher(
+        con,
+        plan,
+        RetryPolicy(retries=3, backoff=0.05),
+        fail_on=[1, 2, 3],
+        error=lambda: ConnectionResetError("x"),
+    ) as (backend, fetcher):
         started = time.monotonic()
         assert _wait_result(fetcher.submit(_specs(plan)[0])).rows == PARTS[0][0]
         elapsed = time.monotonic() - started
-    finally:
-        fetcher.close()
     # 0.05 + 0.1 + 0.2 s of waiting before the fourth attempt succeeds
     assert 0.35 <= elapsed < 2.0
     delays = [re.search(r"in (\S+) s$", r.getMessage()) for r in caplog.records]
@@ -280,9 +295,9 @@ def test_when_retries_run_out_the_last_error_surfaces_with_its_subquery(
         raised.append(ConnectionAbortedError(f"attempt {len(raised) + 1}"))
         return raised[-1]
 
-    backend = CountingBackend(DuckDBBackend(con), fail_on=[1, 2, 3], error=record)
-    fetcher = Fetcher(backend, plan.layout, 1, retry=RetryPolicy(retries=2, backoff=0.001))
-    try:
+    with faulty_fetcher(
+        con, plan, RetryPolicy(retries=2, backoff=0.001), fail_on=[1, 2, 3], error=record
+    ) as (backend, fetcher):
         spec = _specs(plan)[0]
         failed = fetcher.submit(spec)
         with pytest.raises(ConnectionAbortedError, match="attempt 3") as caught:
@@ -293,8 +308,6 @@ def test_when_retries_run_out_the_last_error_surfaces_with_its_subquery(
         assert any(spec.sql in n and "with parameters [0, 0]" in n for n in notes)
         # the thread goes on serving with a fresh cursor
         assert _wait_result(fetcher.submit(_specs(plan)[1])).rows == PARTS[0][1]
-    finally:
-        fetcher.close()
     assert backend.fetches == 4
 
 
@@ -314,9 +327,10 @@ def test_a_permanent_error_is_raised_at_once_without_retry(
     make_error: Callable[[], BaseException],
 ) -> None:
     caplog.set_level(logging.WARNING, logger="ddbloader")
-    backend = CountingBackend(DuckDBBackend(con), fail_on=[1], error=make_error)
-    fetcher = Fetcher(backend, plan.layout, 1, retry=RetryPolicy(retries=5, backoff=10.0))
-    try:
+    with faulty_fetcher(con, plan, RetryPolicy(retries=5, backoff=10.0), fail_on=[1], error=make_error) as (
+        backend,
+        fetcher,
+    ):
         started = time.monotonic()
         with pytest.raises(type(make_error())) as caught:
             _wait_result(fetcher.submit(_specs(plan)[0]))
@@ -324,21 +338,17 @@ def test_a_permanent_error_is_raised_at_once_without_retry(
         assert not any("gave up" in n for n in caught.value.__notes__)
         assert backend.fetches == 1
         assert backend.opened == 1 and backend.closed == 0
-    finally:
-        fetcher.close()
     assert not caplog.records
 
 
 def test_retries_zero_means_one_attempt(con: duckdb.DuckDBPyConnection, plan: QueryPlan) -> None:
-    backend = CountingBackend(DuckDBBackend(con), fail_on=[1], error=lambda: ConnectionResetError("x"))
-    fetcher = Fetcher(backend, plan.layout, 1, retry=RetryPolicy(retries=0))
-    try:
+    with faulty_fetcher(
+        con, plan, RetryPolicy(retries=0), fail_on=[1], error=lambda: ConnectionResetError("x")
+    ) as (backend, fetcher):
         with pytest.raises(ConnectionResetError) as caught:
             _wait_result(fetcher.submit(_specs(plan)[0]))
         assert not any("gave up" in n for n in caught.value.__notes__)
         assert backend.fetches == 1
-    finally:
-        fetcher.close()
 
 
 class EngineHiccup(Exception):
@@ -375,21 +385,24 @@ def test_the_backend_decides_what_else_is_transient(
 def test_a_transient_failure_to_open_a_cursor_is_retried(
     con: duckdb.DuckDBPyConnection, plan: QueryPlan
 ) -> None:
-    backend = CountingBackend(DuckDBBackend(con), refuse_open=2)
-    fetcher = Fetcher(backend, plan.layout, 1, retry=RetryPolicy(retries=2, backoff=0.001))
-    try:
+    with faulty_fetcher(con, plan, RetryPolicy(retries=2, backoff=0.001), refuse_open=2) as (
+        backend,
+        fetcher,
+    ):
         assert _wait_result(fetcher.submit(_specs(plan)[0])).rows == PARTS[0][0]
         assert (backend.refuse_open, backend.opened) == (0, 1)
-    finally:
-        fetcher.close()
 
 
 def test_a_permanent_failure_to_open_a_cursor_names_the_subquery(
     con: duckdb.DuckDBPyConnection, plan: QueryPlan
 ) -> None:
-    backend = CountingBackend(DuckDBBackend(con), refuse_open=1, open_error=lambda: PermissionError("denied"))
-    fetcher = Fetcher(backend, plan.layout, 1, retry=RetryPolicy(retries=2, backoff=0.001))
-    try:
+    with faulty_fetcher(
+        con,
+        plan,
+        RetryPolicy(retries=2, backoff=0.001),
+        refuse_open=1,
+        open_error=lambda: PermissionError("denied"),
+    ) as (_backend, fetcher):
         spec = _specs(plan)[0]
         with pytest.raises(PermissionError) as caught:
             _wait_result(fetcher.submit(spec))
@@ -400,8 +413,6 @@ def test_a_permanent_failure_to_open_a_cursor_names_the_subquery(
         assert spec.sql in note
         # the next fetch opens the cursor again and succeeds
         assert _wait_result(fetcher.submit(_specs(plan)[1])).rows == PARTS[0][1]
-    finally:
-        fetcher.close()
 
 
 def test_close_during_a_backoff_wait_stops_at_once(con: duckdb.DuckDBPyConnection, plan: QueryPlan) -> None:
@@ -495,12 +506,12 @@ def test_a_permanent_error_after_retries_says_how_many_came_before(
     con: duckdb.DuckDBPyConnection, plan: QueryPlan
 ) -> None:
     errors = iter([ConnectionResetError("reset"), PermissionError("revoked")])
-    backend = CountingBackend(DuckDBBackend(con), fail_on=[1, 2], error=lambda: next(errors))
-    fetcher = Fetcher(backend, plan.layout, 1, retry=RetryPolicy(retries=3, backoff=0.001))
-    try:
-        with pytest.raises(PermissionError) as caught:
-            _wait_result(fetcher.submit(_specs(plan)[0]))
-    finally:
-        fetcher.close()
+    with (
+        faulty_fetcher(
+            con, plan, RetryPolicy(retries=3, backoff=0.001), fail_on=[1, 2], error=lambda: next(errors)
+        ) as (backend, fetcher),
+        pytest.raises(PermissionError) as caught,
+    ):
+        _wait_result(fetcher.submit(_specs(plan)[0]))
     assert "ddbloader gave up on attempt 2: this error is not transient" in caught.value.__notes__
     assert backend.fetches == 2

@@ -439,6 +439,15 @@ def test_no_threads_left_after_200_early_breaks(series: duckdb.DuckDBPyConnectio
     assert no_threads()
 
 
+def abandon_in_a_cycle(loader: DDBDataLoader) -> None:
+    """Start an iteration, take one batch and drop the iterator inside a reference cycle, so that
+    only the garbage collector can reach (and finalize) it."""
+    cycle: dict[str, Any] = {"iterator": iter(loader)}
+    cycle["self"] = cycle
+    next(cycle["iterator"])
+    del cycle
+
+
 def test_no_threads_left_after_close(series: duckdb.DuckDBPyConnection) -> None:
     loader = _shuffled(series)
     iterator = iter(loader)
@@ -458,10 +467,7 @@ def test_no_threads_left_after_gc_of_an_abandoned_iterator(series: duckdb.DuckDB
         # only the garbage collector can reach an iterator caught in a reference cycle
         gc.disable()
         try:
-            cycle: dict[str, Any] = {"iterator": iter(loader)}
-            cycle["self"] = cycle
-            next(cycle["iterator"])
-            del cycle
+            abandon_in_a_cycle(loader)
             assert live_threads()
             gc.collect()
         finally:
@@ -483,10 +489,7 @@ def test_gc_running_in_the_abandoned_iterators_own_fetch_thread_does_not_stall(
     backend.planning = False
     gc.disable()
     try:
-        cycle: dict[str, Any] = {"iterator": iter(loader)}
-        cycle["self"] = cycle
-        next(cycle["iterator"])
-        del cycle
+        abandon_in_a_cycle(loader)
         started = time.monotonic()
         assert no_threads(grace=4.0)
         assert time.monotonic() - started < 3.0

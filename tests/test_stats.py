@@ -11,7 +11,7 @@ from typing import Any
 
 import duckdb
 import pytest
-from conftest import SERIES_SQL, FaultyBackend
+from conftest import FaultyBackend, series_loader
 
 import ddbloader
 from ddbloader import DDBDataLoader, LoaderStats
@@ -21,16 +21,7 @@ pytestmark = pytest.mark.timeout(60)
 
 
 def loader_over(source: Any, **kwargs: Any) -> DDBDataLoader:
-    arguments: dict[str, Any] = {
-        "batch_size": 8,
-        "window_size": 3,
-        "input_col": ["f0", "f1"],
-        "group_col": "gid",
-        "repartition_col": "part",
-        "seed": 1,
-    }
-    arguments.update(kwargs)
-    return DDBDataLoader(source, SERIES_SQL, "y", **arguments)
+    return series_loader(source, **{"window_size": 3, "seed": 1, **kwargs})
 
 
 def test_stats_before_the_first_epoch_is_an_error(series: duckdb.DuckDBPyConnection) -> None:

@@ -15,7 +15,7 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 import pytest
-from conftest import SERIES_SQL, FaultyBackend, make_series
+from conftest import SERIES_SQL, FaultyBackend, make_series, series_file
 from reliability_support import (
     BreakingBackend,
     as_bytes,
@@ -271,10 +271,7 @@ def test_a_query_stalled_in_the_engine_times_out_and_is_interrupted(table: duckd
 
 @pytest.fixture
 def database(tmp_path: Path) -> Path:
-    path = tmp_path / "series.duckdb"
-    with duckdb.connect(str(path)) as writer:
-        make_series(writer, PARTS)
-    return path
+    return series_file(tmp_path / "series.duckdb", PARTS)
 
 
 @pytest.mark.parametrize("fetch_threads", [1, 3])

@@ -19,7 +19,7 @@ from typing import Any
 
 import duckdb
 import pytest
-from conftest import SERIES_SQL, FaultyBackend, make_series
+from conftest import SERIES_SQL, FaultyBackend, series_file
 from reliability_support import (
     REPO,
     TESTS,
@@ -54,10 +54,7 @@ KWARGS: dict[str, Any] = {
 
 @pytest.fixture
 def database(tmp_path: Path) -> Path:
-    path = tmp_path / "tiny.duckdb"
-    with duckdb.connect(str(path)) as writer:
-        make_series(writer, TINY)
-    return path
+    return series_file(tmp_path / "tiny.duckdb", TINY)
 
 
 class Consumer(Exception):
