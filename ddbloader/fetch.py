@@ -135,6 +135,18 @@ class _CursorSlot:
             self._cursors.discard(cursor)
 
 
+def _as_planned(spec: PartitionSpec, block: Block) -> Block:
+    """``block``, if it has the rows planning counted for ``spec``: ``len()``, the windows and the
+    sample order all rest on those counts, and the gather does not check its rows."""
+    if block.rows != spec.rows:
+        raise ValueError(
+            f"{spec.describe()} returned {block.rows} rows, but planning counted {spec.rows}: the data "
+            f"changed after the loader was built (len(), the windows and the sample order all rest on "
+            f"those counts); build the loader again"
+        )
+    return block
+
+
 def _fetch_worker(
     backend: Backend,
     layout: ColumnLayout,
@@ -166,7 +178,7 @@ def _fetch_worker(
                 try:
                     cursor = slot.get()
                     opening = False
-                    block = to_block(cursor.fetch(spec.sql, spec.params), layout)
+                    block = _as_planned(spec, to_block(cursor.fetch(spec.sql, spec.params), layout))
                 except Stopped:
                     task.result.cancel()
                     break

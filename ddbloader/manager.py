@@ -228,27 +228,17 @@ class GroupStream:
             if pending is None:
                 block = Block.unfetched(self._bounds[position + 1] - self._bounds[position])
             else:
-                block = self._checked(position, pending.wait(self._stop, self._config.timeout))
+                block = pending.wait(self._stop, self._config.timeout)
             step = self._load(position, block)
             self._step = step
             if len(step.starts):
                 return step
 
-    def _checked(self, position: int, block: Block) -> Block:
-        planned = self._bounds[position + 1] - self._bounds[position]
-        if block.rows != planned:
-            raise ValueError(
-                f"{self.group.partitions[position].describe()} returned {block.rows} rows, but planning "
-                f"counted {planned}: the data changed after the loader was built (len(), the "
-                f"windows and the sample order all rest on those counts); build the loader again"
-            )
-        return block
-
     def _fetch_now(self, position: int) -> Block:
         """Partition ``position``'s rows, awaited now (after a fast-forward); fetched now unless
         :meth:`submit_rebuild` queued it already."""
         pending = self._early.pop(position, None) or self._fetcher.submit(self.group.partitions[position])
-        return self._checked(position, pending.wait(self._stop, self._config.timeout))
+        return pending.wait(self._stop, self._config.timeout)
 
     def _edge_sides(self, step: _Step) -> tuple[bool, bool]:
         """Whether the step's remaining samples reach into its left / right edge rows."""
