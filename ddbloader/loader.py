@@ -27,7 +27,7 @@ from .fetch import Fetcher, RetryPolicy
 from .manager import GroupPool, epoch_units
 from .plan import QueryPlan, build_plan
 from .prefetch import Prefetcher
-from .shard import WorkUnit, agree_seed, resolve_sharding, shard_samples
+from .shard import WorkUnit, agree_seed, part_range, resolve_sharding, shard_samples
 from .stats import LoaderStats, StatsRecorder
 
 __all__ = ["DDBDataLoader"]
@@ -302,9 +302,7 @@ class DDBDataLoader:
         samples = shard_samples(self.plan.samples, sharding.world_size, sharding.even_batches)
         return sum(
             batch_count(
-                (w + 1) * samples // num_workers - w * samples // num_workers,
-                self.config.batch_size,
-                self.config.drop_last,
+                len(part_range(samples, num_workers, w)), self.config.batch_size, self.config.drop_last
             )
             for w in range(num_workers)
         )

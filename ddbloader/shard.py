@@ -27,6 +27,7 @@ __all__ = [
     "Sharding",
     "WorkUnit",
     "agree_seed",
+    "part_range",
     "resolve_sharding",
     "shard_samples",
     "split_units",
@@ -53,6 +54,11 @@ def shard_samples(total: int, world_size: int, even_batches: EvenBatches) -> int
     return -(-total // world_size) if even_batches == "pad" else total // world_size
 
 
+def part_range(total: int, parts: int, index: int) -> range:
+    """Positions of part ``index`` when ``total`` positions are cut into ``parts`` near-equal runs."""
+    return range(index * total // parts, (index + 1) * total // parts)
+
+
 def _cut(units: Sequence[WorkUnit], begin: int, end: int) -> list[WorkUnit]:
     """The units covering positions ``[begin, end)`` of the concatenated sample sequence."""
     cut: list[WorkUnit] = []
@@ -68,9 +74,8 @@ def _cut(units: Sequence[WorkUnit], begin: int, end: int) -> list[WorkUnit]:
 
 def _share(units: Sequence[WorkUnit], parts: int, index: int, size: int, total: int) -> list[WorkUnit]:
     """Part ``index`` of ``parts`` near-equal contiguous runs, topped up to ``size`` samples."""
-    begin = index * total // parts
-    end = (index + 1) * total // parts
-    share = _cut(units, begin, min(end, begin + size))
+    part = part_range(total, parts, index)
+    share = _cut(units, part.start, min(part.stop, part.start + size))
     missing = size - sum(u.samples for u in share)
     source = share or list(units)
     while missing > 0 and source:
@@ -100,10 +105,8 @@ def split_units(
         rank_units = _share(whole, world_size, rank, shard_samples(total, world_size, even_batches), total)
     if num_workers == 1:
         return rank_units
-    rank_total = sum(u.samples for u in rank_units)
-    begin = worker * rank_total // num_workers
-    end = (worker + 1) * rank_total // num_workers
-    return _cut(rank_units, begin, end)
+    part = part_range(sum(u.samples for u in rank_units), num_workers, worker)
+    return _cut(rank_units, part.start, part.stop)
 
 
 @dataclass(frozen=True)
