@@ -23,7 +23,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from .backends import Backend, Cursor, redact_uri
-from .backends.base import backoff_delay
 from .errors import add_note
 from .plan import PartitionSpec
 from .prefetch import POLL_SECONDS, Pending, Stopped, ThreadFailure, join_all, start_thread
@@ -56,16 +55,17 @@ class RetryPolicy:
 
     def delay(self, attempt: int) -> float:
         """Seconds to wait after failed attempt ``attempt`` (1-based) before the next one."""
-        return backoff_delay(self.backoff, attempt, MAX_BACKOFF_SECONDS)
+        return float(min(self.backoff * 2 ** (attempt - 1), MAX_BACKOFF_SECONDS))
 
 
 def is_transient(backend: Backend, error: BaseException) -> bool:
     """True when ``error`` may go away on a fresh cursor: worth another attempt.
 
     Network-level failures (:class:`ConnectionError`, :class:`TimeoutError`, which includes
-    ``socket.timeout``) always are; beyond those the backend decides through an optional
-    ``is_transient(error) -> bool`` method. Anything that is not an :class:`Exception`
-    (``KeyboardInterrupt``, ``SystemExit``) never is.
+    ``socket.timeout``) always are; beyond those the backend decides through
+    :meth:`~ddbloader.backends.Backend.is_transient`, which every built-in backend defines (a
+    backend object of the user's without it has no opinion). Anything that is not an
+    :class:`Exception` (``KeyboardInterrupt``, ``SystemExit``) never is.
     """
     if not isinstance(error, Exception):
         return False

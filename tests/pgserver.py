@@ -4,7 +4,8 @@
 (initdb refuses root), with fsync off since the data is thrown away, password authentication over
 TCP (so URIs carry credentials that redaction can be tested against) and trust on the private
 Unix socket used to create the test database. ``PostgresServer.stop()`` stops it and removes
-the directory (also registered with atexit, as a backstop).
+the directory (also registered with atexit, as a backstop); ``halt()`` and ``resume()`` stop and
+start it again on the same port, for restart tests.
 
 Missing server binaries skip the tests outside CI and fail them in CI (env ``CI`` set), so a CI
 run can never pass by skipping PostgreSQL.
@@ -78,6 +79,14 @@ class PostgresServer:
     def uri(self) -> str:
         return f"postgresql://{USER}:{PASSWORD}@127.0.0.1:{self.port}/{DATABASE}"
 
+    def halt(self) -> None:
+        """Stop the server (fast shutdown: connections are closed) but keep its data and port."""
+        _as_postgres([str(self.bindir / "pg_ctl"), "stop", "-D", str(self.root / "data"), "-m", "fast", "-w"])
+
+    def resume(self) -> None:
+        """Start a server stopped by :meth:`halt` again, on the same port, with the same data."""
+        _start_server(self.bindir, self.root, self.port)
+
     def stop(self) -> None:
         """Stop the server (immediate: the data is discarded) and remove its directory; idempotent."""
         if not self.root.exists():
@@ -88,6 +97,28 @@ class PostgresServer:
             )
         finally:
             shutil.rmtree(self.root, ignore_errors=True)
+
+
+def _start_server(bindir: Path, root: Path, port: int) -> None:
+    options = (
+        f"-c listen_addresses=127.0.0.1 -p {port} -k {root} "
+        "-c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=100"
+    )
+    _as_postgres(
+        [
+            str(bindir / "pg_ctl"),
+            "start",
+            "-w",
+            "-t",
+            "30",
+            "-D",
+            str(root / "data"),
+            "-l",
+            str(root / "server.log"),
+            "-o",
+            options,
+        ]
+    )
 
 
 def _as_postgres(command: list[str]) -> subprocess.CompletedProcess[str]:
@@ -144,26 +175,8 @@ def start() -> PostgresServer:
         # A port taken between probing and binding fails the start; the next free one is tried.
         for attempt in range(3):
             port = _free_port()
-            options = (
-                f"-c listen_addresses=127.0.0.1 -p {port} -k {root} "
-                "-c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=100"
-            )
             try:
-                _as_postgres(
-                    [
-                        str(bindir / "pg_ctl"),
-                        "start",
-                        "-w",
-                        "-t",
-                        "30",
-                        "-D",
-                        str(root / "data"),
-                        "-l",
-                        str(root / "server.log"),
-                        "-o",
-                        options,
-                    ]
-                )
+                _start_server(bindir, root, port)
                 break
             except RuntimeError:
                 if attempt == 2:

@@ -32,7 +32,6 @@ from ddbloader.backends import (
     DBAPIBackend,
     DolphinDBBackend,
     DuckDBBackend,
-    Retry,
     connect,
     redact_uri,
 )
@@ -496,23 +495,88 @@ def test_postgres_cursors_own_their_connections(pg: PostgresEngine) -> None:
         backend.close()
 
 
-def test_postgres_network_error_is_retried_on_a_new_connection(pg: PostgresEngine) -> None:
-    backend = ADBCBackend(pg.uri, retry=Retry(attempts=3, backoff=0.01))
+def test_postgres_lost_connection_is_transient_and_a_new_cursor_reconnects(pg: PostgresEngine) -> None:
+    import adbc_driver_manager
+
+    backend = ADBCBackend(pg.uri)
     cursor = backend.cursor()
     first = _pid(cursor)
     pg.execute(f"SELECT pg_terminate_backend({first})")
-    assert _pid(cursor) != first  # reconnected transparently
+    with pytest.raises(adbc_driver_manager.OperationalError) as caught:
+        _pid(cursor)  # a backend runs a query once: the fetcher's retry loop decides what follows
+    assert backend.is_transient(caught.value)
     cursor.close()
-    once = ADBCBackend(pg.uri, retry=Retry(attempts=1))
-    cursor = once.cursor()
-    pg.execute(f"SELECT pg_terminate_backend({_pid(cursor)})")
-    import adbc_driver_manager
-
-    with pytest.raises(adbc_driver_manager.OperationalError):
-        _pid(cursor)
-    cursor.close()
+    fresh = backend.cursor()
+    assert _pid(fresh) != first
+    with pytest.raises(adbc_driver_manager.ProgrammingError) as caught:
+        fresh.fetch("SELECT * FROM no_such_table", [])
+    assert not backend.is_transient(caught.value)
+    fresh.close()
     backend.close()
-    once.close()
+
+
+#: How long the server stays down in the restart test, and the retry budget that must cover it
+#: on a loaded machine: waits of 0.2, 0.4, 0.8, ... s (capped at 30 s), about 90 s in all.
+RESTART_DOWN_SECONDS = 2.0
+RESTART_RETRIES = 10
+
+
+@pytest.mark.timeout(300)
+def test_postgres_restart_within_the_retry_budget_gives_an_exact_epoch(
+    pg_server: pgserver.PostgresServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    server = pgserver.start()  # its own cluster: the restart must not disturb other tests' connections
+    try:
+        engine = PostgresEngine(server.uri)
+        engine.create("series", series_table([[6] * 8 for _ in range(3)]))
+        engine.admin.close()
+        options: dict[str, Any] = {
+            "target_col": "y",
+            "input_col": ["f0"],
+            "batch_size": 6,
+            "group_col": "gid",
+            "repartition_col": "part",
+            "seed": 5,
+            "shuffle": True,
+            "prefetch_batch": 0,
+            "prepartition_num": 1,
+            "group_pool_size": 1,
+            "fetch_threads": 1,
+            "retries": RESTART_RETRIES,
+            "retry_backoff": 0.2,
+            "timeout": 200.0,
+        }
+        expected = batches(DDBDataLoader(server.uri, SERIES_SQL, **options))
+        outage: dict[str, float] = {}
+        resumed = threading.Event()
+
+        def resume() -> None:
+            server.resume()
+            outage["down"] = time.monotonic() - outage["halted"]
+            resumed.set()
+
+        got = []
+        with (
+            caplog.at_level("WARNING", logger="ddbloader"),
+            DDBDataLoader(server.uri, SERIES_SQL, **options) as loader,
+        ):
+            for number, batch in enumerate(loader):
+                got.append(batch)
+                if number == 3:
+                    server.halt()
+                    outage["halted"] = time.monotonic()
+                    threading.Timer(RESTART_DOWN_SECONDS, resume).start()
+        assert resumed.wait(60), "the server did not come back"
+        retried = [r for r in caplog.records if "retrying on a fresh cursor" in r.getMessage()]
+        print(
+            f"server down {outage['down']:.2f} s; {len(retried)} failed fetch attempts retried; "
+            f"{len(got)} batches, equal to the uninterrupted run"
+        )
+        assert retried, "no fetch met the outage: the test did not test a restart"
+        assert outage["down"] >= RESTART_DOWN_SECONDS
+        assert_same(got, expected)
+    finally:
+        server.stop()
 
 
 def test_postgres_loader_survives_killed_connections(pg: PostgresEngine) -> None:
@@ -742,33 +806,6 @@ def test_unknown_dbapi_driver_asks_for_dialect() -> None:
         connect(Connection())
     backend = DBAPIBackend(Connection(), dialect="postgres", paramstyle="format")
     assert (backend.dialect, backend.paramstyle) == ("postgres", "format")
-
-
-def test_retry_policy_is_validated() -> None:
-    with pytest.raises(ValueError, match="attempts"):
-        Retry(attempts=0)
-    with pytest.raises(ValueError, match="backoff"):
-        Retry(backoff=-1)
-    calls: list[int] = []
-
-    def flaky() -> str:
-        calls.append(1)
-        if len(calls) < 3:
-            raise OSError("connection reset")
-        return "ok"
-
-    assert (
-        Retry(attempts=3, backoff=0).run(
-            flaky, transient=lambda e: True, reset=lambda: None, stop=threading.Event()
-        )
-        == "ok"
-    )
-    calls.clear()
-    with pytest.raises(OSError) as caught:
-        Retry(attempts=2, backoff=0).run(
-            flaky, transient=lambda e: True, reset=lambda: None, stop=threading.Event()
-        )
-    assert "gave up after 2 attempts" in _everything(caught.value)
 
 
 def test_dbapi_interrupt_stops_a_running_query(tmp_path: Path) -> None:

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
+import functools
 import logging
 import re
+import sqlite3
 import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import duckdb
@@ -18,7 +22,7 @@ import pytest
 from conftest import SERIES_SQL, FaultyBackend, make_series, wait_until
 
 from ddbloader import DDBDataLoader
-from ddbloader.backends import DuckDBBackend
+from ddbloader.backends import DBAPIBackend, DolphinDBBackend, DuckDBBackend
 from ddbloader.fetch import MAX_BACKOFF_SECONDS, Fetcher, RetryPolicy, is_transient
 from ddbloader.plan import PartitionSpec, QueryPlan
 from ddbloader.prefetch import Pending, Stopped
@@ -478,6 +482,21 @@ def test_a_backend_cannot_make_an_interrupt_transient(con: duckdb.DuckDBPyConnec
     backend = CountingBackend(DuckDBBackend(con), transient=lambda error: True)
     assert is_transient(backend, RuntimeError("x"))
     assert not is_transient(backend, KeyboardInterrupt())
+
+
+def test_each_built_in_backend_decides_what_is_transient(tmp_path: Path) -> None:
+    """The fetcher's one retry loop asks every backend by the same name (it once asked for a
+    name the server backends did not define, so their network errors were never retried)."""
+    network = OSError(errno.ENETDOWN, "network is down")  # not a ConnectionError: the backend decides
+    path = str(tmp_path / "t.sqlite")
+    assert is_transient(DBAPIBackend(functools.partial(sqlite3.connect, path)), network)
+    shared = sqlite3.connect(path)
+    assert not is_transient(DBAPIBackend(shared), network)  # the caller's: cannot be reopened
+    shared.close()
+    dolphindb = DolphinDBBackend(lambda: None)
+    assert is_transient(dolphindb, RuntimeError("the connection has been closed"))
+    assert not is_transient(dolphindb, RuntimeError("Syntax Error"))
+    assert not is_transient(DuckDBBackend(None), network)
 
 
 def test_retry_policy_delays_double_up_to_a_cap() -> None:

@@ -22,7 +22,7 @@ from duckdb import ConnectionException as DuckDBConnectionClosed
 from duckdb import DuckDBPyConnection
 
 from .adbc import POSTGRES_SCHEMES, ADBCBackend, is_adbc_connection
-from .base import Backend, Cursor, Retry, redact_uri
+from .base import Backend, Cursor, redact_uri
 from .dbapi import DBAPIBackend
 from .dolphindb import URI_SCHEME, DolphinDBBackend, is_dolphindb_session
 from .duckdb import DuckDBBackend
@@ -34,7 +34,6 @@ __all__ = [
     "DBAPIBackend",
     "DolphinDBBackend",
     "DuckDBBackend",
-    "Retry",
     "connect",
     "is_backend",
     "redact_uri",

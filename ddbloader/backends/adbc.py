@@ -25,7 +25,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .base import Retry, describe_uri, redact_uri
+from .base import describe_uri, redact_uri
 from .dbapi import bind_parameters
 
 __all__ = ["POSTGRES_SCHEMES", "ADBCBackend", "is_adbc_connection"]
@@ -113,7 +113,6 @@ class _ADBCCursor:
         self._connection: Any = None
         self._cursor: Any = None
         self._lock = threading.Lock()
-        self._stop = threading.Event()
 
     def _connect(self) -> None:
         connection = self._backend.open()
@@ -131,18 +130,12 @@ class _ADBCCursor:
         else:
             text, bound = bind_parameters(sql, params, backend.dialect, "qmark")
 
-        def attempt() -> pa.Table:
-            if self._cursor is None:
-                self._connect()
-            self._cursor.execute(text, bound or None)
-            return _floats_for_numeric(self._cursor.fetch_arrow_table())
-
-        return backend.retry.run(
-            attempt, transient=backend.transient, reset=self._disconnect, stop=self._stop
-        )
+        if self._cursor is None:
+            self._connect()
+        self._cursor.execute(text, bound or None)
+        return _floats_for_numeric(self._cursor.fetch_arrow_table())
 
     def interrupt(self) -> None:
-        self._stop.set()
         with self._lock:
             if self._cursor is not None:
                 # Cancelling an idle statement is a no-op; a closed one has nothing to stop.
@@ -168,14 +161,13 @@ class ADBCBackend:
     Args:
         source: a ``postgresql://`` URI, an ADBC DB-API connection, or a callable returning one.
         dialect: sqlglot dialect; default: from the driver's ``vendor_name``.
-        retry: attempts and backoff when a fetch fails on a network error.
 
     Raises:
         ImportError: the URI's driver is not installed.
         TypeError: the dialect cannot be told from the driver; pass ``dialect=``.
     """
 
-    def __init__(self, source: Any, *, dialect: str | None = None, retry: Retry | None = None) -> None:
+    def __init__(self, source: Any, *, dialect: str | None = None) -> None:
         self._spare: Any = None
         if isinstance(source, str):
             if not source.startswith(POSTGRES_SCHEMES):
@@ -190,7 +182,6 @@ class ADBCBackend:
             self.engine = "adbc (factory)"
         else:
             raise TypeError(f"ADBCBackend needs a URI, an ADBC connection or a factory, got {type(source)!r}")
-        self.retry = retry or Retry()
         self._lock = threading.Lock()
         self._spare = self.open()
         vendor = str(self._spare.adbc_get_info().get("vendor_name", ""))
@@ -209,7 +200,7 @@ class ADBCBackend:
         return spare if spare is not None else _autocommit(self._open())
 
     @staticmethod
-    def transient(error: BaseException) -> bool:
+    def is_transient(error: BaseException) -> bool:
         """A lost or refused connection (ADBC status IO, SQLSTATE 08xxx / 57P0x); not a bad login."""
         import adbc_driver_manager
 

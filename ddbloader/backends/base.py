@@ -5,27 +5,24 @@ thread that opened it. The loader never sends SQL text that contains user values
 travels as a bound parameter, rendered by the backend's dialect from sqlglot placeholders (or,
 for DolphinDB, turned into a typed literal by the backend's own literal builder).
 
-Server backends retry a fetch that failed on a network error (:class:`Retry`), reconnecting
-first; any other error is raised at once. Credentials never appear in ``engine`` or in messages
+A backend runs every query once. Whether an error is worth another attempt (a lost connection)
+is the backend's call, through :meth:`Backend.is_transient`; the one retry loop is the
+fetcher's (:class:`~ddbloader.fetch.RetryPolicy`, configured by the loader's ``retries`` and
+``retry_backoff``), which closes the failed cursor and opens a fresh one, so a backend that
+connects per cursor reconnects. Credentials never appear in ``engine`` or in messages
 written here: URIs pass through :func:`redact_uri`.
 """
 
 from __future__ import annotations
 
 import re
-import threading
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from collections.abc import Sequence
+from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 import pyarrow as pa
 
-from ..errors import add_note
-
-__all__ = ["Backend", "Cursor", "Retry", "backoff_delay", "describe_uri", "redact_uri"]
-
-T = TypeVar("T")
+__all__ = ["Backend", "Cursor", "describe_uri", "redact_uri"]
 
 
 class Cursor(Protocol):
@@ -56,59 +53,18 @@ class Backend(Protocol):
         """Open a new cursor for the calling thread."""
         ...
 
+    def is_transient(self, error: BaseException) -> bool:
+        """True when ``error`` may go away on a fresh cursor (a lost or refused connection).
+
+        The fetcher then closes the cursor, waits, and fetches again on a new one. False for
+        what a new cursor cannot cure: a bad query, a bad login, a connection the user passed in
+        (it cannot be reopened), or anything an embedded engine raises.
+        """
+        ...
+
     def close(self) -> None:
         """Close what this backend opened itself (not a connection the user passed in)."""
         ...
-
-
-def backoff_delay(backoff: float, attempt: int, cap: float) -> float:
-    """Exponential backoff: seconds to wait after failed attempt ``attempt`` (1-based)."""
-    return float(min(backoff * 2 ** (attempt - 1), cap))
-
-
-@dataclass(frozen=True)
-class Retry:
-    """How often a fetch that failed on a network error is tried, and how long to wait between.
-
-    Invariants: ``attempts >= 1`` (1 means no retry); the n-th wait is
-    ``min(backoff * 2**(n-1), max_backoff)`` seconds; an interrupted cursor never retries.
-    """
-
-    attempts: int = 3
-    backoff: float = 0.2
-    max_backoff: float = 5.0
-
-    def __post_init__(self) -> None:
-        if isinstance(self.attempts, bool) or not isinstance(self.attempts, int) or self.attempts < 1:
-            raise ValueError(f"Retry.attempts must be an int >= 1, got {self.attempts!r}")
-        if self.backoff < 0 or self.max_backoff < 0:
-            raise ValueError(f"Retry backoff must be >= 0, got {self.backoff!r} / {self.max_backoff!r}")
-
-    def run(
-        self,
-        operation: Callable[[], T],
-        *,
-        transient: Callable[[BaseException], bool],
-        reset: Callable[[], None],
-        stop: threading.Event,
-    ) -> T:
-        """Run ``operation``; after a transient error, ``reset()`` (reconnect), wait and retry.
-
-        ``stop`` set (the cursor was interrupted) ends the retries at once. The error that is
-        finally raised carries a note saying how many attempts were made.
-        """
-        for attempt in range(1, self.attempts + 1):
-            try:
-                return operation()
-            except Exception as error:
-                if attempt == self.attempts or stop.is_set() or not transient(error):
-                    if attempt > 1:
-                        add_note(error, f"ddbloader gave up after {attempt} attempts (network errors)")
-                    raise
-                reset()
-                if stop.wait(backoff_delay(self.backoff, attempt, self.max_backoff)):
-                    raise
-        raise AssertionError("unreachable: the last attempt returns or raises")
 
 
 _USERINFO = re.compile(r"(?<=://)[^/@\s]*@")

@@ -33,7 +33,6 @@ import sqlglot
 from sqlglot import exp
 
 from ..errors import add_note
-from .base import Retry
 
 __all__ = ["PARAMSTYLES", "DBAPIBackend", "bind_parameters"]
 
@@ -168,7 +167,6 @@ class _DBAPICursor:
         self._backend = backend
         self._connection: Any = connection
         self._shared = shared
-        self._stop = threading.Event()
         self._running = False
 
     def fetch(self, sql: str, params: Sequence[Any]) -> pa.Table:
@@ -176,20 +174,10 @@ class _DBAPICursor:
         text, bound = bind_parameters(sql, params, backend.dialect, backend.paramstyle)
         probe = None if params else _schema_sample(sql, backend.dialect)
 
-        def attempt() -> pa.Table:
-            table = self._execute(text, bound)
-            if (
-                probe is not None
-                and table.num_rows == 0
-                and any(pa.types.is_null(t) for t in table.schema.types)
-            ):
-                sample = self._execute(probe, ())
-                return sample.schema.empty_table()
-            return table
-
-        if self._shared:
-            return attempt()
-        return backend.retry.run(attempt, transient=backend.transient, reset=self._reconnect, stop=self._stop)
+        table = self._execute(text, bound)
+        if probe is not None and table.num_rows == 0 and any(pa.types.is_null(t) for t in table.schema.types):
+            return self._execute(probe, ()).schema.empty_table()
+        return table
 
     def _execute(self, sql: str, params: Sequence[Any] | dict[str, Any]) -> pa.Table:
         lock = self._backend.lock if self._shared else contextlib.nullcontext()
@@ -225,14 +213,7 @@ class _DBAPICursor:
             with contextlib.suppress(Exception):
                 self._connection.rollback()
 
-    def _reconnect(self) -> None:
-        connection, self._connection = self._connection, None
-        if connection is not None:
-            with contextlib.suppress(Exception):
-                connection.close()
-
     def interrupt(self) -> None:
-        self._stop.set()
         connection = self._connection
         if connection is None or not self._running:
             return
@@ -245,8 +226,12 @@ class _DBAPICursor:
                 return
 
     def close(self) -> None:
-        if not self._shared:
-            self._reconnect()
+        if self._shared:
+            return
+        connection, self._connection = self._connection, None
+        if connection is not None:
+            with contextlib.suppress(Exception):
+                connection.close()
 
 
 class DBAPIBackend:
@@ -257,8 +242,6 @@ class DBAPIBackend:
             connection (one per cursor, so fetches run in parallel).
         dialect: sqlglot dialect of the engine; default: guessed from the driver module.
         paramstyle: the driver's placeholder style; default: the driver module's ``paramstyle``.
-        retry: attempts and backoff for network errors (factories only: a shared connection
-            cannot be reopened).
 
     Raises:
         TypeError: the dialect or paramstyle cannot be told from the driver; pass them.
@@ -270,7 +253,6 @@ class DBAPIBackend:
         *,
         dialect: str | None = None,
         paramstyle: str | None = None,
-        retry: Retry | None = None,
     ) -> None:
         self._factory: Callable[[], Any] | None
         if callable(source) and not hasattr(source, "cursor"):
@@ -294,7 +276,6 @@ class DBAPIBackend:
                 f"use DBAPIBackend(source, dialect=..., paramstyle=...)"
             )
         self.engine = f"{name} (DB-API{', shared connection' if self._factory is None else ''})"
-        self.retry = retry or Retry()
         self.lock = threading.Lock()
         self._error_module = module
         self._driver = name
@@ -307,12 +288,15 @@ class DBAPIBackend:
             spare, self._spare = self._spare, None
         return spare if spare is not None else self._factory()
 
-    def transient(self, error: BaseException) -> bool:
+    def is_transient(self, error: BaseException) -> bool:
         """Network-level failures: an OS-level error, or a server driver's OperationalError.
 
-        An embedded engine (sqlite3) has no network, and raises OperationalError for missing
-        tables and syntax errors too, so nothing it raises is retried.
+        A shared connection cannot be reopened, so nothing is transient on it. An embedded
+        engine (sqlite3) has no network, and raises OperationalError for missing tables and
+        syntax errors too, so nothing it raises is retried.
         """
+        if self._factory is None:
+            return False
         if isinstance(error, OSError):
             return True
         if self._driver in _EMBEDDED:

@@ -34,7 +34,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 import numpy as np
 import pyarrow as pa
 
-from .base import Retry, describe_uri, redact_uri
+from .base import describe_uri, redact_uri
 
 __all__ = [
     "DolphinDBBackend",
@@ -438,39 +438,28 @@ class _DolphinDBCursor:
         self._backend = backend
         self._session: Any = session
         self._shared = shared
-        self._stop = threading.Event()
 
     def fetch(self, sql: str, params: Sequence[Any]) -> pa.Table:
         script = substitute(sql, params)
 
-        def attempt() -> pa.Table:
-            if self._shared:
-                with self._backend.lock:
-                    return _to_arrow(self._session.run(script))
-            if self._session is None:
-                self._session = self._backend.open()
-            return _to_arrow(self._session.run(script))
-
         if self._shared:
-            return attempt()
-        return self._backend.retry.run(
-            attempt, transient=self._backend.transient, reset=self._reconnect, stop=self._stop
-        )
+            with self._backend.lock:
+                return _to_arrow(self._session.run(script))
+        if self._session is None:
+            self._session = self._backend.open()
+        return _to_arrow(self._session.run(script))
 
     def interrupt(self) -> None:
-        # The Python API cannot cancel a running script from another thread; the fetch finishes
-        # and its thread then sees the stop. A retry wait, though, ends at once.
-        self._stop.set()
+        """Nothing to do: the Python API cannot cancel a running script from another thread, so
+        the fetch finishes and its thread then sees the stop."""
 
-    def _reconnect(self) -> None:
+    def close(self) -> None:
+        if self._shared:
+            return
         session, self._session = self._session, None
         if session is not None:
             with contextlib.suppress(Exception):
                 session.close()
-
-    def close(self) -> None:
-        if not self._shared:
-            self._reconnect()
 
 
 class DolphinDBBackend:
@@ -481,13 +470,11 @@ class DolphinDBBackend:
             ``dolphindb://user:password@host:port`` (add ``?protocol=arrow`` when the server has
             the formatArrow plugin), or a callable returning a connected Session. URIs and
             factories give every fetch thread its own session.
-        retry: attempts and backoff when a fetch fails on a connection error (not for a shared
-            session, which cannot be reopened).
     """
 
     dialect = DIALECT
 
-    def __init__(self, source: Any, *, retry: Retry | None = None) -> None:
+    def __init__(self, source: Any) -> None:
         self._factory: Callable[[], Any] | None
         self._shared: Any = None
         if isinstance(source, str):
@@ -502,7 +489,6 @@ class DolphinDBBackend:
             self.engine = "dolphindb (factory)"
         else:
             raise TypeError(f"DolphinDBBackend needs a Session, a URI or a factory, got {type(source)!r}")
-        self.retry = retry or Retry()
         self.lock = threading.Lock()
 
     @staticmethod
@@ -516,10 +502,13 @@ class DolphinDBBackend:
             raise RuntimeError("a shared DolphinDB session cannot be reopened")
         return self._factory()
 
-    @staticmethod
-    def transient(error: BaseException) -> bool:
-        """Connection failures: OS-level errors, or an API error that mentions the connection."""
-        return isinstance(error, OSError) or "connection" in str(error).lower()
+    def is_transient(self, error: BaseException) -> bool:
+        """Connection failures: OS-level errors, or an API error that mentions the connection.
+
+        Never on a shared session, which cannot be reopened."""
+        return self._factory is not None and (
+            isinstance(error, OSError) or "connection" in str(error).lower()
+        )
 
     def cursor(self) -> _DolphinDBCursor:
         if self._factory is None:

@@ -78,6 +78,11 @@ class DuckDBBackend:
     def cursor(self) -> _DuckDBCursor:
         return _DuckDBCursor(self._connection.cursor())
 
+    @staticmethod
+    def is_transient(error: BaseException) -> bool:
+        """Never: an embedded engine has no network, and its connection cannot be reopened here."""
+        return False
+
     def close(self) -> None:
         if self._owned:
             self._connection.close()
