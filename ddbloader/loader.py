@@ -101,6 +101,10 @@ class _EpochIterator:
 
     Holds its loader, so ``for batch in DDBDataLoader(...)`` does not free (and close) the loader,
     and reports its position to it after every batch (for ``state_dict``).
+
+    Invariant: once the epoch has ended, every step raises StopIteration; once the iteration was
+    stopped before that (superseded by a new one, closed, or failed), every step raises
+    RuntimeError saying why, so a training loop never ends early as if the epoch were done.
     """
 
     def __init__(self, loader: DDBDataLoader, run: _EpochRun, backend: Backend) -> None:
@@ -109,6 +113,10 @@ class _EpochIterator:
         self.epoch = run.epoch
         self.yielded = run.skip
         self._started = time.perf_counter()
+        self._owner = threading.current_thread()
+        self._stepping = threading.Lock()
+        self._finished = False
+        self._stopped_because: str | None = None
         prefetcher: Prefetcher[Staged] = Prefetcher(
             functools.partial(_EpochBatches, run, backend),
             depth=run.config.prefetch_batch,
@@ -129,21 +137,49 @@ class _EpochIterator:
         """Bytes enqueued for copy to the device so far this epoch (0 when delivering on the CPU)."""
         return self._run.stage.bytes_to_device
 
+    def owner_elsewhere(self) -> threading.Thread | None:
+        """The other, still running thread that started this unfinished iteration, if any."""
+        if self._finished or self._stopped_because is not None:
+            return None
+        owner = self._owner
+        return owner if owner is not threading.current_thread() and owner.is_alive() else None
+
     def __next__(self) -> Batch:
+        if not self._stepping.acquire(blocking=False):
+            raise RuntimeError(
+                "two threads are stepping the same DDBDataLoader iterator at once; "
+                "a loader serves one consumer thread: give each thread its own loader"
+            )
+        try:
+            return self._step()
+        finally:
+            self._stepping.release()
+
+    def _step(self) -> Batch:
+        if self._stopped_because is not None:
+            raise RuntimeError(self._stopped_because)
         waiting = time.perf_counter()
         ready = self._prefetcher.ready()
         try:
             x, y = self._run.stage.deliver(next(self._prefetcher))
         except StopIteration:
-            if self._close.alive:
+            if self._stopped_because is not None:  # stopped from another thread during this step
+                raise RuntimeError(self._stopped_because) from None
+            if not self._finished:
+                self._finished = True
                 elapsed = time.perf_counter() - self._started
                 _log.info("epoch %d done: %d batches in %.2f s", self.epoch, self.yielded, elapsed)
                 self._loader._progress = (self.epoch, self.yielded, True)
-            self._run.recorder.finish()
-            self.close()
+                self._run.recorder.finish()
+                self._close()
             raise
         except BaseException as error:
-            self.close()
+            if self._stopped_because is not None:
+                raise RuntimeError(self._stopped_because) from error
+            self.stop(
+                f"this DDBDataLoader iteration failed earlier ({type(error).__name__}); "
+                f"start a new one with iter(loader)"
+            )
             readable_in_notebooks(error)
             raise
         self.yielded += 1
@@ -151,8 +187,18 @@ class _EpochIterator:
         self._run.recorder.delivered(len(x), x.nbytes + y.nbytes, time.perf_counter() - waiting, ready)
         return x, y
 
-    def close(self) -> None:
+    def stop(self, reason: str) -> None:
+        """Stop the threads; unless the epoch had ended, every later step raises RuntimeError(reason).
+
+        Safe to call from any thread, during a step too: that step raises the RuntimeError.
+        """
+        if not self._finished and self._stopped_because is None:
+            self._stopped_because = reason
         self._close()
+
+    def close(self) -> None:
+        """Stop this iteration and its threads; a later step raises RuntimeError."""
+        self.stop("this DDBDataLoader iteration was closed (iterator.close())")
 
 
 _Init = TypeVar("_Init", bound=Callable[..., None])
@@ -181,8 +227,11 @@ class DDBDataLoader:
     repartitions of a group; every sample appears exactly once per epoch; the batch sequence is a
     pure function of (query, arguments, seed, epoch). Iterating again starts the next epoch.
 
-    Thread-safety: one consumer thread per loader. Starting a new iteration closes the previous
-    one. ``close()`` (or ``with``) releases threads and the connection the loader opened.
+    Thread-safety: one consumer thread per loader; ``iter()`` from a second thread while the
+    first one's iteration runs raises RuntimeError. Starting a new iteration stops the previous
+    one, whose next step then raises RuntimeError (never a StopIteration that would end a training
+    loop early), as does a step after ``close()``. ``close()`` (or ``with``) releases threads and
+    the connection the loader opened; it may be called from any thread.
 
     Args:
         source: a DuckDB connection, a DuckDB database path (opened read-only) or ``None``.
@@ -335,7 +384,19 @@ class DDBDataLoader:
         """Start the next epoch for one of ``num_workers`` workers (``iter(loader)`` is worker 0 of 1)."""
         if self._closed:
             raise RuntimeError("this DDBDataLoader is closed")
-        self._close_iterator()
+        previous = self._iterator() if self._iterator is not None else None
+        owner = previous.owner_elsewhere() if previous is not None else None
+        if owner is not None:
+            raise RuntimeError(
+                f"this DDBDataLoader is being iterated by thread {owner.name!r}: a loader serves one "
+                f"consumer thread at a time; give each thread its own loader, or let that iteration "
+                f"finish (or close it) first"
+            )
+        self._stop_iterator(
+            "this DDBDataLoader iteration was superseded: iter(loader) was called again before it "
+            "ended, which starts the next epoch and stops this one (to look at a batch inside the "
+            "loop, keep the one you have; for shapes see loader.plan)"
+        )
         epoch = self._epoch
         units = tuple(
             epoch_units(
@@ -438,7 +499,7 @@ class DDBDataLoader:
                     f"state was saved with {name}={state[name]!r}; this loader has {name}={value!r}, "
                     f"so its batches would not continue the saved sequence"
                 )
-        self._close_iterator()
+        self._stop_iterator("this DDBDataLoader iteration was superseded by load_state_dict()")
         if state["seed"] != self.config.seed:
             self.config = dataclasses.replace(self.config, seed=int(state["seed"]))
         self._epoch = int(state["epoch"])
@@ -467,10 +528,10 @@ class DDBDataLoader:
         state.update(_backend=None, _iterator=None, _recorder=None, _progress=None)
         return state
 
-    def _close_iterator(self) -> None:
+    def _stop_iterator(self, reason: str) -> None:
         previous = self._iterator() if self._iterator is not None else None
         if previous is not None:
-            previous.close()
+            previous.stop(reason)
         self._iterator = None
 
     def close(self) -> None:
@@ -478,7 +539,7 @@ class DDBDataLoader:
         if self._closed:
             return
         self._closed = True
-        self._close_iterator()
+        self._stop_iterator("the DDBDataLoader was closed (loader.close()) during this iteration")
         if self._backend is not None and self._backend_pid == os.getpid():
             self._backend.close()
 

@@ -175,7 +175,8 @@ class Prefetcher(Generic[T]):
     """Runs ``make(stop)``'s iterator in a background thread, ``depth`` items ahead.
 
     With ``depth == 0`` the iterator runs in the consumer's thread instead. Single-consumer:
-    ``__next__`` must be called from one thread at a time. ``close()`` is idempotent.
+    ``__next__`` must be called from one thread at a time. ``close()`` is idempotent and may be
+    called from another thread: a consumer waiting in ``__next__`` then gets StopIteration.
     """
 
     def __init__(
@@ -224,6 +225,8 @@ class Prefetcher(Generic[T]):
                 return self._queue.get(timeout=POLL_SECONDS)
             except queue.Empty:
                 assert self._thread is not None
+                if self._closed:  # by another thread, while this one waited
+                    raise StopIteration from None
                 if not self._thread.is_alive() and self._queue.empty():
                     raise RuntimeError(
                         f"background thread {self._thread.name!r} ended without a result"

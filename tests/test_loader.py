@@ -359,15 +359,16 @@ def test_with_block_exited_by_an_exception_stops_the_threads(series: duckdb.Duck
     assert no_threads()
 
 
-def test_closed_loader_refuses_to_iterate_and_its_iterator_stops(series: duckdb.DuckDBPyConnection) -> None:
+def test_closed_loader_refuses_to_iterate_and_its_iterator_raises(series: duckdb.DuckDBPyConnection) -> None:
     loader = _shuffled(series)
     iterator = iter(loader)
     next(iterator)
     loader.close()
     loader.close()
     assert no_threads()
-    with pytest.raises(StopIteration):
-        next(iterator)
+    for _ in range(2):  # never a StopIteration that would end a training loop as if the epoch were done
+        with pytest.raises(RuntimeError, match=r"DDBDataLoader was closed \(loader.close\(\)\)"):
+            next(iterator)
     with pytest.raises(RuntimeError, match="closed"):
         iter(loader)
     with pytest.raises(RuntimeError, match="closed"):
@@ -388,12 +389,118 @@ def test_a_new_iteration_over_an_abandoned_one_is_safe(series: duckdb.DuckDBPyCo
         old = iter(loader)
         head = [next(old), next(old)]
         new = iter(loader)
-        with pytest.raises(StopIteration):
+        with pytest.raises(RuntimeError, match=r"superseded: iter\(loader\) was called again"):
             next(old)
         rest = list(new)
     assert_batches_equal(head, epoch0[:2])
     assert_batches_equal(rest, epoch1)
     assert no_threads()
+
+
+def test_a_shape_probe_inside_the_loop_stops_it_with_an_error(series: duckdb.DuckDBPyConnection) -> None:
+    """``next(iter(loader))`` inside the loop starts the next epoch: the running loop must not end
+    quietly after 3 of 20 batches as if its epoch were complete."""
+    with _shuffled(series) as loader:
+        seen = 0
+        with pytest.raises(RuntimeError, match="superseded"):
+            for seen, _ in enumerate(loader, start=1):
+                if seen == 3:
+                    assert next(iter(loader))[0].shape == (4, 3, 1)
+        assert seen == 3
+
+
+def test_an_ended_epoch_keeps_raising_stop_iteration(series: duckdb.DuckDBPyConnection) -> None:
+    with _shuffled(series) as loader:
+        iterator = iter(loader)
+        assert len(list(iterator)) == 20
+        iterator.close()
+        with pytest.raises(StopIteration):
+            next(iterator)
+        iter(loader)  # the finished iteration stops nothing
+        with pytest.raises(StopIteration):
+            next(iterator)
+
+
+def test_a_closed_iterator_raises(series: duckdb.DuckDBPyConnection) -> None:
+    with _shuffled(series) as loader:
+        iterator = iter(loader)
+        next(iterator)
+        iterator.close()
+        with pytest.raises(RuntimeError, match=r"iteration was closed \(iterator.close\(\)\)"):
+            next(iterator)
+
+
+def test_a_failed_iteration_raises_on_its_next_step(
+    series: duckdb.DuckDBPyConnection, faulty: Callable[..., FaultyBackend]
+) -> None:
+    backend = faulty(series, fail_on=[2], error=lambda: PermissionError("revoked"))
+    with _shuffled(backend, prepartition_num=1, group_pool_size=1, fetch_threads=1) as loader:
+        backend.planning = False
+        iterator = iter(loader)
+        with pytest.raises(PermissionError):
+            while True:
+                next(iterator)
+        with pytest.raises(RuntimeError, match=r"failed earlier \(PermissionError\)"):
+            next(iterator)
+
+
+@pytest.mark.parametrize("prefetch_batch", [0, 2])
+def test_close_from_another_thread_during_a_step_raises_in_the_loop(
+    series: duckdb.DuckDBPyConnection, faulty: Callable[..., FaultyBackend], prefetch_batch: int
+) -> None:
+    backend = faulty(series, hang_on=[3], hang_seconds=1.0)
+    loader = _shuffled(
+        backend, prefetch_batch=prefetch_batch, prepartition_num=1, group_pool_size=1, fetch_threads=1
+    )
+    backend.planning = False
+    closer = threading.Thread(target=lambda: (wait_until(lambda: backend.fetches >= 3), loader.close()))
+    closer.start()
+    with pytest.raises(RuntimeError, match="DDBDataLoader was closed"):
+        for _ in loader:
+            pass
+    closer.join(10)
+    assert no_threads()
+
+
+def test_a_second_thread_cannot_iterate_a_loader_in_use(series: duckdb.DuckDBPyConnection) -> None:
+    taken = threading.Event()
+    done = threading.Event()
+    batches: list[Batch] = []
+
+    def consume() -> None:
+        iterator = iter(loader)
+        batches.append(next(iterator))
+        taken.set()
+        done.wait(10)
+        batches.extend(iterator)
+
+    with _shuffled(series) as loader:
+        first = threading.Thread(target=consume, name="trainer")
+        first.start()
+        assert taken.wait(10)
+        with pytest.raises(RuntimeError, match="being iterated by thread 'trainer'"):
+            iter(loader)
+        done.set()
+        first.join(10)
+        assert len(batches) == 20  # the first thread's iteration was left alone
+        assert len(list(loader)) == 20  # once it ended, another thread may iterate
+
+
+def test_two_threads_stepping_one_iterator_get_an_error_at_once(
+    series: duckdb.DuckDBPyConnection, faulty: Callable[..., FaultyBackend]
+) -> None:
+    backend = faulty(series, hang_on=[1], hang_seconds=1.0)
+    with _shuffled(backend, prefetch_batch=0, fetch_threads=1) as loader:
+        backend.planning = False
+        iterator = iter(loader)
+        stepping = threading.Thread(target=next, args=(iterator,))
+        stepping.start()
+        assert wait_until(lambda: backend.fetches >= 1)  # the other thread is inside its step
+        started = time.monotonic()
+        with pytest.raises(RuntimeError, match="two threads are stepping the same DDBDataLoader iterator"):
+            next(iterator)
+        assert time.monotonic() - started < 0.5
+        stepping.join(10)
 
 
 def test_inline_assembly_gives_the_same_batches(series: duckdb.DuckDBPyConnection) -> None:

@@ -65,6 +65,26 @@ def test_yields_every_item_in_order(depth: int) -> None:
     assert wait_until(lambda: not _named("ddbloader-test-order"), 2)
 
 
+def test_close_from_another_thread_ends_a_waiting_consumer_with_stop_iteration() -> None:
+    """Not with "background thread ... ended without a result": the loader turns this
+    StopIteration into its own RuntimeError saying the iteration was closed."""
+
+    def slow(stop: threading.Event) -> Iterator[int]:
+        yield 1
+        stop.wait(30)
+        yield 2
+
+    prefetcher: Prefetcher[int] = Prefetcher(slow, depth=1, name="ddbloader-test-closed", timeout=20)
+    assert next(prefetcher) == 1
+    closer = threading.Timer(0.2, prefetcher.close)
+    closer.start()
+    started = time.monotonic()
+    with pytest.raises(StopIteration):
+        next(prefetcher)
+    assert time.monotonic() - started < 5
+    closer.join()
+
+
 def test_depth_zero_runs_in_the_consumer_thread() -> None:
     producer = Recorder(count=3)
     prefetcher: Prefetcher[int] = Prefetcher(producer, depth=0, name="ddbloader-test-inline", timeout=5)
