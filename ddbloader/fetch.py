@@ -26,7 +26,7 @@ from .backends import Backend, Cursor, redact_uri
 from .errors import add_note
 from .plan import PartitionSpec
 from .prefetch import POLL_SECONDS, Pending, Stopped, ThreadFailure, join_all, start_thread
-from .source import Block, ColumnLayout, to_block
+from .source import Block, ColumnLayout, check_result_schema, to_block
 
 __all__ = ["MAX_BACKOFF_SECONDS", "Fetcher", "RetryPolicy", "is_transient"]
 
@@ -178,7 +178,9 @@ def _fetch_worker(
                 try:
                     cursor = slot.get()
                     opening = False
-                    block = _as_planned(spec, to_block(cursor.fetch(spec.sql, spec.params), layout))
+                    table = cursor.fetch(spec.sql, spec.params)
+                    check_result_schema(table.schema, layout, spec.describe())
+                    block = _as_planned(spec, to_block(table, layout))
                 except Stopped:
                     task.result.cancel()
                     break

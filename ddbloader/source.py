@@ -45,6 +45,7 @@ __all__ = [
     "ColumnType",
     "arrow_column_type",
     "arrow_values",
+    "check_result_schema",
     "nullable_candidates",
     "resolve_columns",
     "resolve_layout",
@@ -63,8 +64,9 @@ class ColumnLayout:
     """The columns of x and y, in output order, and the dtype and per-sample shape of each tensor.
 
     ``as_float64`` holds the integer/boolean/decimal columns that must go through float64 (nulls
-    become NaN, decimals lose their fixed point). ``result_names`` are the query's result columns
-    as planning saw them; empty means "take the fetched names as they are". ``shapes`` lists the
+    become NaN, decimals lose their fixed point). ``result_names`` and ``result_types`` are the
+    query's result columns as planning saw them; empty means "take the fetched names as they are".
+    ``shapes`` lists the
     columns that hold a tensor per row, with that tensor's shape; every other column holds one
     value per row. ``transform`` runs on every fetched partition before the conversion.
 
@@ -79,6 +81,7 @@ class ColumnLayout:
     result_names: tuple[str, ...] = ()
     shapes: tuple[tuple[str, Shape], ...] = ()
     transform: Pipeline | None = None
+    result_types: tuple[pa.DataType, ...] = ()
 
     def column_shape(self, name: str) -> Shape:
         """Shape of ``name``'s value in one row: ``()`` for a scalar column."""
@@ -295,7 +298,7 @@ def _resolve(
     columns: Sequence[tuple[str, ColumnType]],
     config: LoaderConfig,
     columns_with_nulls: Collection[str],
-    result_names: tuple[str, ...],
+    result: pa.Schema,
     transform: Pipeline | None,
 ) -> ColumnLayout:
     origin = "the query" if transform is None else f"the output of transform {transform.name}"
@@ -352,9 +355,10 @@ def _resolve(
         np.dtype(x_dtype),
         np.dtype(y_dtype),
         as_float64,
-        result_names,
+        tuple(result.names),
         shapes,
         transform,
+        tuple(result.types),
     )
 
 
@@ -372,7 +376,7 @@ def resolve_columns(
         TypeError: a named column that is not numeric.
     """
     columns = [(field.name, arrow_column_type(field.type)) for field in schema]
-    return _resolve(columns, config, columns_with_nulls, tuple(schema.names), None)
+    return _resolve(columns, config, columns_with_nulls, schema, None)
 
 
 def _describe(output: Any) -> list[tuple[str, ColumnType]]:
@@ -400,7 +404,7 @@ def resolve_layout(
         output = transform(probe)
     except Exception:
         return None
-    return _resolve(_describe(output), config, columns_with_nulls, tuple(probe.schema.names), transform)
+    return _resolve(_describe(output), config, columns_with_nulls, probe.schema, transform)
 
 
 def resolve_layout_on_rows(
@@ -427,7 +431,7 @@ def resolve_layout_on_rows(
     except Exception as error:
         add_note(error, f"ddbloader was probing transform {transform.name} at planning time on {where}")
         raise
-    return _resolve(_describe(output), config, columns_with_nulls, names, transform)
+    return _resolve(_describe(output), config, columns_with_nulls, probe.schema, transform)
 
 
 def _renamed(table: pa.Table, names: tuple[str, ...]) -> pa.Table:
@@ -436,6 +440,61 @@ def _renamed(table: pa.Table, names: tuple[str, ...]) -> pa.Table:
     if table.num_columns != len(names):
         raise ValueError(f"a partition has columns {table.column_names}, but planning saw {list(names)}")
     return table.rename_columns(list(names))
+
+
+_RESULT_CHANGED = "the query's result changed after the loader was built; build the loader again"
+
+
+def check_result_schema(schema: pa.Schema, layout: ColumnLayout, where: str) -> None:
+    """Refuse a fetched table whose columns are not the ones planning saw: matched by name.
+
+    Called once per fetched table, before :func:`to_block` takes its columns by position. Each
+    column must have the name planning saw at its position (so a reordered, renamed, missing or
+    added column is refused), except a name the table repeats: an engine may rename a repeated
+    name when the query is wrapped (DuckDB ``a, a`` → ``a, a_1``), so those are matched by
+    position. The columns x and y are read from (every column when a transform reads the table)
+    must keep their type, up to a safe numeric cast into the planned dtype, or a type of no value
+    (a DB-API partition that holds only NULLs there).
+
+    Raises:
+        ValueError: naming the column, what planning saw, what ``where`` (the subquery) returned.
+    """
+    planned = layout.result_names
+    if not planned or (tuple(schema.names) == planned and tuple(schema.types) == layout.result_types):
+        return
+    names = schema.names
+    rebuild = f"planning saw {list(planned)}; {_RESULT_CHANGED}"
+    repeated = {n for n in names if names.count(n) > 1}
+    missing = [n for n in planned if n not in names]
+    added = [n for n in names if n not in planned and n not in repeated]
+    if missing and not (repeated and len(names) == len(planned)):
+        raise ValueError(f"{where} returned no column {missing[0]!r} (columns {names}); {rebuild}")
+    if added or len(names) != len(planned):
+        extra = added[0] if added else sorted(repeated)[0]
+        raise ValueError(f"{where} returned column {extra!r}, new since planning ({names}); {rebuild}")
+    for position, (name, expected) in enumerate(zip(names, planned, strict=True)):
+        if name != expected and name not in repeated:
+            raise ValueError(
+                f"{where} returned column {name!r} at position {position}, where planning saw {expected!r} "
+                f"(columns {names}); {rebuild}"
+            )
+    read = set(planned) if layout.transform is not None else {*layout.x_names, *layout.y_names}
+    for name, planned_type, fetched in zip(planned, layout.result_types, schema.types, strict=False):
+        if name in read and not _keeps_type(planned_type, fetched, name in layout.as_float64):
+            raise ValueError(
+                f"{where} returned column {name!r} as {fetched}, where planning saw {planned_type}; "
+                f"{_RESULT_CHANGED}"
+            )
+
+
+def _keeps_type(planned: pa.DataType, fetched: pa.DataType, as_float64: bool) -> bool:
+    if planned == fetched or pa.types.is_null(planned) or pa.types.is_null(fetched):
+        return True
+    before, after = arrow_column_type(planned), arrow_column_type(fetched)
+    if before.dtype is None or after.dtype is None or before.shape != after.shape:
+        return False
+    target = np.dtype(np.float64) if as_float64 else before.dtype
+    return bool(np.can_cast(after.dtype, target, "safe"))
 
 
 def _values(frame: Mapping[str, Any], name: str, layout: ColumnLayout) -> np.ndarray[Any, Any]:
@@ -484,9 +543,10 @@ def _fill(
 def to_block(table: pa.Table, layout: ColumnLayout) -> Block:
     """Convert one fetched partition into row-major x and y blocks (one write per value).
 
-    Columns are matched to ``layout.result_names`` by position: an engine may name the columns
-    of a query differently once it is wrapped in a subquery (DuckDB renames a repeated ``a`` to
-    ``a_1``), and planning saw the wrapped names. The layout's transform, if any, runs first.
+    Columns are matched to ``layout.result_names`` by position, once :func:`check_result_schema`
+    has matched them by name: an engine may name the columns of a query differently once it is
+    wrapped in a subquery (DuckDB renames a repeated ``a`` to ``a_1``), and planning saw the
+    wrapped names. The layout's transform, if any, runs first.
 
     Raises:
         ValueError: the partition has another number of columns than planning saw; the

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from ddbloader import DDBDataLoader
-from ddbloader.source import ColumnLayout, arrow_column_type, arrow_values, to_block
+from ddbloader.source import ColumnLayout, arrow_column_type, arrow_values, check_result_schema, to_block
 
 ROWS = 6
 NULL_ROWS = (0, 3)  # rows where the nullable columns hold NULL
@@ -366,3 +366,114 @@ def test_an_unhashable_extension_column_beside_x_and_y_is_left_alone(con: duckdb
         xs = torch.cat([x for x, _ in loader])
     assert xs[:, 0, 0].tolist() == [float(i) for i in range(18)]
     assert arrow_column_type(_Label()).dtype is None
+
+
+# --- the fetched columns, matched by name to those planning saw -------------------------------
+
+PLANNED = pa.schema([("a", pa.int32()), ("b", pa.float64()), ("label", pa.string()), ("y", pa.float64())])
+
+
+def planned_layout(**kwargs: Any) -> ColumnLayout:
+    arguments: dict[str, Any] = {
+        "x_names": ("a", "b"),
+        "y_names": ("y",),
+        "x_dtype": np.dtype(np.float64),
+        "y_dtype": np.dtype(np.float64),
+        "as_float64": frozenset(),
+        "result_names": tuple(PLANNED.names),
+        "result_types": tuple(PLANNED.types),
+    }
+    arguments.update(kwargs)
+    return ColumnLayout(**arguments)
+
+
+@pytest.mark.parametrize(
+    ("fetched", "message"),
+    [
+        (
+            [("b", pa.float64()), ("a", pa.int32()), ("label", pa.string()), ("y", pa.float64())],
+            r"returned column 'b' at position 0, where planning saw 'a'",
+        ),
+        ([("a", pa.int32()), ("label", pa.string()), ("y", pa.float64())], r"returned no column 'b'"),
+        (
+            [("a", pa.int32()), ("c", pa.float64()), ("label", pa.string()), ("y", pa.float64())],
+            r"returned no column 'b'",
+        ),
+        (
+            [
+                ("a", pa.int32()),
+                ("b", pa.float64()),
+                ("label", pa.string()),
+                ("y", pa.float64()),
+                ("z", pa.int8()),
+            ],
+            r"returned column 'z', new since planning",
+        ),
+        (
+            [("a", pa.float64()), ("b", pa.float64()), ("label", pa.string()), ("y", pa.float64())],
+            r"returned column 'a' as double, where planning saw int32",
+        ),
+        (
+            [("a", pa.int32()), ("b", pa.string()), ("label", pa.string()), ("y", pa.float64())],
+            r"returned column 'b' as string, where planning saw double",
+        ),
+    ],
+    ids=["reordered", "missing", "renamed", "added", "int to float", "float to text"],
+)
+def test_a_changed_result_schema_is_refused_naming_the_column(
+    fetched: list[tuple[str, pa.DataType]], message: str
+) -> None:
+    with pytest.raises(ValueError, match=message) as caught:
+        check_result_schema(pa.schema(fetched), planned_layout(), "partition 0 of group 0 (subquery 'Q')")
+    assert "partition 0 of group 0 (subquery 'Q')" in str(caught.value)
+    assert "build the loader again" in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    "fetched",
+    [
+        PLANNED,
+        # a type of no value: a DB-API partition where the column holds only NULLs
+        PLANNED.set(1, pa.field("b", pa.null())),
+        # a safe numeric cast into the planned dtype
+        PLANNED.set(0, pa.field("a", pa.int16())),
+        # a column neither x nor y reads may change its type
+        PLANNED.set(2, pa.field("label", pa.int64())),
+    ],
+    ids=["same", "null type", "int16 into int32", "unread column"],
+)
+def test_an_unchanged_or_compatible_schema_passes(fetched: pa.Schema) -> None:
+    check_result_schema(fetched, planned_layout(), "partition 0")
+
+
+def test_a_float64_column_planned_for_nulls_may_arrive_as_float64() -> None:
+    fetched = PLANNED.set(0, pa.field("a", pa.float64()))  # DolphinDB via pandas: ints with NULLs
+    check_result_schema(fetched, planned_layout(as_float64=frozenset({"a"})), "partition 0")
+
+
+def test_repeated_names_an_engine_renames_when_wrapped_are_matched_by_position() -> None:
+    layout = planned_layout(
+        x_names=("a", "a_1"),
+        result_names=("a", "a_1", "y"),
+        result_types=(pa.int32(), pa.int32(), pa.float64()),
+    )
+    check_result_schema(pa.schema([("a", pa.int32()), ("a", pa.int32()), ("y", pa.float64())]), layout, "p")
+    with pytest.raises(ValueError, match="returned column 'y' at position 0"):
+        check_result_schema(
+            pa.schema([("y", pa.float64()), ("a", pa.int32()), ("a", pa.int32())]), layout, "p"
+        )
+
+
+def test_a_column_order_change_between_epochs_is_refused(db: duckdb.DuckDBPyConnection) -> None:
+    """Same column count, new order: by position the loader would feed 'b' under the name 'a'."""
+    db.execute(
+        "CREATE OR REPLACE TABLE swap AS SELECT i::DOUBLE AS a, -i::DOUBLE AS b, i * 0.5 AS y "
+        "FROM range(6) r(i)"
+    )
+    with load(db, "SELECT * FROM swap", target_col="y") as loader:
+        ((x, _),) = list(loader)
+        assert x[:, 0].tolist() == [float(i) for i in range(ROWS)]
+        db.execute("CREATE OR REPLACE TABLE swap AS SELECT b, a, y FROM swap")
+        with pytest.raises(ValueError, match=r"returned column 'b' at position 0, where planning saw 'a'"):
+            list(loader)
+    db.execute("DROP TABLE swap")
