@@ -477,6 +477,52 @@ def test_permanent_fetch_error_names_subquery_and_parameters_without_retrying(en
     assert "gave up after" not in text and time.monotonic() - started < 5
 
 
+# --- DuckDB: session settings of a passed connection --------------------------------------------
+
+
+def test_duckdb_session_settings_reach_the_loader_cursors() -> None:
+    """``CAST(ts AS DATE)`` of a TIMESTAMPTZ depends on TimeZone, a session setting that DuckDB
+    cursors do not inherit: the loader's subqueries must split days as the user's connection does."""
+    con = duckdb.connect()
+    con.execute("SET TimeZone = 'America/New_York'")
+    con.execute(
+        "CREATE TABLE ticks AS SELECT TIMESTAMPTZ '2024-01-01 00:00:00+00' + INTERVAL (i) HOUR AS ts, "
+        "i::DOUBLE AS v FROM range(72) r(i)"
+    )
+    days = con.execute(
+        "SELECT CAST(ts AS DATE) AS day, count(*) FROM ticks GROUP BY day ORDER BY day"
+    ).fetchall()
+    assert len(days) == 4  # in New York; UTC would see 3 days of 24 hours
+    sql = "SELECT v FROM ticks ORDER BY ts"
+    with DDBDataLoader(
+        con, sql, "v", batch_size=72, input_col="v", repartition_col="CAST(ts AS DATE)"
+    ) as loader:
+        (group,) = loader.plan.groups
+        assert [(p.repartition_value, p.rows) for p in group.partitions] == days
+        ((x, _),) = list(loader)
+    assert x[:, 0].tolist() == [float(i) for i in range(72)]
+    con.close()
+
+
+def test_duckdb_current_schema_reaches_the_loader_cursors() -> None:
+    con = duckdb.connect()
+    con.execute("CREATE SCHEMA mine; USE mine; CREATE TABLE t AS SELECT 1.5 AS v")
+    with DDBDataLoader(con, "SELECT v FROM t", "v", input_col="v") as loader:  # unqualified: in 'mine'
+        assert [y.item() for _, y in loader] == [1.5]
+    con.close()
+
+
+def test_a_duckdb_session_setting_that_cannot_carry_over_is_refused_by_name() -> None:
+    con = duckdb.connect()
+    con.execute("""CREATE SCHEMA "odd,name"; SET search_path = '"odd,name"'""")
+    # DuckDB shows the current schema as odd,name, which SET schema cannot parse back
+    with pytest.raises(
+        ValueError, match=r"session setting schema = 'odd,name' cannot be set on the loader's"
+    ):
+        DDBDataLoader(con, "SELECT 1.5 AS v", "v")
+    con.close()
+
+
 # --- PostgreSQL: connections, retries, credentials ----------------------------------------------
 
 

@@ -3,6 +3,12 @@
 A path is opened read-only so that several processes (ranks, workers) can share one file. A
 connection the user passes in is used only through its own cursors; note that DuckDB cursors do
 not see the parent connection's TEMP tables or ``register()``-ed objects.
+
+A cursor shares its connection's global settings but not its session settings (``TimeZone``,
+``search_path``, the current schema, ...), and those change results: ``CAST(ts AS DATE)`` of a
+``TIMESTAMPTZ`` depends on ``TimeZone``. So the session settings in which a passed connection
+differs from a fresh cursor, read when the backend is built, are set on every cursor the loader
+opens; one that a cursor refuses is an error naming it.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from typing import Any
 
 import duckdb
 import pyarrow as pa
+from sqlglot import exp
 
 from ..errors import add_note
 
@@ -24,6 +31,83 @@ _CURSOR_HINT = (
     "ddbloader reads through cursor(), which does not see TEMP tables or objects "
     "registered with con.register() on your connection: create a regular TABLE or VIEW instead"
 )
+
+
+#: Session settings that change what is displayed, profiled or buffered, never a query's result:
+#: not copied (a notebook's progress bar would otherwise be drawn by the fetch threads, and DuckDB
+#: shows sizes rounded, so a buffer size would not carry over exactly).
+_NOT_COPIED = frozenset(
+    {
+        "enable_progress_bar",
+        "enable_progress_bar_print",
+        "progress_bar_time",
+        "enable_profiling",
+        "profile_output",
+        "profiling_output",
+        "profiling_mode",
+        "profiling_coverage",
+        "profiling_renderer_settings",
+        "tracked_metrics",
+        "operator_memory_limit",
+        "max_streaming_buffer_size",
+        "streaming_buffer_size",
+    }
+)
+
+_SETTINGS_SQL = "SELECT name, value FROM duckdb_settings()"
+
+
+def _settings(connection: duckdb.DuckDBPyConnection) -> dict[str, str | None]:
+    return dict(connection.execute(_SETTINGS_SQL).fetchall())
+
+
+def _session_settings(connection: duckdb.DuckDBPyConnection) -> tuple[tuple[str, str], ...]:
+    """The settings in which ``connection`` differs from a fresh cursor of it, checked settable.
+
+    Raises:
+        ValueError: a cursor refuses one of them, or does not take its value; names the setting.
+    """
+    mine = _settings(connection)
+    cursor = connection.cursor()
+    try:
+        fresh = _settings(cursor)
+        differing = tuple(
+            (name, value)
+            for name, value in mine.items()
+            if value is not None and fresh.get(name) != value and name not in _NOT_COPIED
+        )
+        if differing:
+            _apply(cursor, differing)
+            taken = _settings(cursor)
+            for name, value in differing:
+                if taken.get(name) != value:
+                    raise ValueError(
+                        f"the DuckDB connection's session setting {name} = {value!r} does not carry over to "
+                        f"the loader's cursors (they get {taken.get(name)!r}), so subqueries might select "
+                        f"other rows than your connection would; reset it, or pass a database path"
+                    )
+    finally:
+        cursor.close()
+    return differing
+
+
+def _apply(cursor: duckdb.DuckDBPyConnection, settings: tuple[tuple[str, str], ...]) -> None:
+    for name, value in settings:
+        statement = exp.Set(
+            expressions=[
+                exp.SetItem(
+                    this=exp.EQ(this=exp.to_identifier(name, quoted=True), expression=exp.Placeholder())
+                )
+            ]
+        )
+        try:
+            cursor.execute(statement.sql("duckdb"), [value])
+        except duckdb.Error as error:
+            raise ValueError(
+                f"the DuckDB connection's session setting {name} = {value!r} cannot be set on the loader's "
+                f"cursors ({error}), so subqueries might select other rows than your connection would; "
+                f"reset it, or pass a database path"
+            ) from error
 
 
 class _DuckDBCursor:
@@ -54,7 +138,12 @@ class DuckDBBackend:
     def __init__(
         self, source: duckdb.DuckDBPyConnection | str | os.PathLike[str] | None, *, owned: bool = False
     ) -> None:
-        """``owned``: close a passed-in connection with the backend (it was made for the loader)."""
+        """``owned``: close a passed-in connection with the backend (it was made for the loader).
+
+        Raises:
+            ValueError: a session setting of a passed connection cannot be set on its cursors.
+        """
+        self._session: tuple[tuple[str, str], ...] = ()
         if source is None:
             self._connection = duckdb.connect(":memory:")
             self._owned = True
@@ -62,6 +151,7 @@ class DuckDBBackend:
         elif isinstance(source, duckdb.DuckDBPyConnection):
             self._connection = source
             self._owned = owned
+            self._session = _session_settings(source)
         else:
             path = Path(source)
             if not path.exists():
@@ -76,7 +166,10 @@ class DuckDBBackend:
         return source is None or isinstance(source, (duckdb.DuckDBPyConnection, str, os.PathLike))
 
     def cursor(self) -> _DuckDBCursor:
-        return _DuckDBCursor(self._connection.cursor())
+        cursor = self._connection.cursor()
+        if self._session:
+            _apply(cursor, self._session)
+        return _DuckDBCursor(cursor)
 
     @staticmethod
     def is_transient(error: BaseException) -> bool:
