@@ -697,6 +697,37 @@ def test_postgres_factory_is_accepted(pg: PostgresEngine) -> None:
     assert x[:, 0].tolist() == [0.0, 1.0, 2.0, 3.0, 4.0]
 
 
+def test_postgres_sessions_the_loader_opens_refuse_side_effecting_selects(pg: PostgresEngine) -> None:
+    """The statement check sees a SELECT; the engine must refuse what the SELECT would write."""
+    pg.create("series", series_table([[4, 4]]))
+    pg.execute("CREATE SEQUENCE s")
+    pg.execute(
+        "CREATE FUNCTION purge() RETURNS double precision LANGUAGE plpgsql AS "
+        "$$ BEGIN DELETE FROM series; RETURN 0; END $$"
+    )
+    from adbc_driver_postgresql import dbapi
+
+    mine = dbapi.connect(pg.uri, autocommit=True)
+    sources = {"URI": pg.uri, "ADBC connection (cloned)": mine, "factory": lambda: dbapi.connect(pg.uri)}
+    for name, source in sources.items():
+        for sql in (
+            "SELECT setval('s', 5)::double precision AS v, y FROM series",
+            "SELECT purge() AS v, y FROM series",
+        ):
+            with (
+                pytest.raises(Exception, match="in a read-only transaction") as caught,
+                DDBDataLoader(source, sql, "y", input_col="v", group_col="gid") as loader,
+            ):
+                list(loader)
+            assert type(caught.value).__module__.startswith("adbc_driver"), name
+    assert pg.rows("SELECT last_value, is_called FROM s") == [(1, False)]
+    assert pg.rows("SELECT count(*) FROM series") == [(8,)]
+    with mine.cursor() as cursor:  # the user's own connection is left as it was: writable
+        cursor.execute("SELECT setval('s', 7) AS v")
+        assert cursor.fetch_arrow_table().column("v")[0].as_py() == 7
+    mine.close()
+
+
 def test_credentials_never_appear(pg: PostgresEngine) -> None:
     pg.create("series", series_table([[3]]))
     with DDBDataLoader(pg.uri, SERIES_SQL, "y") as loader:
@@ -852,6 +883,52 @@ def test_unknown_dbapi_driver_asks_for_dialect() -> None:
         connect(Connection())
     backend = DBAPIBackend(Connection(), dialect="postgres", paramstyle="format")
     assert (backend.dialect, backend.paramstyle) == ("postgres", "format")
+
+
+def test_sqlite_connections_from_a_factory_are_query_only(tmp_path: Path) -> None:
+    """SQLite has no side-effecting SQL function, but a function the application registers can
+    write: on the loader's connections the engine refuses it."""
+    engine = SqliteEngine(tmp_path)
+    engine.create("series", series_table([[3, 3]]))
+    engine.execute("CREATE TABLE log (n INTEGER)")
+
+    def connect_with_a_writing_function() -> sqlite3.Connection:
+        connection = sqlite3.connect(engine.path)
+
+        def note() -> float:
+            connection.execute("INSERT INTO log VALUES (1)")
+            return 0.0
+
+        connection.create_function("note", 0, note)
+        return connection
+
+    backend = DBAPIBackend(connect_with_a_writing_function)
+    cursor = backend.cursor()
+    assert cursor.fetch("SELECT query_only FROM pragma_query_only", []).to_pylist() == [{"query_only": 1}]
+    cursor.close()
+    backend.close()
+    sql = "SELECT note() AS v, y FROM series"
+    with (
+        pytest.raises(sqlite3.OperationalError, match="user-defined function raised exception"),
+        DDBDataLoader(connect_with_a_writing_function, sql, "y", input_col="v", group_col="gid") as loader,
+    ):
+        list(loader)
+    assert engine.rows("SELECT count(*) FROM log") == [(0,)]
+    engine.close()
+
+
+def test_duckdb_paths_are_opened_read_only(tmp_path: Path) -> None:
+    path = tmp_path / "seq.duckdb"
+    with duckdb.connect(str(path)) as writer:
+        writer.execute("CREATE SEQUENCE s; CREATE TABLE t AS SELECT range::DOUBLE AS y FROM range(4)")
+    sql = "SELECT nextval('s')::DOUBLE AS v, y FROM t"
+    with (
+        pytest.raises(duckdb.InvalidInputException, match="read-only mode"),
+        DDBDataLoader(str(path), sql, "y", input_col="v", group_col="y") as loader,
+    ):
+        list(loader)
+    with duckdb.connect(str(path)) as writer:
+        assert writer.execute("SELECT nextval('s')").fetchall() == [(1,)]  # never advanced
 
 
 def test_dbapi_interrupt_stops_a_running_query(tmp_path: Path) -> None:

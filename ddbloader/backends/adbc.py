@@ -9,7 +9,10 @@ Connections are one per cursor, so one per fetch thread, never shared between th
   temporary objects are untouched (and, like DuckDB cursors, not visible to the loader);
 - a factory returning ADBC connections: called once per cursor.
 
-Every connection the backend opens runs in autocommit mode, so reads hold no transaction open.
+Every connection the backend opens runs in autocommit mode, so reads hold no transaction open,
+and is read-only for its whole session where the engine allows (PostgreSQL: ``SET SESSION
+CHARACTERISTICS AS TRANSACTION READ ONLY``; SQLite: ``query_only``), so a SELECT that calls a
+side-effecting function is refused by the engine.
 Parameters are bound by the driver: ``$n`` as rendered for PostgreSQL and DuckDB, rewritten to
 ``?`` for the other drivers. PostgreSQL ``numeric`` (which the driver returns as text) arrives as
 float64, the type the loader converts decimals to anyway.
@@ -25,7 +28,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .base import describe_uri, redact_uri
+from .base import describe_uri, make_read_only, redact_uri
 from .dbapi import bind_parameters
 
 __all__ = ["POSTGRES_SCHEMES", "ADBCBackend", "is_adbc_connection"]
@@ -183,7 +186,7 @@ class ADBCBackend:
         else:
             raise TypeError(f"ADBCBackend needs a URI, an ADBC connection or a factory, got {type(source)!r}")
         self._lock = threading.Lock()
-        self._spare = self.open()
+        self._spare = _autocommit(self._open())
         vendor = str(self._spare.adbc_get_info().get("vendor_name", ""))
         found = dialect or _DIALECTS.get(vendor.lower())
         if found is None:
@@ -192,12 +195,18 @@ class ADBCBackend:
         self.dialect: str = found
         if self.engine.startswith("adbc"):
             self.engine = f"{vendor or 'adbc'} {self.engine.removeprefix('adbc ')}"
+        make_read_only(self._spare, found, autocommit=True)
 
     def open(self) -> Any:
-        """A new autocommit connection (the one made to read the vendor is handed out first)."""
+        """A new autocommit connection, read-only where the engine has a session switch for it (the
+        one made to read the vendor is handed out first)."""
         with self._lock:
             spare, self._spare = self._spare, None
-        return spare if spare is not None else _autocommit(self._open())
+        return (
+            spare
+            if spare is not None
+            else make_read_only(_autocommit(self._open()), self.dialect, autocommit=True)
+        )
 
     @staticmethod
     def is_transient(error: BaseException) -> bool:

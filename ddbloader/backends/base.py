@@ -22,7 +22,7 @@ from urllib.parse import urlsplit
 
 import pyarrow as pa
 
-__all__ = ["Backend", "Cursor", "describe_uri", "redact_uri"]
+__all__ = ["Backend", "Cursor", "describe_uri", "make_read_only", "redact_uri"]
 
 
 class Cursor(Protocol):
@@ -65,6 +65,35 @@ class Backend(Protocol):
     def close(self) -> None:
         """Close what this backend opened itself (not a connection the user passed in)."""
         ...
+
+
+#: Per sqlglot dialect, the statement that makes a whole session refuse writes.
+_READ_ONLY_SESSION = {
+    "postgres": "SET SESSION CHARACTERISTICS AS TRANSACTION READ ONLY",
+    "sqlite": "PRAGMA query_only = ON",
+}
+
+
+def make_read_only(connection: Any, dialect: str, *, autocommit: bool) -> Any:
+    """``connection`` (DB-API), switched to read-only for its whole session where the engine can be.
+
+    For connections a backend opens for itself (from a URI, a clone or a factory), so that a
+    SELECT calling a side-effecting function (``setval()``, a function that deletes rows) is
+    refused by the engine, not only by the loader's statement check. Engines without such a
+    switch are returned as they are. ``autocommit``: the connection commits every statement
+    itself; otherwise the setting is committed here, so that a driver that opened a transaction
+    for the statement keeps it.
+    """
+    statement = _READ_ONLY_SESSION.get(dialect)
+    if statement is not None:
+        cursor = connection.cursor()
+        try:
+            cursor.execute(statement)
+        finally:
+            cursor.close()
+        if not autocommit:
+            connection.commit()
+    return connection
 
 
 _USERINFO = re.compile(r"(?<=://)[^/@\s]*@")

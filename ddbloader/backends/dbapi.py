@@ -4,10 +4,11 @@ Rows come back as Python tuples and are turned into Arrow column by column, so t
 backend to use only when an engine has no Arrow-native path (DuckDB, ADBC).
 
 Connections: a factory (a callable returning a new connection) gives every cursor, so every
-fetch thread, its own connection, and fetches run in parallel. A connection passed in as it is
-is shared: every query takes one lock, so fetches run one at a time; drivers that bind a
-connection to the thread that made it (sqlite3 by default) fail in the fetch threads with a
-note saying to pass a factory.
+fetch thread, its own connection, and fetches run in parallel; those connections are the
+loader's, so they are made read-only where the engine allows (SQLite ``query_only``, PostgreSQL
+read-only session). A connection passed in as it is is shared and left as it is: every query
+takes one lock, so fetches run one at a time; drivers that bind a connection to the thread that
+made it (sqlite3 by default) fail in the fetch threads with a note saying to pass a factory.
 
 Parameters: the loader's SQL carries numbered placeholders in the backend's sqlglot dialect;
 :func:`bind_parameters` rewrites them into the driver's ``paramstyle`` (qmark, numeric, named,
@@ -33,6 +34,7 @@ import sqlglot
 from sqlglot import exp
 
 from ..errors import add_note
+from .base import make_read_only
 
 __all__ = ["PARAMSTYLES", "DBAPIBackend", "bind_parameters"]
 
@@ -281,12 +283,13 @@ class DBAPIBackend:
         self._driver = name
 
     def open(self) -> Any:
-        """A new connection from the factory (the one made to detect the driver comes first)."""
+        """A new connection from the factory (the one made to detect the driver comes first),
+        read-only for its whole session where the engine has a switch for it (SQLite, PostgreSQL)."""
         if self._factory is None:
             raise RuntimeError("a shared DB-API connection cannot be reopened")
         with self.lock:
             spare, self._spare = self._spare, None
-        return spare if spare is not None else self._factory()
+        return make_read_only(spare if spare is not None else self._factory(), self.dialect, autocommit=False)
 
     def is_transient(self, error: BaseException) -> bool:
         """Network-level failures: an OS-level error, or a server driver's OperationalError.
