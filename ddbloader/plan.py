@@ -15,11 +15,13 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from .backends import Backend, Cursor
+from .backends.dolphindb import dolphindb_literal_hint
 from .config import LoaderConfig
 from .display import progress_bar
 from .errors import add_note, warn_caller
 from .query import (
     GROUP_ALIAS,
+    INDEX_SUFFIX,
     PIVOT_ALIAS,
     REPARTITION_ALIAS,
     ROWS_ALIAS,
@@ -93,7 +95,7 @@ class QueryPlan:
 
 def _refuse_all_null(cursor: Cursor, query: Query, nulls: dict[str, int]) -> None:
     """A column of x or y that is NULL in every row would feed only NaN: refuse it by name."""
-    total = int(_run(cursor, query.count(query.text), "counting rows").column(ROWS_ALIAS)[0].as_py())
+    total = int(_run(cursor, query.count(query.filtered([])), "counting rows").column(ROWS_ALIAS)[0].as_py())
     empty = sorted(name for name, count in nulls.items() if total and count == total)
     if empty:
         raise ValueError(
@@ -184,6 +186,7 @@ def build_plan(backend: Backend, sql: str, config: LoaderConfig, progress: bool 
             query = _pin_pivots(cursor, query)
         probe = _run(cursor, query.schema(), "reading the result schema")
         schema = probe.schema
+        query = query.with_output(schema.names)
         names = {*(config.input_col or schema.names), *config.target_col}
         # Only integer and boolean columns change dtype with nulls, so only they are scanned at
         # planning (a full pass over the query); an all-NULL one of them is refused by name.
@@ -239,7 +242,14 @@ def build_plan(backend: Backend, sql: str, config: LoaderConfig, progress: bool 
             f"samples need {geometry.span} consecutive rows, more than group(s) {short[:10]} "
             f"{'(and more) ' if len(short) > 10 else ''}have; they yield no samples"
         )
-    return QueryPlan(backend.engine, tuple(groups), layout, geometry)
+    plan = QueryPlan(backend.engine, tuple(groups), layout, geometry)
+    if plan.samples == 0:
+        warn_caller(
+            f"the plan has 0 samples ({plan.rows} rows in {plan.partitions} partitions"
+            f"{f', {geometry.span} rows per sample' if geometry.span > 1 else ''}): "
+            f"the loader yields nothing; check the query, the schemes and window_size"
+        )
+    return plan
 
 
 def _probe_partition(
@@ -294,6 +304,8 @@ def _cells(
     if not keys:
         table = _run(cursor, query.count(partition_sql), "counting rows")
         return [(None, [(None, (), int(table.column(ROWS_ALIAS)[0].as_py()))])]
+    if isinstance(query, UserQuery):
+        return _counted_cells(cursor, query, keys, lost)
     discovered = all(k.scheme is None for k in keys)
     if discovered and query.counts_are_groupable():
         return _grouped_counts(cursor, query, keys, lost)
@@ -338,3 +350,90 @@ def _grouped_counts(
     for g, r, n in complete:
         cells.setdefault(g, []).append((r, (g, r), n))
     return list(cells.items())
+
+
+def _counted_cells(
+    cursor: Cursor, query: UserQuery, keys: list[_Key], lost: _Lost
+) -> list[tuple[Any, list[_Cell]]]:
+    """Every cell's row count from one query, with the scheme values compared by the engine.
+
+    Raises:
+        ValueError: two values of an explicit scheme equal the same rows in SQL (``1`` and
+            ``'1'``, ``'a'`` and ``'A'`` under NOCASE): their rows would load twice.
+    """
+    if any(k.scheme is not None and not k.scheme for k in keys):
+        return []
+    sql, params = query.key_counts([k.expression for k in keys], [k.scheme for k in keys])
+    table = _run(cursor, sql, "counting the rows of every subquery", params)
+    aliases = (GROUP_ALIAS, REPARTITION_ALIAS)[: len(keys)]
+    found = table.to_pylist()
+    discovered = [(k, a) for k, a in zip(keys, aliases, strict=True) if k.scheme is None]
+    for key, alias in discovered:
+        nulls = sum(r[ROWS_ALIAS] for r in found if r[alias] is None)
+        if nulls:
+            lost[key.name] = nulls
+    found = [r for r in found if all(r[a] is not None for _, a in discovered)]
+    values: list[list[Any]] = []
+    for key, alias in zip(keys, aliases, strict=True):
+        if key.scheme is None:
+            values.append(list(dict.fromkeys(_Value(r[alias]) for r in found)))
+        else:
+            _check_scheme(key, [r[alias + INDEX_SUFFIX] for r in found], [r[alias] for r in found])
+            values.append([_Value(v, i) for i, v in enumerate(key.scheme)])
+    rows: dict[tuple[_Value, ...], int] = {}
+    for r in found:
+        cell = tuple(
+            _Value(r[a]) if k.scheme is None else _Value(k.scheme[r[a + INDEX_SUFFIX]], r[a + INDEX_SUFFIX])
+            for k, a in zip(keys, aliases, strict=True)
+        )
+        rows[cell] = rows.get(cell, 0) + int(r[ROWS_ALIAS])
+    if len(keys) == 1:
+        if keys[0].parameter == "group_col":
+            return [(v.value, [(None, (v.value,), rows.get((v,), 0))]) for v in values[0]]
+        return [(None, [(v.value, (v.value,), rows.get((v,), 0)) for v in values[0]])]
+    return [
+        (g.value, [(r.value, (g.value, r.value), rows[g, r]) for r in values[1] if (g, r) in rows])
+        for g in values[0]
+    ]
+
+
+@dataclass(frozen=True)
+class _Value:
+    """A key value as a dictionary key: by position for scheme values (they may be unhashable or
+    equal in Python yet distinct in the scheme), by its text for values the engine returned."""
+
+    value: Any
+    position: int | None = None
+
+    def __hash__(self) -> int:
+        return hash((self.position, repr(self.value)))
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, _Value):
+            return NotImplemented
+        return (self.position, repr(self.value)) == (other.position, repr(other.value))
+
+
+def _check_scheme(key: _Key, positions: list[int], matched: list[Any]) -> None:
+    """Refuse scheme values that equal the same key value in SQL; warn about values matching none."""
+    assert key.scheme is not None
+    scheme_name = key.parameter.replace("_col", "_scheme")
+    by_key: dict[str, set[int]] = {}
+    for position, value in zip(positions, matched, strict=True):
+        by_key.setdefault(repr(value), set()).add(position)
+    for value, found in by_key.items():
+        if len(found) > 1:
+            equal = [key.scheme[p] for p in sorted(found)]
+            raise ValueError(
+                f"{scheme_name} values {equal!r} are equal in SQL: each matches the rows where "
+                f"{key.parameter} {key.text!r} = {value}, so those rows would load more than once; "
+                f"keep one of them"
+            )
+    unmatched = [key.scheme[p] for p in range(len(key.scheme)) if p not in set(positions)]
+    if unmatched:
+        hints = [h for h in (dolphindb_literal_hint(v) for v in unmatched) if h]
+        warn_caller(
+            f"{scheme_name} value(s) {unmatched[:10]!r}{' (and more)' if len(unmatched) > 10 else ''} "
+            f"match no rows of {key.parameter} {key.text!r}, so they load nothing"
+            + (f"; {'; '.join(hints[:3])}" if hints else "")
+        )

@@ -6,17 +6,34 @@ numbered parameters (``$1``, ``$2``), so the engine binds them and no scheme val
 SQL text. The one exception is data, not input: the values a dynamic PIVOT found in the table,
 which :meth:`UserQuery.pinned` writes as literals built by the dialect's generator (DuckDB
 accepts no parameter at all in a query that holds a dynamic PIVOT).
+
+How a query is split (a subquery per key value holds exactly the rows of the whole query whose
+keys equal that value, in the whole query's order):
+
+- *Injected*: ``(key) = $1`` is AND-ed into the top-level WHERE (every UNION ALL branch, the
+  source of a PIVOT). The key is then evaluated on the rows of the query's FROM, so it need not
+  be selected, and the query's ORDER BY stays as it is. Only where that is provably the same
+  rows: no LIMIT/OFFSET, DISTINCT, QUALIFY, set-returning function, UNION/INTERSECT/EXCEPT, and
+  every GROUP BY and window PARTITION BY includes the key's columns.
+- *Wrapped*: otherwise ``SELECT * FROM (Q) AS _ddb_q WHERE (key) = $1``: the key is evaluated on
+  the query's output, so its columns must be selected (else a ValueError names the construct
+  and says to select them). DuckDB keeps the order of a filtered subquery (WHERE and SELECT
+  preserve order, per its documentation); other engines get Q's ORDER BY again on the outer
+  query, mapped to output columns (a term that cannot be mapped is refused by name).
 """
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
-from typing import Any, Protocol
+from collections.abc import Iterator, Sequence
+from typing import Any, ClassVar, Protocol
 
 import sqlglot
 from sqlglot import exp
+from sqlglot.dialects.duckdb import DuckDB
 from sqlglot.errors import SqlglotError
+from sqlglot.parsers.duckdb import DuckDBParser
+from sqlglot.tokenizer_core import TokenType
 
 __all__ = [
     "GROUP_ALIAS",
@@ -32,6 +49,8 @@ GROUP_ALIAS = "_ddb_group"
 REPARTITION_ALIAS = "_ddb_repartition"
 ROWS_ALIAS = "_ddb_rows"
 PIVOT_ALIAS = "_ddb_pivot"
+#: Column of :meth:`UserQuery.key_counts` holding the position of the matched scheme value.
+INDEX_SUFFIX = "_index"
 
 _WRITES: tuple[type[exp.Expr], ...] = (
     exp.Insert,
@@ -47,13 +66,51 @@ _WRITES: tuple[type[exp.Expr], ...] = (
     exp.Set,
     exp.Use,
 )
-_ROW_CHANGING: tuple[type[exp.Expr], ...] = (exp.AggFunc, exp.Window, exp.UDTF)
 # A key is compared with ``=`` once per row, so it must be one scalar value per row.
 _NOT_SCALAR: tuple[type[exp.Expr], ...] = (exp.Alias, exp.Star, exp.AggFunc, exp.Window, exp.UDTF)
+# Functions in a SELECT list that turn one row into several (DuckDB's unnest, PostgreSQL's
+# generate_series); their rows cannot be told apart once the predicate is injected below them.
+_SET_RETURNING: tuple[type[exp.Expr], ...] = (exp.UDTF, exp.ExplodingGenerateSeries)
+#: Dialects that keep a subquery's order through an outer filter (DuckDB documents that WHERE
+#: and SELECT preserve their input's order).
+_KEEPS_SUBQUERY_ORDER = frozenset({"duckdb"})
+
+
+class _PivotStatementParser(DuckDBParser):
+    """DuckDB's parser, reading ``PIVOT ... ORDER BY ... LIMIT ...`` too.
+
+    sqlglot's DuckDB parser stops a PIVOT statement at its GROUP BY; DuckDB accepts the query
+    modifiers after it, which mean the same as ``SELECT * FROM (PIVOT ...) ORDER BY ...``. That
+    is the tree this parser builds for them (it renders as valid DuckDB with the same columns).
+    """
+
+    STATEMENT_PARSERS: ClassVar[dict[TokenType, Any]] = {
+        **DuckDBParser.STATEMENT_PARSERS,
+        TokenType.PIVOT: lambda self: self._parse_pivot_statement(unpivot=False),
+        TokenType.UNPIVOT: lambda self: self._parse_pivot_statement(unpivot=True),
+    }
+
+    def _parse_pivot_statement(self, unpivot: bool) -> exp.Expr:
+        pivot: exp.Expr = self._parse_simplified_pivot(is_unpivot=unpivot)
+        if not self._match_set((TokenType.ORDER_BY, TokenType.LIMIT, TokenType.OFFSET), advance=False):
+            return pivot
+        select = exp.select("*").from_(
+            exp.Subquery(this=pivot, alias=exp.TableAlias(this=exp.to_identifier(PIVOT_ALIAS)))
+        )
+        modified: exp.Expr = self._parse_query_modifiers(select)
+        return modified
+
+
+class _DuckDBWithPivotStatements(DuckDB):
+    Parser = _PivotStatementParser
+
+
+def _reader(dialect: str) -> Any:
+    return _DuckDBWithPivotStatements if dialect == "duckdb" else dialect
 
 
 def _parse(text: str, dialect: str) -> list[exp.Expr]:
-    return [s for s in sqlglot.parse(text, read=dialect) if s is not None]
+    return [s for s in sqlglot.parse(text, read=_reader(dialect)) if s is not None]
 
 
 def parse_column_expression(text: str, parameter: str, dialect: str) -> exp.Expr:
@@ -94,15 +151,24 @@ def _describe(error: SqlglotError) -> str:
 
 
 def _operand(expression: exp.Expr) -> exp.Expr:
-    """``expression`` made safe as an operand: ``a > 1`` must not become ``a > 1 = $1``."""
+    """``expression`` made safe as an operand: ``a OR b`` must not become ``a OR b = $1``."""
     if isinstance(expression, (exp.Column, exp.Func, exp.Cast, exp.Literal, exp.Paren)):
         return expression.copy()
     return exp.Paren(this=expression.copy())
 
 
 def _parameter_equals(expression: exp.Expr, number: int) -> exp.Expr:
-    """``expression = $number``: numbered, so set-operation branches can share parameters."""
+    """``(expression) = $number``: numbered, so set-operation branches can share parameters."""
     return exp.EQ(this=_operand(expression), expression=exp.Parameter(this=exp.Literal.number(number)))
+
+
+def _subquery(tree: exp.Expr, alias: str) -> exp.Subquery:
+    return exp.Subquery(this=tree, alias=exp.TableAlias(this=exp.to_identifier(alias)))
+
+
+def _text(node: exp.Expr, dialect: str, limit: int = 80) -> str:
+    text = node.sql(dialect=dialect)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 class Query(Protocol):
@@ -125,6 +191,7 @@ class Query(Protocol):
     def counts_are_groupable(self) -> bool: ...
     def dynamic_pivot_fields(self) -> list[str]: ...
     def pinned(self, values: Sequence[Sequence[str]]) -> Query: ...
+    def with_output(self, names: Sequence[str]) -> Query: ...
 
 
 class UserQuery:
@@ -156,6 +223,7 @@ class UserQuery:
         if tree.find(exp.Placeholder, exp.Parameter):
             raise ValueError("sql must not contain parameters (?, $1, :name): ddbloader binds its own")
         self._tree = tree
+        self._output: tuple[str, ...] | None = None
 
     def column(self, text: str, parameter: str) -> exp.Expr:
         """:func:`parse_column_expression` in this query's dialect."""
@@ -165,33 +233,38 @@ class UserQuery:
         """Render a derived query in the engine's dialect."""
         return tree.sql(dialect=self.dialect)
 
-    def filtered(self, columns: Sequence[exp.Expr]) -> str:
-        """The user's query with ``column_i = $k`` for each of ``columns`` AND-ed into its WHERE.
+    def with_output(self, names: Sequence[str]) -> UserQuery:
+        """This query knowing its result column names (from a schema probe), so keys and ORDER BY
+        terms can be checked against the output of a ``SELECT *``."""
+        query = copy.copy(self)
+        query._output = tuple(names)
+        return query
 
-        The predicate lands in the top-level WHERE (in every branch of a set operation, in the
-        source of a PIVOT), before GROUP BY, PIVOT and ORDER BY, so the columns need not be
-        selected and the query's ORDER BY is kept. Parameters bind in the order of ``columns``.
-        Aggregates and window functions therefore see one subquery's rows: the union of the
-        subqueries is the whole query only when they are grouped/partitioned by the keys.
+    def filtered(self, columns: Sequence[exp.Expr]) -> str:
+        """The query's rows where ``column_i = $i`` for each of ``columns``, in the query's order.
+
+        Injected into the top-level WHERE where that is provably the same rows, else the query
+        is wrapped (see the module docstring). Parameters bind in the order of ``columns``.
+
+        Raises:
+            ValueError: the query can be neither injected into nor wrapped for these keys; the
+                message names the construct and the key, and says what to select.
         """
-        tree = self._tree.copy()
         if not columns:
-            return self.render(tree)
+            return self.render(self._tree.copy())
         predicate = exp.and_(*(_parameter_equals(c, n) for n, c in enumerate(columns, start=1)))
-        return self.render(_inject(tree, predicate))
+        return self.render(self._filter(columns, predicate))
 
     def null_rows(self, columns: Sequence[exp.Expr]) -> str:
         """Count the query's rows where any of ``columns`` is NULL: the rows no subquery matches."""
         predicate = exp.or_(*(exp.Is(this=_operand(c), expression=exp.Null()) for c in columns))
-        return self.count(self.render(_inject(self._tree.copy(), predicate)))
+        return self.count(self.render(self._filter(columns, predicate)))
 
     def count(self, sql: str) -> str:
         """``SELECT count(*)`` over a (derived) query."""
-        inner = sqlglot.parse_one(sql, read=self.dialect)
+        inner = sqlglot.parse_one(sql, read=_reader(self.dialect))
         return self.render(
-            exp.select(exp.Count(this=exp.Star()).as_(ROWS_ALIAS)).from_(
-                exp.Subquery(this=inner, alias=exp.TableAlias(this=exp.to_identifier("_ddb_count")))
-            )
+            exp.select(exp.Count(this=exp.Star()).as_(ROWS_ALIAS)).from_(_subquery(inner, "_ddb_count"))
         )
 
     def schema(self) -> str:
@@ -207,49 +280,85 @@ class UserQuery:
         return self.render(self._wrapped("_ddb_nulls").select(*counts, append=False))
 
     def distinct_values(self, columns: Sequence[exp.Expr], *, with_counts: bool) -> str:
-        """Distinct values of ``columns`` over the query's rows, sorted, optionally with counts.
+        """Distinct values of ``columns`` over the query's rows, sorted (NULL last), with counts.
 
-        The values are evaluated in the scope of the query's FROM, so the columns need not be
-        selected. ``with_counts`` is only exact for :meth:`counts_are_groupable` queries.
+        Exact for every query :meth:`filtered` can split: the keys are evaluated where the
+        subqueries evaluate them, on the rows the subqueries hold.
         """
-        aliases = (GROUP_ALIAS, REPARTITION_ALIAS)[: len(columns)]
-        keyed = [c.copy().as_(a) for c, a in zip(columns, aliases, strict=True)]
-        order = [exp.Ordered(this=exp.Literal.number(i + 1), nulls_first=False) for i in range(len(columns))]
-        if with_counts:
-            select = self._tree.copy()
-            assert isinstance(select, exp.Select)
-            select.set("expressions", [*keyed, exp.Count(this=exp.Star()).as_(ROWS_ALIAS)])
-            select.set(
-                "group",
-                exp.Group(expressions=[exp.Literal.number(i + 1) for i in range(len(columns))]),
-            )
-            select.set("order", exp.Order(expressions=order))
-            return self.render(select)
-        branches = [_distinct_branch(b, keyed) for b in _branches(self._tree)]
-        union: exp.Query = branches[0]
-        for branch in branches[1:]:
-            union = exp.union(union, branch, distinct=True)
+        aliases = [exp.column(a) for a in (GROUP_ALIAS, REPARTITION_ALIAS)[: len(columns)]]
+        counted = [exp.Count(this=exp.Star()).as_(ROWS_ALIAS)] if with_counts else []
         outer = (
-            exp.select(*aliases)
-            .distinct()
-            .from_(exp.Subquery(this=union, alias=exp.TableAlias(this=exp.to_identifier("_ddb_distinct"))))
+            exp.select(*aliases, *counted)
+            .from_(_subquery(self._keys(columns), "_ddb_keys"))
+            .group_by(*aliases)
         )
-        outer.set("order", exp.Order(expressions=order))
-        if not isinstance(self._tree, exp.Select):
-            self._keep_with(outer)
+        outer.set(
+            "order", exp.Order(expressions=[exp.Ordered(this=a.copy(), nulls_first=False) for a in aliases])
+        )
         return self.render(outer)
 
-    def counts_are_groupable(self) -> bool:
-        """True when grouping the query's FROM/WHERE by the partition keys counts its rows exactly.
+    def key_counts(
+        self, columns: Sequence[exp.Expr], schemes: Sequence[Sequence[Any] | None]
+    ) -> tuple[str, tuple[Any, ...]]:
+        """One query counting the rows of every subquery, and its parameters.
 
-        That holds for a plain SELECT whose projections neither aggregate, window nor unnest.
+        Per distinct combination of the keys' values (as the engine groups them), it returns the
+        values (``_ddb_group``, ``_ddb_repartition``), the row count (``_ddb_rows``) and, for each
+        key with an explicit scheme, the position in that scheme of each value that equals it in
+        SQL (``_ddb_group_index`` / ``_ddb_repartition_index``; a combination is returned once per
+        matching scheme value, and not at all when none matches). The scheme values are bound as
+        parameters of a VALUES list and joined to the keys, so the engine compares them exactly
+        as a subquery's ``key = $1`` does. Rows are sorted by the key values, NULL last.
         """
-        tree = self._tree
-        if not isinstance(tree, exp.Select):
-            return False
-        if any(tree.args.get(k) for k in ("group", "having", "qualify", "distinct", "limit", "offset")):
-            return False
-        return not any(e.find(*_ROW_CHANGING) for e in tree.expressions)
+        aliases = (GROUP_ALIAS, REPARTITION_ALIAS)[: len(columns)]
+        counted = (
+            exp.select(*aliases, exp.Count(this=exp.Star()).as_(ROWS_ALIAS))
+            .from_(_subquery(self._keys(columns), "_ddb_annotated"))
+            .group_by(*aliases)
+        )
+        projections: list[exp.Expr] = []
+        joins: list[tuple[str, exp.Expr]] = []
+        values: list[Any] = []
+        for alias, scheme in zip(aliases, schemes, strict=True):
+            if scheme is None:
+                continue
+            table = f"{alias}_scheme"
+            rows = []
+            for position, value in enumerate(scheme):
+                values.append(value)
+                parameter = exp.Parameter(this=exp.Literal.number(len(values)))
+                rows.append(exp.Tuple(expressions=[exp.Literal.number(position), parameter]))
+            joins.append((table, exp.Values(expressions=rows)))
+            projections.append(exp.column("_ddb_index", table=table).as_(alias + INDEX_SUFFIX))
+        key_columns = [exp.column(a, table="_ddb_keys") for a in aliases]
+        outer = exp.select(*projections, *key_columns, exp.column(ROWS_ALIAS, table="_ddb_keys")).from_(
+            "_ddb_keys"
+        )
+        outer = outer.with_("_ddb_keys", as_=counted)
+        for (table, rows_), alias in zip(
+            joins, [a for a, s in zip(aliases, schemes, strict=True) if s is not None], strict=True
+        ):
+            columns_alias = exp.TableAlias(
+                this=exp.to_identifier(table),
+                columns=[exp.to_identifier("_ddb_index"), exp.to_identifier("_ddb_value")],
+            )
+            outer = outer.with_(columns_alias, as_=rows_)
+            outer = outer.join(
+                table,
+                on=exp.EQ(
+                    this=exp.column(alias, table="_ddb_keys"),
+                    expression=exp.column("_ddb_value", table=table),
+                ),
+            )
+        outer.set(
+            "order",
+            exp.Order(expressions=[exp.Ordered(this=c.copy(), nulls_first=False) for c in key_columns]),
+        )
+        return self.render(outer), tuple(values)
+
+    def counts_are_groupable(self) -> bool:
+        """True: :meth:`distinct_values` counts every subquery's rows exactly (see there)."""
+        return True
 
     def dynamic_pivot_fields(self) -> list[str]:
         """One query per ``ON`` field of a PIVOT statement that takes its values from the data.
@@ -306,6 +415,126 @@ class UserQuery:
             pivot.set("expressions", fields)
         return query
 
+    # --- how the query is split ---------------------------------------------------------------
+
+    def _filter(self, columns: Sequence[exp.Expr], predicate: exp.Expr) -> exp.Expr:
+        """The query's tree restricted to ``predicate`` over ``columns``, injected or wrapped."""
+        if not self._wraps(columns):
+            return _inject(self._tree.copy(), predicate)
+        outer = exp.select("*").from_(_subquery(self._tree.copy(), "_ddb_q")).where(predicate, copy=False)
+        order = self._outer_order("constructs")
+        if order is not None:
+            outer.set("order", order)
+        return outer
+
+    def _keys(self, columns: Sequence[exp.Expr]) -> exp.Query:
+        """The query's rows reduced to their keys (``_ddb_group``, ``_ddb_repartition``)."""
+        aliases = (GROUP_ALIAS, REPARTITION_ALIAS)[: len(columns)]
+        keyed = [c.copy().as_(a) for c, a in zip(columns, aliases, strict=True)]
+        if self._wraps(columns) or isinstance(_unwrap(self._tree), exp.Pivot):
+            return exp.select(*keyed).from_(_subquery(self._tree.copy(), "_ddb_q"))
+        tree = self._tree.copy()
+        tree.set("order", None)
+        _append_keys(tree, keyed)
+        return exp.select(*aliases).from_(_subquery(tree, "_ddb_rows_keys"))
+
+    def _wraps(self, columns: Sequence[exp.Expr]) -> bool:
+        """False where injecting the predicate is exact; True where the query must be wrapped.
+
+        Raises:
+            ValueError: neither is possible (the message names the construct and the key).
+        """
+        if not columns:
+            return False
+        names = {_name(c) for key in columns for c in key.find_all(exp.Column)}
+        obstacle = _obstacle(self._tree, names, self.dialect)
+        if obstacle is None:
+            return False
+        for key in columns:
+            missing = self._not_output(key)
+            if missing:
+                raise ValueError(
+                    f"cannot split this query by {_text(key, self.dialect)!r}: because of its "
+                    f"{obstacle}, the split must be applied to the query's result, and "
+                    f"{missing!r} is not one of its result columns; select it (or split by a "
+                    f"column the query selects)"
+                )
+        self._outer_order(obstacle)  # refuses an order it cannot keep, before any query runs
+        return True
+
+    def _not_output(self, key: exp.Expr) -> str | None:
+        """The first column of ``key`` that the query's result does not have, as written."""
+        output = self._output_names()
+        for column in key.find_all(exp.Column):
+            if column.table:
+                return column.sql(dialect=self.dialect)
+            if output is not None and not any(_same(column.this, n) for n in output):
+                return column.sql(dialect=self.dialect)
+        return None
+
+    def _output_names(self) -> tuple[str, ...] | None:
+        if self._output is not None:
+            return self._output
+        select = _first_select(self._tree)
+        if select is None or any(_starred(p) for p in select.expressions):
+            return None
+        return tuple(p.alias_or_name for p in select.expressions)
+
+    def _outer_order(self, obstacle: str) -> exp.Order | None:
+        """The query's ORDER BY for the outer query of a wrap, where the engine needs it again.
+
+        Raises:
+            ValueError: a term that is not a result column (so cannot order the outer query).
+        """
+        top = self._tree
+        order = top.args.get("order")
+        if order is None and isinstance(top, exp.Subquery):
+            order = top.this.args.get("order")
+        if order is None or self.dialect in _KEEPS_SUBQUERY_ORDER:
+            return None
+        select = _first_select(top)
+        projections = list(select.expressions) if select is not None else []
+        terms = []
+        for term in order.expressions:
+            mapped = self._output_term(term.this, projections)
+            if mapped is None:
+                raise ValueError(
+                    f"cannot keep this query's order when splitting it: because of its {obstacle}, "
+                    f"the split is applied to the query's result, whose order {self.dialect} keeps "
+                    f"only when ORDER BY is applied to it again, and the ORDER BY term "
+                    f"{_text(term.this, self.dialect)!r} is not a result column; select it"
+                )
+            ordered = term.copy()
+            ordered.set("this", mapped)
+            terms.append(ordered)
+        return exp.Order(expressions=terms)
+
+    def _output_term(self, term: exp.Expr, projections: list[exp.Expr]) -> exp.Expr | None:
+        """``term`` of the query's ORDER BY as an expression over its result columns, if it is one."""
+        if isinstance(term, exp.Literal) and term.is_int:
+            return term.copy()
+        starred = any(_starred(p) for p in projections)
+        for position, projection in enumerate(projections, start=1):
+            inner = projection.this if isinstance(projection, exp.Alias) else projection
+            named = (
+                isinstance(term, exp.Column) and not term.table and _same(term.this, projection.alias_or_name)
+            )
+            if inner == term or named:
+                if isinstance(projection, exp.Alias):
+                    return exp.Column(this=projection.args["alias"].copy())
+                if isinstance(projection, exp.Column):
+                    return exp.Column(this=projection.this.copy())
+                return None if starred else exp.Literal.number(position)
+        output = self._output_names()
+        if (
+            isinstance(term, exp.Column)
+            and not term.table
+            and output
+            and any(_same(term.this, n) for n in output)
+        ):
+            return exp.Column(this=term.this.copy())
+        return None
+
     def _keep_with(self, tree: exp.Expr) -> None:
         """Give a query built from parts of the user's tree the user's CTEs."""
         with_ = self._tree.args.get("with_")
@@ -313,9 +542,133 @@ class UserQuery:
             tree.set("with_", with_.copy())
 
     def _wrapped(self, alias: str) -> exp.Select:
-        return exp.select("*").from_(
-            exp.Subquery(this=self._tree.copy(), alias=exp.TableAlias(this=exp.to_identifier(alias)))
-        )
+        return exp.select("*").from_(_subquery(self._tree.copy(), alias))
+
+
+def _name(column: exp.Column) -> str:
+    """A column's name as the engine resolves it: quoted exactly, unquoted case-insensitively."""
+    name = str(column.this.name)
+    return name if column.this.args.get("quoted") else name.casefold()
+
+
+def _same(identifier: exp.Expr, name: str) -> bool:
+    if isinstance(identifier, exp.Identifier) and identifier.args.get("quoted"):
+        return identifier.name == name
+    return identifier.name.casefold() == name.casefold()
+
+
+def _starred(projection: exp.Expr) -> bool:
+    """True for ``*`` and ``t.*`` (with DuckDB's EXCLUDE/REPLACE): columns unknown to the text."""
+    return isinstance(projection, exp.Star) or (
+        isinstance(projection, exp.Column) and isinstance(projection.this, exp.Star)
+    )
+
+
+def _unwrap(node: exp.Expr) -> exp.Expr:
+    while isinstance(node, exp.Subquery):
+        node = node.this
+    return node
+
+
+def _first_select(node: exp.Expr) -> exp.Select | None:
+    """The SELECT whose list names the query's result columns (a set operation's first branch)."""
+    node = _unwrap(node)
+    while isinstance(node, exp.SetOperation):
+        node = _unwrap(node.left)
+    return node if isinstance(node, exp.Select) else None
+
+
+def _own(nodes: Sequence[exp.Expr | None]) -> Iterator[exp.Expr]:
+    """Every node under ``nodes`` that belongs to their query, not to a nested subquery."""
+    for node in nodes:
+        if node is not None:
+            yield node
+            yield from _own(
+                [c for c in node.iter_expressions() if not isinstance(c, (exp.Query, exp.Subquery))]
+            )
+
+
+def _covered(names: set[str], expressions: Sequence[exp.Expr]) -> bool:
+    """True when every key column is one of ``expressions`` (plain columns of a grouping)."""
+    plain = {_name(e) for e in expressions if isinstance(e, exp.Column)}
+    return names <= plain
+
+
+def _obstacle(node: exp.Expr, names: set[str], dialect: str) -> str | None:
+    """What makes injecting a predicate on the key columns ``names`` change the result, or None."""
+    if isinstance(node, exp.Subquery):
+        if node.args.get("limit") or node.args.get("offset"):
+            return "LIMIT/OFFSET"
+        return _obstacle(node.this, names, dialect)
+    if isinstance(node, exp.SetOperation):
+        if node.args.get("limit") or node.args.get("offset"):
+            return "LIMIT/OFFSET"
+        if not isinstance(node, exp.Union) or node.args.get("distinct"):
+            return f"{node.key.upper()} (it compares whole rows, keys included)"
+        if any(isinstance(_unwrap(b), exp.Pivot) for b in (node.left, node.right)):
+            return "PIVOT inside a UNION ALL"
+        return _obstacle(node.left, names, dialect) or _obstacle(node.right, names, dialect)
+    if isinstance(node, exp.Pivot):
+        source = node.this
+        if isinstance(source, exp.Subquery) and (inner := _obstacle(source, names, dialect)):
+            return f"{inner} in the PIVOT's source"
+        group = node.args.get("group")
+        if group is not None:
+            return None if _covered(names, group.expressions) else "PIVOT ... GROUP BY without the key"
+        used = {
+            _name(c)
+            for part in (node.expressions, node.args.get("using") or [])
+            for e in part
+            for c in e.find_all(exp.Column)
+        }
+        return "PIVOT ON/USING the key" if names & used else None
+    if isinstance(node, exp.Select):
+        return _select_obstacle(node, names, dialect)
+    return f"{node.key.upper()} statement"
+
+
+def _select_obstacle(select: exp.Select, names: set[str], dialect: str) -> str | None:
+    for clause, label in (
+        ("limit", "LIMIT/OFFSET"),
+        ("offset", "LIMIT/OFFSET"),
+        ("distinct", "DISTINCT"),
+    ):
+        if select.args.get(clause):
+            return label
+    # QUALIFY filters on window values: exact like the windows themselves (covered by the key).
+    clauses = ("having", "qualify", "order")
+    own = list(_own([*select.expressions, *(select.args.get(c) for c in clauses)]))
+    for node in own:
+        if isinstance(node, _SET_RETURNING):
+            return f"set-returning function {_text(node, dialect)!r}"
+    for node in own:
+        if isinstance(node, exp.Window) and not _covered(names, node.args.get("partition_by") or []):
+            return f"window function {_text(node, dialect)!r} (its PARTITION BY does not include the key)"
+    group = select.args.get("group")
+    if group is not None:
+        plain = not any(group.args.get(k) for k in ("all", "rollup", "cube", "grouping_sets", "totals"))
+        if not (plain and _covered(names, group.expressions)):
+            return f"{_text(group, dialect)} (it does not group by the key)"
+        return None
+    aggregate = next((n for n in own if isinstance(n, exp.AggFunc) and not n.find_ancestor(exp.Window)), None)
+    if aggregate is not None:
+        return f"aggregate {_text(aggregate, dialect)!r} over all rows"
+    if select.args.get("having"):
+        return "HAVING"
+    return None
+
+
+def _append_keys(node: exp.Expr, keyed: Sequence[exp.Expr]) -> None:
+    """Add the aliased keys to the SELECT list of every branch of an injectable query."""
+    if isinstance(node, exp.Subquery):
+        _append_keys(node.this, keyed)
+    elif isinstance(node, exp.SetOperation):
+        _append_keys(node.left, keyed)
+        _append_keys(node.right, keyed)
+    elif isinstance(node, exp.Select):
+        node.select(*(k.copy() for k in keyed), append=True, copy=False)
+    else:
+        raise AssertionError(f"an injectable query has no {node.key.upper()} branch")
 
 
 def _dynamic_pivots(tree: exp.Expr) -> list[exp.Pivot]:
@@ -334,13 +687,6 @@ def _inject(node: exp.Expr, predicate: exp.Expr) -> exp.Expr:
     if isinstance(node, exp.Subquery):
         node.set("this", _inject(node.this, predicate))
         return node
-    if isinstance(node, (exp.Select, exp.SetOperation)) and (
-        node.args.get("limit") or node.args.get("offset")
-    ):
-        raise ValueError(
-            "sql has a top-level LIMIT/OFFSET, which would apply to every subquery once the query is "
-            "split by group_col/repartition_col; move the LIMIT into a subquery or CTE"
-        )
     if isinstance(node, exp.Select):
         return node.where(predicate, append=True, copy=False)
     if isinstance(node, exp.SetOperation):
@@ -356,26 +702,3 @@ def _inject(node: exp.Expr, predicate: exp.Expr) -> exp.Expr:
             node.set("this", exp.Subquery(this=filtered))
         return node
     raise ValueError(f"cannot split a {node.key.upper()} query by group_col/repartition_col")
-
-
-def _branches(node: exp.Expr) -> list[exp.Expr]:
-    if isinstance(node, exp.Subquery):
-        return _branches(node.this)
-    if isinstance(node, exp.SetOperation):
-        return [*_branches(node.left), *_branches(node.right)]
-    return [node]
-
-
-def _distinct_branch(branch: exp.Expr, keyed: Sequence[exp.Expr]) -> exp.Select:
-    if isinstance(branch, exp.Pivot):
-        return exp.select(*(k.copy() for k in keyed)).distinct().from_(branch.this.copy())
-    if not isinstance(branch, exp.Select):
-        raise ValueError(f"cannot discover scheme values in a {branch.key.upper()} query; give the scheme")
-    select = branch.copy()
-    select.set("expressions", [k.copy() for k in keyed])
-    select.set("distinct", exp.Distinct())
-    # The keys range over the rows the WHERE lets through (that is where subqueries filter), so
-    # what groups, windows or limits those rows goes: it may not even admit the keys.
-    for clause in ("group", "having", "qualify", "windows", "order", "limit", "offset"):
-        select.set(clause, None)
-    return select

@@ -222,36 +222,58 @@ def test_non_groupable_queries_count_like_sql(
     schemes: dict[str, Any] = {}
     if explicit:
         schemes = {"group_scheme": [3, 2, 1, 0], "repartition_scheme": [3, 2, 1, 0]}
-    with DDBDataLoader(db, sql, target_col="y", group_col="gid", repartition_col="part", **schemes) as loader:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loader = DDBDataLoader(db, sql, target_col="y", group_col="gid", repartition_col="part", **schemes)
+    expected = []
+    for position, name in enumerate(("group", "repartition")):
+        absent = [
+            v for v in schemes.get(f"{name}_scheme", []) if not any(k[position] == v for k in reference)
+        ]
+        if absent:
+            column = ("gid", "part")[position]
+            expected.append(
+                f"{name}_scheme value(s) {absent!r} match no rows of {name}_col {column!r}, "
+                "so they load nothing"
+            )
+    assert [str(w.message) for w in caught] == expected
+    with loader:
         assert planned(loader.plan) == reference
         assert loader.plan.rows == sum(reference.values())
         if explicit:
             assert [g.value for g in loader.plan.groups] == [3, 2, 1, 0]
 
 
-def test_window_functions_see_the_rows_of_one_subquery(db: duckdb.DuckDBPyConnection) -> None:
-    # The predicate goes before the window, as it goes before GROUP BY: splitting by `part` a
-    # query windowed by `gid` alone restarts the numbering in every repartition.
+def test_window_functions_see_the_whole_querys_rows(db: duckdb.DuckDBPyConnection) -> None:
+    # Windowed by `gid` alone, the query is split on its result: the numbering runs over each
+    # gid's rows whatever the repartition (issue 12: it used to restart in every repartition).
     sql = "SELECT gid, part, y FROM series QUALIFY row_number() OVER (PARTITION BY gid ORDER BY pos) > 2"
     with DDBDataLoader(db, sql, target_col="y", group_col="gid", repartition_col="part") as loader:
-        assert planned(loader.plan) == {k: n - 2 for k, n in tally(db, SERIES_SQL, "gid", "part").items()}
+        assert planned(loader.plan) == tally(db, sql, "gid", "part")
+        assert "_ddb_q" in loader.plan.groups[0].partitions[0].sql
     with DDBDataLoader(db, sql, target_col="y", group_col="gid") as loader:
         assert planned(loader.plan) == {(g,): sum(sizes) - 2 for g, sizes in enumerate(PARTS)}
+        assert "_ddb_q" not in loader.plan.groups[0].partitions[0].sql
 
 
 def test_empty_partitions_are_skipped(db: duckdb.DuckDBPyConnection) -> None:
-    loader = DDBDataLoader(
-        db,
-        SERIES_SQL,
-        target_col="y",
-        input_col=["rid"],
-        group_col="gid",
-        group_scheme=[3, 1, 99],
-        repartition_col="part",
-        repartition_scheme=[3, 0, 1, 2],
-        window_size=2,
-        batch_size=100,
-    )
+    with pytest.warns(UserWarning) as caught:
+        loader = DDBDataLoader(
+            db,
+            SERIES_SQL,
+            target_col="y",
+            input_col=["rid"],
+            group_col="gid",
+            group_scheme=[3, 1, 99],
+            repartition_col="part",
+            repartition_scheme=[3, 0, 1, 2],
+            window_size=2,
+            batch_size=100,
+        )
+    assert [str(w.message) for w in caught] == [
+        "group_scheme value(s) [99] match no rows of group_col 'gid', so they load nothing",
+        "repartition_scheme value(s) [3, 2] match no rows of repartition_col 'part', so they load nothing",
+    ]
     cells = [[(p.position, p.repartition_value, p.rows) for p in g.partitions] for g in loader.plan.groups]
     assert cells == [[(0, 0, 3)], [(0, 0, 15), (1, 1, 6)], []]
     assert [g.samples for g in loader.plan.groups] == [1, 19, 0]
@@ -374,8 +396,13 @@ def test_window_larger_than_a_group_warns_naming_it(db: duckdb.DuckDBPyConnectio
 
 
 def test_window_larger_than_the_whole_query_warns(db: duckdb.DuckDBPyConnection) -> None:
-    with pytest.warns(UserWarning, match=r"more than group\(s\) \['<all rows>'\] have"):
+    with pytest.warns(UserWarning) as caught:
         loader = DDBDataLoader(db, "SELECT f0, y FROM series WHERE gid = 3", target_col="y", window_size=5)
+    assert [str(w.message) for w in caught] == [
+        "samples need 6 consecutive rows, more than group(s) ['<all rows>'] have; they yield no samples",
+        "the plan has 0 samples (3 rows in 1 partitions, 6 rows per sample): the loader yields nothing; "
+        "check the query, the schemes and window_size",
+    ]
     assert len(loader) == 0
     assert run_all(loader) == []
 
@@ -393,7 +420,14 @@ def test_window_larger_than_the_whole_query_warns(db: duckdb.DuckDBPyConnection)
 def test_a_query_without_rows_yields_zero_batches(
     db: duckdb.DuckDBPyConnection, kwargs: dict[str, Any]
 ) -> None:
-    loader = DDBDataLoader(db, "SELECT gid, part, f0, y FROM series WHERE f0 < 0", target_col="y", **kwargs)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loader = DDBDataLoader(
+            db, "SELECT gid, part, f0, y FROM series WHERE f0 < 0", target_col="y", **kwargs
+        )
+    assert str(caught[-1].message).startswith("the plan has 0 samples (0 rows in 0 partitions")
+    if "group_scheme" in kwargs:
+        assert str(caught[0].message).startswith("group_scheme value(s) [0, 1] match no rows")
     assert len(loader) == 0
     assert loader.plan.samples == 0
     assert run_all(loader) == []

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime
 import re
+import warnings
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -84,8 +85,10 @@ def test_predicate_is_anded_with_an_or_condition_in_parentheses(db: duckdb.DuckD
     assert got == [(22,), (1,)]
 
 
-def test_predicate_goes_before_group_by_on_a_column_not_selected(db: duckdb.DuckDBPyConnection) -> None:
-    sql = "SELECT k, count(*) AS n, sum(v) AS s FROM t {} GROUP BY k HAVING count(*) > 1 ORDER BY k"
+def test_predicate_goes_before_group_by_on_a_grouping_column_not_selected(
+    db: duckdb.DuckDBPyConnection,
+) -> None:
+    sql = "SELECT k, count(*) AS n, sum(v) AS s FROM t {} GROUP BY k, g HAVING count(*) > 1 ORDER BY k, n"
     statement = filtered(sql.format(""), "g")
     tree = sqlglot.parse_one(statement, read=DIALECT)
     assert parameters(tree.args["where"]) == ["$1"]
@@ -94,6 +97,12 @@ def test_predicate_goes_before_group_by_on_a_column_not_selected(db: duckdb.Duck
         expected = rows(db, sql.format(f"WHERE g = {g}"))
         assert rows(db, statement, g) == expected
         assert expected
+
+
+def test_group_by_without_the_key_is_refused_when_the_key_is_not_selected() -> None:
+    # Filtering before GROUP BY k would aggregate each g apart: other numbers than the query's.
+    with pytest.raises(ValueError, match=r"by 'g': because of its GROUP BY k .*'g' is not one of its result"):
+        filtered("SELECT k, count(*) AS n FROM t GROUP BY k ORDER BY k", "g")
 
 
 def test_order_by_is_kept(db: duckdb.DuckDBPyConnection) -> None:
@@ -125,10 +134,13 @@ def test_union_branches_are_each_filtered_with_shared_numbered_parameters(
     assert any(i >= 100 for (i,) in got)
 
 
-def test_parenthesised_union_and_intersect_are_filtered(db: duckdb.DuckDBPyConnection) -> None:
-    sql = "(SELECT id % 100 AS j FROM t) INTERSECT (SELECT id % 100 AS j FROM u) ORDER BY j"
+def test_intersect_is_split_on_its_result(db: duckdb.DuckDBPyConnection) -> None:
+    sql = "(SELECT id % 100 AS j, g FROM t) INTERSECT (SELECT id % 100 AS j, g FROM u) ORDER BY j"
     got = rows(db, filtered(sql, "g"), 0)
-    assert got == [(i,) for i in range(0, 24, 3)]
+    assert got == [(i, 0) for i in range(0, 24, 3)]
+    # Not selected, the key has no value on the INTERSECT's rows.
+    with pytest.raises(ValueError, match=r"because of its INTERSECT .*'g' is not one of its result columns"):
+        filtered("(SELECT id % 100 AS j FROM t) INTERSECT (SELECT id % 100 AS j FROM u)", "g")
 
 
 def test_cte_query_is_filtered_at_its_top_level(db: duckdb.DuckDBPyConnection) -> None:
@@ -168,16 +180,25 @@ def test_operator_expressions_are_parenthesised(db: duckdb.DuckDBPyConnection, e
 
 
 def test_explicit_pivot_is_filtered_at_its_source(db: duckdb.DuckDBPyConnection) -> None:
-    sql = "PIVOT (SELECT *, ts::DATE AS day FROM t {}) ON k IN ('a', 'b', 'c') USING sum(v) GROUP BY day"
+    sql = "PIVOT (SELECT *, ts::DATE AS day FROM t {}) ON k IN ('a', 'b', 'c') USING sum(v) GROUP BY day, g"
     statement = filtered(sql.format(""), "g")
     pivot = sqlglot.parse_one(statement, read=DIALECT)
     assert isinstance(pivot, exp.Pivot)
     assert parameters(pivot.this) == ["$1"]
     got = sorted(rows(db, statement, 1))
     assert got == sorted(rows(db, sql.format("WHERE g = 1")))
-    # Filtering after the pivot would sum every g into the cells instead.
-    assert got != sorted(rows(db, sql.format("")))
+    assert got == sorted(r for r in rows(db, sql.format("")) if r[1] == 1)
     assert len(got) == 5
+
+
+def test_pivot_not_grouped_by_the_key_is_refused(db: duckdb.DuckDBPyConnection) -> None:
+    # Filtering the source would sum one g into each cell instead of every g.
+    sql = "PIVOT (SELECT *, ts::DATE AS day FROM t) ON k IN ('a', 'b', 'c') USING sum(v) GROUP BY day"
+    query = UserQuery(sql, DIALECT).with_output(db.sql(sql).columns)
+    with pytest.raises(
+        ValueError, match=r"PIVOT \.\.\. GROUP BY without the key.*'g' is not one of its result"
+    ):
+        query.filtered([key("g")])
 
 
 def pin(db: duckdb.DuckDBPyConnection, query: UserQuery) -> UserQuery:
@@ -253,12 +274,21 @@ def test_standard_pivot_and_unpivot_need_no_pinning(db: duckdb.DuckDBPyConnectio
     assert len(rows(db, filtered(unpivot, "g"), 1)) == 16
 
 
-def test_top_level_limit_is_refused_when_splitting() -> None:
-    with pytest.raises(ValueError, match=r"top-level LIMIT/OFFSET"):
+def test_top_level_limit_is_refused_when_splitting_by_a_column_not_selected() -> None:
+    with pytest.raises(ValueError, match=r"LIMIT/OFFSET, the split must be applied to the query's result"):
         filtered("SELECT id FROM t ORDER BY id LIMIT 5", "g")
-    with pytest.raises(ValueError, match=r"top-level LIMIT/OFFSET"):
+    with pytest.raises(ValueError, match=r"LIMIT/OFFSET"):
         filtered("SELECT id FROM t UNION SELECT id FROM u OFFSET 3", "g")
     assert "LIMIT" in filtered("SELECT * FROM (SELECT id, g FROM t LIMIT 5)", "g")
+
+
+def test_top_level_limit_is_applied_before_the_split_when_the_key_is_selected(
+    db: duckdb.DuckDBPyConnection,
+) -> None:
+    sql = "SELECT id, g FROM t ORDER BY id DESC LIMIT 7"
+    statement = filtered(sql, "g")
+    whole = rows(db, sql)
+    assert [r for g in range(3) for r in rows(db, statement, g)] == sorted(whole, key=lambda r: (r[1], -r[0]))
 
 
 def test_without_columns_the_query_is_unchanged(db: duckdb.DuckDBPyConnection) -> None:
@@ -441,8 +471,13 @@ def loaded_ids(con: duckdb.DuckDBPyConnection, **kwargs: Any) -> tuple[int, list
 def check_value_matches_only_itself(con: duckdb.DuckDBPyConnection, value: str, column: str) -> None:
     before = snapshot(con)
     scheme = {"group_col": "group_scheme", "repartition_col": "repartition_scheme"}[column]
-    samples, ids = loaded_ids(con, **{column: "g", scheme: [value]})
     expected = ids_matching(con, value)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        samples, ids = loaded_ids(con, **{column: "g", scheme: [value]})
+    unmatched = [str(w.message) for w in caught if "match no rows" in str(w.message)]
+    message = f"{scheme} value(s) {[value]!r} match no rows of {column} 'g', so they load nothing"
+    assert [m.startswith(message) for m in unmatched] == ([] if expected else [True])
     assert samples == len(expected)
     assert ids == expected
     assert snapshot(con) == before

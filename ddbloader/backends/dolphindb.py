@@ -39,6 +39,7 @@ from .base import describe_uri, redact_uri
 __all__ = [
     "DolphinDBBackend",
     "DolphinDBQuery",
+    "dolphindb_literal_hint",
     "is_dolphindb_session",
     "parse_column_expression",
     "substitute",
@@ -287,6 +288,11 @@ class DolphinDBQuery:
         del values
         return self
 
+    def with_output(self, names: Sequence[str]) -> DolphinDBQuery:
+        """This query: the predicate always goes into its where-clause, so output names are unused."""
+        del names
+        return self
+
     @staticmethod
     def column(text: str, parameter: str) -> str:
         """:func:`parse_column_expression`, for callers that hold only the query."""
@@ -370,6 +376,24 @@ def to_literal(value: Any) -> str:
             return value
         return _string_literal(value)
     raise TypeError(f"cannot write {type(value).__name__} {value!r} as a DolphinDB literal")
+
+
+def dolphindb_literal_hint(value: Any) -> str | None:
+    """How to write ``value`` for an engine other than DolphinDB, if it is a DolphinDB-style literal.
+
+    >>> dolphindb_literal_hint("`000001.SH")
+    "'`000001.SH' is DolphinDB symbol syntax: elsewhere write '000001.SH'"
+    """
+    if not isinstance(value, str):
+        return None
+    if value.startswith("`"):
+        return f"{value!r} is DolphinDB symbol syntax: elsewhere write {value[1:]!r}"
+    if _TEMPORAL.fullmatch(value) and "." in value[:8]:
+        if value[4:5] == value[7:8] == ".":
+            iso = value.replace(".", "-", 2)
+            return f"{value!r} is a DolphinDB temporal literal: elsewhere write {iso!r} or a datetime object"
+        return f"{value!r} is a DolphinDB temporal literal: elsewhere write a date or datetime object"
+    return None
 
 
 def substitute(sql: str, params: Sequence[Any]) -> str:
