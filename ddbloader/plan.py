@@ -305,6 +305,7 @@ def _cells(
         table = _run(cursor, query.count(partition_sql), "counting rows")
         return [(None, [(None, (), int(table.column(ROWS_ALIAS)[0].as_py()))])]
     if isinstance(query, UserQuery):
+        cursor.expect(1)
         return _counted_cells(cursor, query, keys, lost)
     discovered = all(k.scheme is None for k in keys)
     if discovered and query.counts_are_groupable():
@@ -361,10 +362,18 @@ def _counted_cells(
         ValueError: two values of an explicit scheme equal the same rows in SQL (``1`` and
             ``'1'``, ``'a'`` and ``'A'`` under NOCASE): their rows would load twice.
     """
-    if any(k.scheme is not None and not k.scheme for k in keys):
-        return []
     sql, params = query.key_counts([k.expression for k in keys], [k.scheme for k in keys])
-    table = _run(cursor, sql, "counting the rows of every subquery", params)
+    try:
+        table = _run(cursor, sql, "counting the rows of every subquery", params)
+    except Exception as error:
+        explicit = [f"{k.parameter.replace('_col', '_scheme')} {list(k.scheme)!r}" for k in keys if k.scheme]
+        if explicit:
+            add_note(
+                error,
+                f"the engine compares {' and '.join(explicit)} with the key's values as a subquery's "
+                f"`key = value` would; give values of the key's type",
+            )
+        raise
     aliases = (GROUP_ALIAS, REPARTITION_ALIAS)[: len(keys)]
     found = table.to_pylist()
     discovered = [(k, a) for k, a in zip(keys, aliases, strict=True) if k.scheme is None]
@@ -373,45 +382,30 @@ def _counted_cells(
         if nulls:
             lost[key.name] = nulls
     found = [r for r in found if all(r[a] is not None for _, a in discovered)]
-    values: list[list[Any]] = []
+    # Per key, its values in plan order as (token, value): the token identifies the value in
+    # cells (its position for a scheme value, which may be unhashable or equal in Python to
+    # another; its text for a value the engine returned).
+    values: list[list[tuple[Any, Any]]] = []
     for key, alias in zip(keys, aliases, strict=True):
         if key.scheme is None:
-            values.append(list(dict.fromkeys(_Value(r[alias]) for r in found)))
+            values.append(list(dict.fromkeys((repr(r[alias]), r[alias]) for r in found)))
         else:
             _check_scheme(key, [r[alias + INDEX_SUFFIX] for r in found], [r[alias] for r in found])
-            values.append([_Value(v, i) for i, v in enumerate(key.scheme)])
-    rows: dict[tuple[_Value, ...], int] = {}
+            values.append(list(enumerate(key.scheme)))
+    rows: dict[tuple[Any, ...], int] = {}
     for r in found:
         cell = tuple(
-            _Value(r[a]) if k.scheme is None else _Value(k.scheme[r[a + INDEX_SUFFIX]], r[a + INDEX_SUFFIX])
+            repr(r[a]) if k.scheme is None else r[a + INDEX_SUFFIX]
             for k, a in zip(keys, aliases, strict=True)
         )
         rows[cell] = rows.get(cell, 0) + int(r[ROWS_ALIAS])
     if len(keys) == 1:
         if keys[0].parameter == "group_col":
-            return [(v.value, [(None, (v.value,), rows.get((v,), 0))]) for v in values[0]]
-        return [(None, [(v.value, (v.value,), rows.get((v,), 0)) for v in values[0]])]
+            return [(v, [(None, (v,), rows.get((t,), 0))]) for t, v in values[0]]
+        return [(None, [(v, (v,), rows.get((t,), 0)) for t, v in values[0]])]
     return [
-        (g.value, [(r.value, (g.value, r.value), rows[g, r]) for r in values[1] if (g, r) in rows])
-        for g in values[0]
+        (g, [(r, (g, r), rows[tg, tr]) for tr, r in values[1] if (tg, tr) in rows]) for tg, g in values[0]
     ]
-
-
-@dataclass(frozen=True)
-class _Value:
-    """A key value as a dictionary key: by position for scheme values (they may be unhashable or
-    equal in Python yet distinct in the scheme), by its text for values the engine returned."""
-
-    value: Any
-    position: int | None = None
-
-    def __hash__(self) -> int:
-        return hash((self.position, repr(self.value)))
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, _Value):
-            return NotImplemented
-        return (self.position, repr(self.value)) == (other.position, repr(other.value))
 
 
 def _check_scheme(key: _Key, positions: list[int], matched: list[Any]) -> None:
@@ -429,7 +423,8 @@ def _check_scheme(key: _Key, positions: list[int], matched: list[Any]) -> None:
                 f"{key.parameter} {key.text!r} = {value}, so those rows would load more than once; "
                 f"keep one of them"
             )
-    unmatched = [key.scheme[p] for p in range(len(key.scheme)) if p not in set(positions)]
+    seen = set(positions)
+    unmatched = [key.scheme[p] for p in range(len(key.scheme)) if p not in seen]
     if unmatched:
         hints = [h for h in (dolphindb_literal_hint(v) for v in unmatched) if h]
         warn_caller(

@@ -25,6 +25,8 @@ keys equal that value, in the whole query's order):
 from __future__ import annotations
 
 import copy
+import functools
+import itertools
 from collections.abc import Iterator, Sequence
 from typing import Any, ClassVar, Protocol
 
@@ -151,8 +153,12 @@ def _describe(error: SqlglotError) -> str:
 
 
 def _operand(expression: exp.Expr) -> exp.Expr:
-    """``expression`` made safe as an operand: ``a OR b`` must not become ``a OR b = $1``."""
-    if isinstance(expression, (exp.Column, exp.Func, exp.Cast, exp.Literal, exp.Paren)):
+    """``expression`` made safe as an operand: ``a OR b`` must not become ``a OR b = $1``.
+
+    Everything but a column, a literal or a parenthesis is parenthesised: sqlglot models
+    ``AND``/``OR`` and the operators as functions too, so "is it a function" cannot tell.
+    """
+    if isinstance(expression, (exp.Column, exp.Literal, exp.Paren)):
         return expression.copy()
     return exp.Paren(this=expression.copy())
 
@@ -307,8 +313,10 @@ class UserQuery:
         key with an explicit scheme, the position in that scheme of each value that equals it in
         SQL (``_ddb_group_index`` / ``_ddb_repartition_index``; a combination is returned once per
         matching scheme value, and not at all when none matches). The scheme values are bound as
-        parameters of a VALUES list and joined to the keys, so the engine compares them exactly
-        as a subquery's ``key = $1`` does. Rows are sorted by the key values, NULL last.
+        parameters of VALUES lists joined to the keys, so the engine compares them as a
+        subquery's ``key = $1`` does; one list per Python type, because a VALUES column takes
+        one type and an engine may refuse to unify, say, text with integers where it compares
+        each with the key just fine. Rows are sorted by the key values, NULL last.
         """
         aliases = (GROUP_ALIAS, REPARTITION_ALIAS)[: len(columns)]
         counted = (
@@ -316,43 +324,42 @@ class UserQuery:
             .from_(_subquery(self._keys(columns), "_ddb_annotated"))
             .group_by(*aliases)
         )
-        projections: list[exp.Expr] = []
-        joins: list[tuple[str, exp.Expr]] = []
         values: list[Any] = []
+        lists: list[tuple[str, exp.Values]] = []
+        tables: list[list[str | None]] = []
         for alias, scheme in zip(aliases, schemes, strict=True):
             if scheme is None:
+                tables.append([None])
                 continue
-            table = f"{alias}_scheme"
-            rows = []
+            by_type: dict[type, list[int]] = {}
             for position, value in enumerate(scheme):
-                values.append(value)
-                parameter = exp.Parameter(this=exp.Literal.number(len(values)))
-                rows.append(exp.Tuple(expressions=[exp.Literal.number(position), parameter]))
-            joins.append((table, exp.Values(expressions=rows)))
-            projections.append(exp.column("_ddb_index", table=table).as_(alias + INDEX_SUFFIX))
-        key_columns = [exp.column(a, table="_ddb_keys") for a in aliases]
-        outer = exp.select(*projections, *key_columns, exp.column(ROWS_ALIAS, table="_ddb_keys")).from_(
-            "_ddb_keys"
+                by_type.setdefault(type(value), []).append(position)
+            names = []
+            for positions in by_type.values():
+                rows = []
+                for position in positions:
+                    values.append(scheme[position])
+                    parameter = exp.Parameter(this=exp.Literal.number(len(values)))
+                    rows.append(exp.Tuple(expressions=[exp.Literal.number(position), parameter]))
+                names.append(f"{alias}_scheme{len(lists)}")
+                lists.append((names[-1], exp.Values(expressions=rows)))
+            tables.append(list(names))
+        branches: list[exp.Query] = [_matched_keys(aliases, c) for c in itertools.product(*tables)]
+        matched = functools.reduce(lambda a, b: exp.union(a, b, distinct=False, copy=False), branches)
+        outer = (
+            exp.select("*")
+            .from_(_subquery(matched, "_ddb_matched"), copy=False)
+            .with_("_ddb_keys", as_=counted, copy=False)
         )
-        outer = outer.with_("_ddb_keys", as_=counted)
-        for (table, rows_), alias in zip(
-            joins, [a for a, s in zip(aliases, schemes, strict=True) if s is not None], strict=True
-        ):
-            columns_alias = exp.TableAlias(
-                this=exp.to_identifier(table),
+        for name, rows_ in lists:
+            alias_ = exp.TableAlias(
+                this=exp.to_identifier(name),
                 columns=[exp.to_identifier("_ddb_index"), exp.to_identifier("_ddb_value")],
             )
-            outer = outer.with_(columns_alias, as_=rows_)
-            outer = outer.join(
-                table,
-                on=exp.EQ(
-                    this=exp.column(alias, table="_ddb_keys"),
-                    expression=exp.column("_ddb_value", table=table),
-                ),
-            )
+            outer = outer.with_(alias_, as_=rows_, copy=False)
         outer.set(
             "order",
-            exp.Order(expressions=[exp.Ordered(this=c.copy(), nulls_first=False) for c in key_columns]),
+            exp.Order(expressions=[exp.Ordered(this=exp.column(a), nulls_first=False) for a in aliases]),
         )
         return self.render(outer), tuple(values)
 
@@ -628,6 +635,13 @@ def _obstacle(node: exp.Expr, names: set[str], dialect: str) -> str | None:
 
 
 def _select_obstacle(select: exp.Select, names: set[str], dialect: str) -> str | None:
+    source = select.args.get("from_")
+    if source is not None and not select.args.get("joins") and isinstance(source.this, exp.Subquery):
+        # ``SELECT * FROM (PIVOT ...)`` (how a PIVOT statement with ORDER BY is read): the pivot's
+        # result is what the WHERE filters, so the key must be one of its columns.
+        pivot = _unwrap(source.this)
+        if isinstance(pivot, exp.Pivot) and (inner := _obstacle(pivot, names, dialect)):
+            return inner
     for clause, label in (
         ("limit", "LIMIT/OFFSET"),
         ("offset", "LIMIT/OFFSET"),
@@ -656,6 +670,24 @@ def _select_obstacle(select: exp.Select, names: set[str], dialect: str) -> str |
     if select.args.get("having"):
         return "HAVING"
     return None
+
+
+def _matched_keys(aliases: Sequence[str], tables: Sequence[str | None]) -> exp.Select:
+    """The counted keys joined to one VALUES list per explicit key (None: a discovered key)."""
+    indexes = [
+        exp.column("_ddb_index", table=t).as_(a + INDEX_SUFFIX)
+        for a, t in zip(aliases, tables, strict=True)
+        if t
+    ]
+    keys = [exp.column(a, table="_ddb_keys") for a in aliases]
+    select = exp.select(*indexes, *keys, exp.column(ROWS_ALIAS, table="_ddb_keys")).from_("_ddb_keys")
+    for alias, table in zip(aliases, tables, strict=True):
+        if table is not None:
+            on = exp.EQ(
+                this=exp.column(alias, table="_ddb_keys"), expression=exp.column("_ddb_value", table=table)
+            )
+            select = select.join(table, on=on, copy=False)
+    return select
 
 
 def _append_keys(node: exp.Expr, keyed: Sequence[exp.Expr]) -> None:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
+import pgserver
 import pyarrow as pa
 import pytest
 
@@ -52,6 +53,18 @@ def make_series(
     )
     con.execute(f"DROP TABLE IF EXISTS {table}")
     con.execute(f"CREATE TABLE {table} AS SELECT * FROM data")
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[pgserver.PostgresServer]:
+    """One throwaway PostgreSQL server for the session (tests/pgserver.py)."""
+    try:
+        import adbc_driver_postgresql  # noqa: F401
+    except ImportError:
+        pgserver.unavailable("adbc-driver-postgresql is not installed (pip install 'ddbloader[postgres]')")
+    server = pgserver.start()
+    yield server
+    server.stop()
 
 
 @pytest.fixture

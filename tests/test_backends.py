@@ -190,17 +190,6 @@ class SqliteEngine(Engine):
         self.admin.close()
 
 
-@pytest.fixture(scope="session")
-def pg_server() -> Iterator[pgserver.PostgresServer]:
-    try:
-        import adbc_driver_postgresql  # noqa: F401
-    except ImportError:
-        pgserver.unavailable("adbc-driver-postgresql is not installed (pip install 'ddbloader[postgres]')")
-    server = pgserver.start()
-    yield server
-    server.stop()
-
-
 @pytest.fixture(params=ENGINES)
 def engine(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Engine]:
     if request.param == "duckdb":

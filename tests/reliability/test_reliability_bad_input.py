@@ -314,7 +314,7 @@ BAD_DATA: list[Case] = [
         "scheme value of the wrong type",
         series(group_col="gid", group_scheme=[0, "one"]),
         duckdb.ConversionException,
-        r"Could not convert string 'one' to INT32(.|\n)*with parameters \['one'\]",
+        r"Could not convert string 'one' to INT32(.|\n)*group_scheme \[0, 'one'\] with the key's values",
     ),
     Case(
         "scheme value not a SQL value",
