@@ -17,9 +17,9 @@ keys equal that value, in the whole query's order):
   every GROUP BY and window PARTITION BY includes the key's columns.
 - *Wrapped*: otherwise ``SELECT * FROM (Q) AS _ddb_q WHERE (key) = $1``: the key is evaluated on
   the query's output, so its columns must be selected (else a ValueError names the construct
-  and says to select them). DuckDB keeps the order of a filtered subquery (WHERE and SELECT
-  preserve order, per its documentation); other engines get Q's ORDER BY again on the outer
-  query, mapped to output columns (a term that cannot be mapped is refused by name).
+  and says to select them). Q's ORDER BY is applied again on the outer query, mapped to result
+  columns; a term that is not one is refused by name, except on DuckDB, which keeps a filtered
+  subquery's order (WHERE and SELECT preserve order, per its documentation).
 """
 
 from __future__ import annotations
@@ -488,7 +488,11 @@ class UserQuery:
         return tuple(p.alias_or_name for p in select.expressions)
 
     def _outer_order(self, obstacle: str) -> exp.Order | None:
-        """The query's ORDER BY for the outer query of a wrap, where the engine needs it again.
+        """The query's ORDER BY for the outer query of a wrap, over its result columns.
+
+        Applied again even where the engine keeps a filtered subquery's order (DuckDB, unless
+        ``preserve_insertion_order`` is off); there a term that is not a result column leaves
+        the order to the engine instead of being refused.
 
         Raises:
             ValueError: a term that is not a result column (so cannot order the outer query).
@@ -497,13 +501,15 @@ class UserQuery:
         order = top.args.get("order")
         if order is None and isinstance(top, exp.Subquery):
             order = top.this.args.get("order")
-        if order is None or self.dialect in _KEEPS_SUBQUERY_ORDER:
+        if order is None:
             return None
         select = _first_select(top)
         projections = list(select.expressions) if select is not None else []
         terms = []
         for term in order.expressions:
             mapped = self._output_term(term.this, projections)
+            if mapped is None and self.dialect in _KEEPS_SUBQUERY_ORDER:
+                return None  # the filter keeps the wrapped query's order as it is
             if mapped is None:
                 raise ValueError(
                     f"cannot keep this query's order when splitting it: because of its {obstacle}, "

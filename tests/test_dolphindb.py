@@ -58,8 +58,8 @@ DFS = 'select ts, sym, price, qty from loadTable("dfs://trades where group by", 
             "select avg(price) from t where qty > 0, sym = __ddb_p1__ group by sym having avg(price) > 1",
         ),
         (
-            "select * from t cgroup by minute(ts) order by ts",
-            "select * from t where sym = __ddb_p1__ cgroup by minute(ts) order by ts",
+            "select * from t cgroup by sym, minute(ts) order by ts",
+            "select * from t where sym = __ddb_p1__ cgroup by sym, minute(ts) order by ts",
         ),
         # Keywords inside strings, brackets and comments are not clauses.
         (f"{DFS} order by ts", f"{DFS} where sym = __ddb_p1__ order by ts"),
@@ -154,6 +154,33 @@ def test_counts_are_groupable_only_for_plain_selects(sql: str, groupable: bool) 
 def test_queries_that_are_refused(sql: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         DolphinDBQuery(sql)
+
+
+@pytest.mark.parametrize(
+    ("sql", "message"),
+    [
+        # Issue 12: these were split by filtering before the grouping, silently changing values.
+        ("select * from t cgroup by minute(ts) order by ts", r"CGROUP BY whose list does not hold 'sym'"),
+        ("select avg(price) from t group by date(ts)", r"GROUP BY whose list does not hold 'sym'"),
+        ("select price from t pivot by ts, venue", r"PIVOT BY whose list does not hold 'sym'"),
+        ("select ts, mavg(price, 5) as m from t context by venue", r"CONTEXT BY whose list does not hold"),
+        ("select ts, price - prev(price) as d from t", r"calls prev\(\), which computes over several rows"),
+        ("select avg(price) as p from t", r"calls avg\(\)"),
+        ("select ts, cumsum(qty) as q from t order by ts", r"calls cumsum\(\)"),
+    ],
+)
+def test_groupings_that_do_not_hold_the_key_are_refused(sql: str, message: str) -> None:
+    query = DolphinDBQuery(sql)
+    assert query.filtered([]) == sql
+    with pytest.raises(ValueError, match=message):
+        query.filtered(["sym"])
+
+
+def test_plain_context_by_and_scalar_functions_need_no_key_in_a_list() -> None:
+    query = DolphinDBQuery("select ts, log(price) as p from t context by venue csort ts")
+    assert query.filtered(["sym", "date(ts)"]).startswith("select ts, log(price) as p from t where sym")
+    query = DolphinDBQuery("select ts, price from t context by sym csort ts")
+    assert "date(ts)" in query.filtered(["sym", "date(ts)"])
 
 
 @pytest.mark.parametrize(

@@ -309,11 +309,11 @@ def test_dynamic_pivot_query_is_split_with_exact_counts(db: duckdb.DuckDBPyConne
         "['a', 'b', 'c'][pos % 3 + 1] AS k, f0 AS v FROM series WHERE NOT (gid = 3 AND pos % 3 = 2)"
     )
     sql = "PIVOT ticks ON k USING sum(v) GROUP BY gid, part, step ORDER BY gid, part, step"
-    # sqlglot cannot parse PIVOT ... ORDER BY, so the loader gets the pivot without it.
     unordered = sql.split(" ORDER BY", maxsplit=1)[0]
     reference = tally(db, sql, "gid", "part")
+    # PIVOT ... GROUP BY ... ORDER BY parses (issue 12: it was refused as unparsable).
     with DDBDataLoader(
-        db, unordered, target_col="a", input_col=["a", "b", "c"], group_col="gid", repartition_col="part"
+        db, sql, target_col="a", input_col=["a", "b", "c"], group_col="gid", repartition_col="part"
     ) as loader:
         assert planned(loader.plan) == reference
         assert loader.plan.layout.x_names == ("a", "b", "c")

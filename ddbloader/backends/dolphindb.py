@@ -157,6 +157,37 @@ def parse_column_expression(text: str, parameter: str) -> str:
     return text.strip()
 
 
+#: Functions whose value depends on other rows: aggregates, and series functions (moving,
+#: cumulative, shifting, ranking). Not exhaustive; what DolphinDB's tokens can show.
+_ROWS_FUNCTION = re.compile(
+    r"(?i)(sum|avg|mean|count|max|min|std|stdp|var|varp|med|first|last|percentile|wavg|wsum|corr|covar"
+    r"|beta|prod|skew|kurtosis|mode|nunique|prev|next|move|deltas|ratios|percentChange|ema|wma|sma"
+    r"|rank|denseRank|rowRank|rowNo|ffill|bfill|shift|cum\w+|m(avg|sum|max|min|count|std|var|med|rank"
+    r"|corr|beta|first|last|prod|skew|kurtosis|percentile|wavg|wsum|imax|imin|covar)\w*|tm\w+)"
+)
+
+
+def _pairs(tokens: list[_Token]) -> list[tuple[_Token, str]]:
+    """Each token with the text of the token after it ("" at the end)."""
+    return [(t, tokens[i + 1].text if i + 1 < len(tokens) else "") for i, t in enumerate(tokens)]
+
+
+def _by_lists(tokens: list[_Token], tail: list[_Token]) -> list[tuple[str, set[str]]]:
+    """The query's top-level ``group/context/pivot/cgroup by`` clauses and the column names in each."""
+    starts = [t for t in tail if t.word in _AFTER_WHERE]
+    lists = []
+    for n, token in enumerate(starts):
+        if token.word not in {"group", "context", "pivot", "cgroup"}:
+            continue
+        end = starts[n + 1].start if n + 1 < len(starts) else math.inf
+        listed = [t for t in tokens if token.end <= t.start < end]
+        names = {
+            t.word for t, after in _pairs(listed) if t.kind == "word" and after != "(" and t.word != "by"
+        }
+        lists.append((token.word, names))
+    return lists
+
+
 def _operand(expression: str) -> str:
     return expression if _IDENTIFIER.fullmatch(expression) else f"({expression})"
 
@@ -220,6 +251,11 @@ class DolphinDBQuery:
         self._plain_projection = all(
             t.kind == "word" or t.text in {",", "*"} for t in projection
         ) and not any(t.kind == "open" for t in projection)
+        self._by_lists = _by_lists(tokens, top[end:])
+        inside = [t for t in tokens if top[0].end <= t.start < self._from.start]
+        self._row_functions = [
+            t.text for t, after in _pairs(inside) if after == "(" and _ROWS_FUNCTION.fullmatch(t.text)
+        ]
 
     def filtered(self, columns: Sequence[str]) -> str:
         """The query with ``column_i = __ddb_pi__`` added to its where-clause (one per column).
@@ -235,9 +271,39 @@ class DolphinDBQuery:
                 "sql has a top-level TOP/LIMIT/DISTINCT, which would apply to every subquery once the "
                 "query is split by group_col/repartition_col; move it into a subquery"
             )
+        self._refuse_uncovered(columns)
         return self._with_condition(
             ", ".join(f"{_operand(c)} = {_MARKER}{n}__" for n, c in enumerate(columns, start=1))
         )
+
+    def _refuse_uncovered(self, columns: Sequence[str]) -> None:
+        """Refuse keys that the query's grouping does not hold constant, as far as tokens tell.
+
+        The predicate filters rows before ``group by`` / ``pivot by`` / ``cgroup by`` /
+        ``context by`` and before the select list's aggregates and series functions (``prev``,
+        ``mavg``, ``cumsum``, ...): only a key whose columns are in every by-list leaves those
+        computations as the whole query makes them. A ``context by`` without such functions
+        (nor ``having``) changes no value, so it needs no key.
+        """
+        for column in columns:
+            names = {
+                t.word for t, after in _pairs(_tokenize(column, column)) if t.kind == "word" and after != "("
+            }
+            for clause, listed in self._by_lists:
+                if clause == "context" and not self._row_functions and "having" not in self._clauses:
+                    continue
+                if not names <= listed:
+                    raise ValueError(
+                        f"sql has a top-level {clause.upper()} BY whose list does not hold {column!r}: "
+                        f"filtering before it would change what it computes; add the key's columns "
+                        f"to the {clause} by list, or split by a column that is in it"
+                    )
+            if not self._by_lists and self._row_functions:
+                raise ValueError(
+                    f"sql's select list calls {self._row_functions[0]}(), which computes over several "
+                    f"rows: split by {column!r} it would see one subquery's rows; add "
+                    f"`context by` (or `group by`) with the key's columns"
+                )
 
     def null_rows(self, columns: Sequence[str]) -> str:
         """Count the query's rows where any of ``columns`` is NULL: the rows no subquery matches."""
