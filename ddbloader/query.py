@@ -313,8 +313,8 @@ class UserQuery:
         key with an explicit scheme, the position in that scheme of each value that equals it in
         SQL (``_ddb_group_index`` / ``_ddb_repartition_index``; a combination is returned once per
         matching scheme value, and not at all when none matches). The scheme values are bound as
-        parameters of VALUES lists joined to the keys, so the engine compares them as a
-        subquery's ``key = $1`` does; one list per Python type, because a VALUES column takes
+        parameters (see :meth:`_scheme_list`) joined to the keys, so the engine compares them as
+        a subquery's ``key = $1`` does; one list per Python type, because a list column takes
         one type and an engine may refuse to unify, say, text with integers where it compares
         each with the key just fine. Rows are sorted by the key values, NULL last.
         """
@@ -325,7 +325,7 @@ class UserQuery:
             .group_by(*aliases)
         )
         values: list[Any] = []
-        lists: list[tuple[str, exp.Values]] = []
+        lists: list[tuple[str, exp.Expr]] = []
         tables: list[list[str | None]] = []
         for alias, scheme in zip(aliases, schemes, strict=True):
             if scheme is None:
@@ -336,13 +336,10 @@ class UserQuery:
                 by_type.setdefault(type(value), []).append(position)
             names = []
             for positions in by_type.values():
-                rows = []
-                for position in positions:
-                    values.append(scheme[position])
-                    parameter = exp.Parameter(this=exp.Literal.number(len(values)))
-                    rows.append(exp.Tuple(expressions=[exp.Literal.number(position), parameter]))
                 names.append(f"{alias}_scheme{len(lists)}")
-                lists.append((names[-1], exp.Values(expressions=rows)))
+                lists.append(
+                    (names[-1], self._scheme_list(positions, [scheme[p] for p in positions], values))
+                )
             tables.append(list(names))
         branches: list[exp.Query] = [_matched_keys(aliases, c) for c in itertools.product(*tables)]
         matched = functools.reduce(lambda a, b: exp.union(a, b, distinct=False, copy=False), branches)
@@ -362,6 +359,24 @@ class UserQuery:
             exp.Order(expressions=[exp.Ordered(this=exp.column(a), nulls_first=False) for a in aliases]),
         )
         return self.render(outer), tuple(values)
+
+    def _scheme_list(self, positions: list[int], listed: list[Any], values: list[Any]) -> exp.Expr:
+        """Rows (position, value) of one scheme's values of one type; their parameters go to ``values``.
+
+        DuckDB binds two lists and unnests them (one statement of constant size: thousands of
+        markers cost it more to parse than the count costs to run); other engines get a VALUES
+        list with a parameter per value.
+        """
+        if self.dialect == "duckdb":
+            values.extend([positions, listed])
+            first, second = (exp.Parameter(this=exp.Literal.number(len(values) - n)) for n in (1, 0))
+            return exp.select(exp.Unnest(expressions=[first]), exp.Unnest(expressions=[second]))
+        rows = []
+        for position, value in zip(positions, listed, strict=True):
+            values.append(value)
+            parameter = exp.Parameter(this=exp.Literal.number(len(values)))
+            rows.append(exp.Tuple(expressions=[exp.Literal.number(position), parameter]))
+        return exp.Values(expressions=rows)
 
     def counts_are_groupable(self) -> bool:
         """True: :meth:`distinct_values` counts every subquery's rows exactly (see there)."""
