@@ -21,6 +21,7 @@ A shape that cannot be split exactly must be refused with a ValueError naming th
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
 import re
 import sqlite3
@@ -69,19 +70,23 @@ SQLITE_DDL = (
 
 @dataclass
 class Engine:
+    """An engine holding ``tk``: the loader's source, and a cursor of the loader's backend."""
+
     name: str
     source: Any
-    fetch: Callable[[str], pa.Table]
+    dialect: str
+    fetch: Callable[..., pa.Table]
 
 
-def _fetcher(source: Any) -> Callable[[str], pa.Table]:
+@contextlib.contextmanager
+def engine_on(name: str, source: Any) -> Iterator[Engine]:
     backend = connect(source)
     cursor = backend.cursor()
-
-    def fetch(sql: str, params: Sequence[Any] = ()) -> pa.Table:
-        return cursor.fetch(sql, params)
-
-    return fetch
+    try:
+        yield Engine(name, source, backend.dialect, lambda sql, params=(): cursor.fetch(sql, params))
+    finally:
+        cursor.close()
+        backend.close()
 
 
 @pytest.fixture(scope="module")
@@ -89,7 +94,8 @@ def duck() -> Iterator[Engine]:
     con = duckdb.connect()
     data = tick_table()  # noqa: F841 -- read by DuckDB's replacement scan
     con.execute("CREATE TABLE tk AS SELECT * FROM data")
-    yield Engine("duckdb", con, _fetcher(con))
+    with engine_on("duckdb", con) as made:
+        yield made
     con.close()
 
 
@@ -101,7 +107,8 @@ def postgres(pg_server: pgserver.PostgresServer) -> Iterator[Engine]:
     with admin.cursor() as cursor:
         cursor.execute("DROP TABLE IF EXISTS tk")
         cursor.adbc_ingest("tk", tick_table(), mode="create")
-    yield Engine("postgres", pg_server.uri, _fetcher(pg_server.uri))
+    with engine_on("postgres", pg_server.uri) as made:
+        yield made
     with admin.cursor() as cursor:
         cursor.execute("DROP TABLE tk")
     admin.close()
@@ -118,8 +125,8 @@ def lite(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
     )
     admin.commit()
     admin.close()
-    source = functools.partial(sqlite3.connect, path)
-    yield Engine("sqlite", source, _fetcher(source))
+    with engine_on("sqlite", functools.partial(sqlite3.connect, path)) as made:
+        yield made
 
 
 ENGINES = ("duckdb", "postgres", "sqlite")
@@ -585,8 +592,8 @@ SCHEME_VALUES = st.one_of(
 
 def matched_ids(engine: Engine, value: Any) -> list[int] | None:
     """The ids ``g = value`` selects when the engine compares them one value at a time (None: error)."""
-    dialect = connect(engine.source).dialect
-    sql = UserQuery(SCHEME_SQL, dialect).filtered([parse_column_expression("g", "group_col", dialect)])
+    key = parse_column_expression("g", "group_col", engine.dialect)
+    sql = UserQuery(SCHEME_SQL, engine.dialect).filtered([key])
     try:
         return [r[0] for r in _rows(engine.fetch(sql, (value,)))]
     except Exception:  # the engine cannot compare the value with the column: the plan must fail too
