@@ -471,6 +471,7 @@ class UserQuery:
         names = {_name(c) for key in columns for c in key.find_all(exp.Column)}
         obstacle = _obstacle(self._tree, names, self.dialect)
         if obstacle is None:
+            self._refuse_shadowed(names)
             return False
         for key in columns:
             missing = self._not_output(key)
@@ -483,6 +484,25 @@ class UserQuery:
                 )
         self._outer_order(obstacle)  # refuses an order it cannot keep, before any query runs
         return True
+
+    def _refuse_shadowed(self, names: set[str]) -> None:
+        """Refuse a key column that the SELECT list redefines (``SELECT g + 1 AS g``).
+
+        Injected, the key reads the FROM's column; the user, reading the result, means the
+        alias. Which one a split by ``g`` should use cannot be told, so neither is guessed.
+        """
+        for select in _selects(self._tree):
+            for projection in select.expressions:
+                if not isinstance(projection, exp.Alias) or _name_of(projection.args["alias"]) not in names:
+                    continue
+                inner = projection.this
+                if not (isinstance(inner, exp.Column) and _same(inner.this, projection.alias)):
+                    raise ValueError(
+                        f"cannot split this query by {projection.alias!r}: its SELECT list names "
+                        f"{_text(inner, self.dialect)!r} {projection.alias!r}, while the split "
+                        f"compares the FROM's column of that name; split by the expression itself, "
+                        f"or give the result column another name"
+                    )
 
     def _not_output(self, key: exp.Expr) -> str | None:
         """The first column of ``key`` that the query's result does not have, as written."""
@@ -575,14 +595,27 @@ class UserQuery:
 
 def _name(column: exp.Column) -> str:
     """A column's name as the engine resolves it: quoted exactly, unquoted case-insensitively."""
-    name = str(column.this.name)
-    return name if column.this.args.get("quoted") else name.casefold()
+    return _name_of(column.this)
 
 
 def _same(identifier: exp.Expr, name: str) -> bool:
     if isinstance(identifier, exp.Identifier) and identifier.args.get("quoted"):
         return identifier.name == name
     return identifier.name.casefold() == name.casefold()
+
+
+def _name_of(identifier: exp.Expr) -> str:
+    """An identifier's name as the engine resolves it (see :func:`_name`)."""
+    name = str(identifier.name)
+    return name if identifier.args.get("quoted") else name.casefold()
+
+
+def _selects(node: exp.Expr) -> list[exp.Select]:
+    """The SELECTs whose WHERE an injected predicate lands in (every set-operation branch)."""
+    node = _unwrap(node)
+    if isinstance(node, exp.SetOperation):
+        return [*_selects(node.left), *_selects(node.right)]
+    return [node] if isinstance(node, exp.Select) else []
 
 
 def _starred(projection: exp.Expr) -> bool:

@@ -274,6 +274,20 @@ def test_standard_pivot_and_unpivot_need_no_pinning(db: duckdb.DuckDBPyConnectio
     assert len(rows(db, filtered(unpivot, "g"), 1)) == 16
 
 
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "SELECT id, g + 1 AS g FROM t",
+        "SELECT id, CAST(g AS VARCHAR) AS g FROM t UNION ALL SELECT id, 'x' FROM u",
+    ],
+)
+def test_a_key_the_select_list_redefines_is_refused(sql: str) -> None:
+    # Injected, `g = $1` reads t.g; the user reading the result means the alias.
+    with pytest.raises(ValueError, match=r"cannot split this query by 'g': its SELECT list names .* 'g'"):
+        filtered(sql, "g")
+    assert "$1" in filtered("SELECT id, g AS g, t.g AS h FROM t", "g")
+
+
 def test_top_level_limit_is_refused_when_splitting_by_a_column_not_selected() -> None:
     with pytest.raises(ValueError, match=r"LIMIT/OFFSET, the split must be applied to the query's result"):
         filtered("SELECT id FROM t ORDER BY id LIMIT 5", "g")

@@ -396,6 +396,12 @@ SHAPES = [
         "tk.g",
         r"'tk\.g' is not one of its result columns",
     ),
+    refusal(
+        "refused-alias-redefines-key",
+        "SELECT id, g + 1 AS g, y FROM tk ORDER BY id",
+        "g",
+        r"its SELECT list names 'g \+ 1' 'g', while the split compares the FROM's column",
+    ),
     # --- DuckDB only -------------------------------------------------------------------------------
     Shape(
         "qualify-partitioned-by-key",
