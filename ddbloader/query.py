@@ -486,7 +486,7 @@ class UserQuery:
         return True
 
     def _refuse_shadowed(self, names: set[str]) -> None:
-        """Refuse a key column that the SELECT list redefines (``SELECT g + 1 AS g``).
+        """Refuse a key column that the SELECT list redefines from itself (``SELECT g + 1 AS g``).
 
         Injected, the key reads the FROM's column; the user, reading the result, means the
         alias. Which one a split by ``g`` should use cannot be told, so neither is guessed.
@@ -496,7 +496,10 @@ class UserQuery:
                 if not isinstance(projection, exp.Alias) or _name_of(projection.args["alias"]) not in names:
                     continue
                 inner = projection.this
-                if not (isinstance(inner, exp.Column) and _same(inner.this, projection.alias)):
+                # Only where the expression reads a column of the alias's name is the FROM known
+                # to have one; otherwise the engine may resolve the name to the alias itself.
+                reads = any(_same(c.this, projection.alias) for c in inner.find_all(exp.Column))
+                if reads and not isinstance(inner, exp.Column):
                     raise ValueError(
                         f"cannot split this query by {projection.alias!r}: its SELECT list names "
                         f"{_text(inner, self.dialect)!r} {projection.alias!r}, while the split "
