@@ -71,12 +71,18 @@ class GroupPlan:
 
 @dataclass(frozen=True)
 class QueryPlan:
-    """Everything an epoch needs, independent of seed and epoch."""
+    """Everything an epoch needs, independent of seed and epoch.
+
+    ``query`` and ``keys`` (each key's parameter name and parsed expression, group key first)
+    derive the queries of fetch units (see :mod:`ddbloader.units`); no keys, no units.
+    """
 
     engine: str
     groups: tuple[GroupPlan, ...]
     layout: ColumnLayout
     geometry: WindowGeometry
+    query: Query | None = None
+    keys: tuple[tuple[str, Any], ...] = ()
 
     @property
     def samples(self) -> int:
@@ -239,7 +245,14 @@ def build_plan(backend: Backend, sql: str, config: LoaderConfig, progress: bool 
             f"samples need {geometry.span} consecutive rows, more than group(s) {short[:10]} "
             f"{'(and more) ' if len(short) > 10 else ''}have; they yield no samples"
         )
-    return QueryPlan(backend.engine, tuple(groups), layout, geometry)
+    return QueryPlan(
+        backend.engine,
+        tuple(groups),
+        layout,
+        geometry,
+        query,
+        tuple((k.parameter, k.expression) for k in keys),
+    )
 
 
 def _probe_partition(
