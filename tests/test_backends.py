@@ -1020,3 +1020,35 @@ def test_dbapi_interrupt_stops_a_running_query(tmp_path: Path) -> None:
     cursor.close()
     backend.close()
     engine.close()
+
+
+# --- DuckDB buffer pool ---------------------------------------------------------------------------
+
+
+def _memory_limit(connection: duckdb.DuckDBPyConnection) -> str:
+    ((limit,),) = connection.sql("SELECT current_setting('memory_limit')").fetchall()
+    return str(limit)
+
+
+def test_a_duckdb_database_the_loader_opens_has_a_capped_buffer_pool(tmp_path: Path) -> None:
+    path = tmp_path / "capped.duckdb"
+    with duckdb.connect(str(path)) as writer:
+        writer.execute("CREATE TABLE t AS SELECT range AS y FROM range(10)")
+    uncapped = duckdb.connect()
+    default = _memory_limit(uncapped)
+    uncapped.close()
+    capped = DuckDBBackend(str(path))
+    try:
+        assert _memory_limit(capped._connection) == "244.1 MiB"  # 256 MB
+        # the same file opened again in this process shares the instance, and its cap
+        with duckdb.connect(str(path), read_only=True) as again:
+            assert _memory_limit(again) == "244.1 MiB"
+    finally:
+        capped.close()
+    for backend in (DuckDBBackend(str(path), memory_limit=None), DuckDBBackend(None, memory_limit="1GB")):
+        assert _memory_limit(backend._connection) in {default, "953.6 MiB"}
+        backend.close()
+    mine = duckdb.connect()
+    DuckDBBackend(mine).close()
+    assert _memory_limit(mine) == default  # a connection passed in keeps its settings
+    mine.close()
