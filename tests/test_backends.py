@@ -666,6 +666,8 @@ def test_postgres_restart_within_the_retry_budget_gives_an_exact_epoch(
             "retries": RESTART_RETRIES,
             "retry_backoff": 0.2,
             "timeout": 200.0,
+            # fetch units of two 6-row partitions (16-byte rows): fetches keep coming all epoch
+            "fetch_bytes": 200,
         }
         expected = batches(DDBDataLoader(server.uri, SERIES_SQL, **options))
         outage: dict[str, float] = {}
