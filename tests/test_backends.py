@@ -797,6 +797,15 @@ def test_postgres_sessions_the_loader_opens_refuse_side_effecting_selects(pg: Po
             ):
                 list(loader)
             assert type(caught.value).__module__.startswith("adbc_driver"), name
+        # A query may lift the session's read-only default for the queries after it, not for
+        # itself; every query runs right after the switch, so this one never reaches setval().
+        lifting = (
+            "SELECT CASE WHEN current_setting('transaction_read_only') = 'on' "
+            "THEN length(set_config('default_transaction_read_only', 'off', false))::float8 "
+            "ELSE setval('s', 99)::float8 END AS v, y FROM series"
+        )
+        with DDBDataLoader(source, lifting, "y", input_col="v", group_col="gid", fetch_threads=1) as loader:
+            assert len(list(loader)) == 8
     assert pg.rows("SELECT last_value, is_called FROM s") == [(1, False)]
     assert pg.rows("SELECT count(*) FROM series") == [(8,)]
     with mine.cursor() as cursor:  # the user's own connection is left as it was: writable
