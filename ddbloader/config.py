@@ -84,6 +84,7 @@ class LoaderConfig:
     transform: Pipeline | None = None
     collate: Collate | None = None
     window_on_device: bool = False
+    fetch_bytes: int = 64 * 2**20
 
     @property
     def span(self) -> int:
@@ -310,6 +311,7 @@ def normalise_config(args: Mapping[str, Any]) -> LoaderConfig:
         transform=as_pipeline(args["transform"]),
         collate=_collate(args["collate"]),
         window_on_device=bool(args["window_on_device"]),
+        fetch_bytes=_positive_int(args["fetch_bytes"], "fetch_bytes", minimum=0),
     )
 
 

@@ -19,14 +19,16 @@ import math
 import queue
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
 
 from .backends import Backend, Cursor, redact_uri
 from .errors import add_note
 from .plan import PartitionSpec
 from .prefetch import POLL_SECONDS, Pending, Stopped, ThreadFailure, join_all, start_thread
 from .source import Block, ColumnLayout, check_result_schema, to_block
+from .units import FetchUnit, PartitionKey, partition_key, unit_blocks
 
 __all__ = ["MAX_BACKOFF_SECONDS", "Fetcher", "RetryPolicy", "is_transient"]
 
@@ -75,10 +77,56 @@ def is_transient(backend: Backend, error: BaseException) -> bool:
     return callable(judge) and bool(judge(error))
 
 
+class _Job(Protocol):
+    """One query's work for a fetch thread: run it on a cursor, deliver, or report why not."""
+
+    def run(self, cursor: Cursor) -> tuple[int, int, int]:
+        """Fetch and deliver; return the partitions and rows delivered, and the queries sent."""
+        ...
+
+    def fail(self, failure: ThreadFailure) -> None: ...
+    def cancel(self) -> None: ...
+
+    def describe(self) -> str:
+        """What the job fetches, with its SQL, for error messages."""
+        ...
+
+    def label(self) -> str:
+        """What the job fetches, briefly, for log lines."""
+        ...
+
+
 @dataclass(frozen=True)
-class _Task:
+class _PartitionJob:
+    """One partition, fetched by its own subquery."""
+
     spec: PartitionSpec
+    layout: ColumnLayout
     result: Pending[Block]
+
+    def run(self, cursor: Cursor) -> tuple[int, int, int]:
+        block = _fetch_partition(cursor, self.spec, self.layout)
+        self.result.set(block)
+        return 1, block.rows, 1
+
+    def fail(self, failure: ThreadFailure) -> None:
+        self.result.fail(failure)
+
+    def cancel(self) -> None:
+        self.result.cancel()
+
+    def describe(self) -> str:
+        return self.spec.describe()
+
+    def label(self) -> str:
+        spec = self.spec
+        return f"partition {spec.position} of group {spec.group} (parameters {list(spec.params)!r})"
+
+
+def _fetch_partition(cursor: Cursor, spec: PartitionSpec, layout: ColumnLayout) -> Block:
+    table = cursor.fetch(spec.sql, spec.params)
+    check_result_schema(table.schema, layout, spec.describe())
+    return _as_planned(spec, to_block(table, layout))
 
 
 class _Cursors:
@@ -149,89 +197,253 @@ def _as_planned(spec: PartitionSpec, block: Block) -> Block:
 
 def _fetch_worker(
     backend: Backend,
-    layout: ColumnLayout,
-    tasks: queue.Queue[_Task | None],
+    jobs: queue.Queue[_Job | None],
     cursors: _Cursors,
     retry: RetryPolicy,
-    on_fetched: Callable[[float], None],
+    on_fetched: Callable[[int, int, int, float], None],
 ) -> None:
     stop = cursors.stop
     slot = _CursorSlot(backend, cursors)
     try:
         while not stop.is_set():
             try:
-                task = tasks.get(timeout=POLL_SECONDS)
+                job = jobs.get(timeout=POLL_SECONDS)
             except queue.Empty:
                 continue
-            if task is None or stop.is_set():
+            if job is None or stop.is_set():
                 # close() may already have interrupted the idle cursors; a query started now
                 # would run to completion and hold up the join.
-                if task is not None:
-                    task.result.cancel()
+                if job is not None:
+                    job.cancel()
                 break
-            spec = task.spec
-            started = time.perf_counter()
-            attempt = 0
-            while True:
-                attempt += 1
-                opening = slot.cursor is None
-                try:
-                    cursor = slot.get()
-                    opening = False
-                    table = cursor.fetch(spec.sql, spec.params)
-                    check_result_schema(table.schema, layout, spec.describe())
-                    block = _as_planned(spec, to_block(table, layout))
-                except Stopped:
-                    task.result.cancel()
-                    break
-                except BaseException as error:  # every failure must reach the consumer, whatever its type
-                    transient = is_transient(backend, error)
-                    if attempt <= retry.retries and not stop.is_set() and transient:
-                        delay = retry.delay(attempt)
-                        _log.warning(
-                            "fetching partition %d of group %d (parameters %r) failed on attempt %d of "
-                            "%d with %s: %s; retrying on a fresh cursor in %.3g s",
-                            spec.position,
-                            spec.group,
-                            list(spec.params),
-                            attempt,
-                            retry.retries + 1,
-                            type(error).__name__,
-                            redact_uri(str(error)),
-                            delay,
-                        )
-                        slot.drop()
-                        if stop.wait(delay):
-                            task.result.cancel()
-                            break
-                        continue
-                    if attempt > 1 and transient:
-                        add_note(error, f"ddbloader gave up after {attempt} attempts (transient errors)")
-                    elif attempt > 1:
-                        add_note(
-                            error, f"ddbloader gave up on attempt {attempt}: this error is not transient"
-                        )
-                    where = (
-                        f"opening a cursor to fetch {spec.describe()}"
-                        if opening
-                        else f"fetching {spec.describe()}"
-                    )
-                    task.result.fail(ThreadFailure(error, where))
-                    break
-                seconds = time.perf_counter() - started
-                _log.debug(
-                    "fetched partition %d of group %d (parameters %r): %d rows in %.3f s",
-                    spec.position,
-                    spec.group,
-                    list(spec.params),
-                    block.rows,
-                    seconds,
-                )
-                on_fetched(seconds)
-                task.result.set(block)
-                break
+            _run_job(backend, job, slot, stop, retry, on_fetched)
     finally:
         slot.drop()
+
+
+def _run_job(
+    backend: Backend,
+    job: _Job,
+    slot: _CursorSlot,
+    stop: threading.Event,
+    retry: RetryPolicy,
+    on_fetched: Callable[[int, int, int, float], None],
+) -> None:
+    """Run ``job``, trying again on a fresh cursor after a transient error (see the module)."""
+    started = time.perf_counter()
+    attempt = 0
+    while True:
+        attempt += 1
+        opening = slot.cursor is None
+        try:
+            cursor = slot.get()
+            opening = False
+            partitions, rows, queries = job.run(cursor)
+        except Stopped:
+            job.cancel()
+            return
+        except BaseException as error:  # every failure must reach the consumer, whatever its type
+            transient = is_transient(backend, error)
+            if attempt <= retry.retries and not stop.is_set() and transient:
+                delay = retry.delay(attempt)
+                _log.warning(
+                    "fetching %s failed on attempt %d of %d with %s: %s; "
+                    "retrying on a fresh cursor in %.3g s",
+                    job.label(),
+                    attempt,
+                    retry.retries + 1,
+                    type(error).__name__,
+                    redact_uri(str(error)),
+                    delay,
+                )
+                slot.drop()
+                if stop.wait(delay):
+                    job.cancel()
+                    return
+                continue
+            if attempt > 1 and transient:
+                add_note(error, f"ddbloader gave up after {attempt} attempts (transient errors)")
+            elif attempt > 1:
+                add_note(error, f"ddbloader gave up on attempt {attempt}: this error is not transient")
+            where = f"opening a cursor to fetch {job.describe()}" if opening else f"fetching {job.describe()}"
+            job.fail(ThreadFailure(error, where))
+            return
+        seconds = time.perf_counter() - started
+        _log.debug("fetched %s: %d rows in %.3f s", job.label(), rows, seconds)
+        on_fetched(partitions, rows, queries, seconds)
+        return
+
+
+@dataclass
+class _UnitState:
+    """Where one fetch unit stands: asked for or not, its waiting and its delivered partitions."""
+
+    requested: bool = False
+    waiters: dict[PartitionKey, Pending[Block]] = field(default_factory=dict)
+    ready: dict[PartitionKey, Block] = field(default_factory=dict)
+    claimed: set[PartitionKey] = field(default_factory=set)
+    failure: ThreadFailure | None = None
+    cancelled: bool = False
+
+
+class _Coalescer:
+    """An epoch's fetch units, and the partitions they delivered before the manager asked. Thread-safe.
+
+    A partition of a unit is served from its unit once (its first ``claim``); asked for again, or
+    after ``release``, it is fetched alone. A unit starts when one of its partitions is first
+    claimed, and the next unit with it, so the next unit's rows travel while this one's are
+    served. Memory: the partitions delivered and not yet claimed, at most two units' worth.
+    """
+
+    def __init__(self, units: Sequence[FetchUnit]) -> None:
+        self.units = tuple(units)
+        self._unit_of = {key: index for index, unit in enumerate(units) for key in unit.wanted}
+        self._states = [_UnitState() for _ in units]
+        self._lock = threading.Lock()
+        self._splitting = True
+
+    def claim(self, spec: PartitionSpec) -> tuple[Pending[Block] | None, list[int]]:
+        """``spec``'s result through its unit and the units to start now; ``(None, [])`` when
+        ``spec`` is to be fetched alone."""
+        key = partition_key(spec)
+        with self._lock:
+            index = self._unit_of.get(key)
+            if index is None:
+                return None, []
+            state = self._states[index]
+            if key in state.claimed or not (state.requested or self._splitting):
+                return None, []
+            state.claimed.add(key)
+            pending: Pending[Block] = Pending(f"fetching {spec.describe()}, in a fetch unit")
+            if key in state.ready:
+                pending.set(state.ready.pop(key))
+            elif state.failure is not None:
+                pending.fail(state.failure)
+            elif state.cancelled:
+                pending.cancel()
+            else:
+                state.waiters[key] = pending
+            start = [
+                i
+                for i in (index, index + 1)
+                if i < len(self._states) and not self._states[i].requested and self._splitting
+            ]
+            for i in start:
+                self._states[i].requested = True
+        return pending, start
+
+    def deliver(self, index: int, blocks: Sequence[tuple[PartitionSpec, Block]]) -> None:
+        with self._lock:
+            state = self._states[index]
+            for spec, block in blocks:
+                key = partition_key(spec)
+                waiter = state.waiters.pop(key, None)
+                if waiter is not None:
+                    waiter.set(block)
+                elif key not in state.claimed:
+                    state.ready[key] = block
+
+    def fail(self, index: int, failure: ThreadFailure) -> None:
+        with self._lock:
+            state = self._states[index]
+            state.failure = failure
+            for waiter in state.waiters.values():
+                waiter.fail(failure)
+            state.waiters.clear()
+
+    def cancel(self, index: int) -> None:
+        with self._lock:
+            state = self._states[index]
+            state.cancelled = True
+            for waiter in state.waiters.values():
+                waiter.cancel()
+            state.waiters.clear()
+            state.ready.clear()
+
+    def release(self, keys: Iterable[PartitionKey]) -> None:
+        """No more claims of ``keys`` through their units: drop what arrived for them."""
+        with self._lock:
+            for key in keys:
+                index = self._unit_of.get(key)
+                if index is not None:
+                    self._states[index].claimed.add(key)
+                    self._states[index].ready.pop(key, None)
+
+    def stop_splitting(self) -> None:
+        """A unit's result did not split exactly: fetch the partitions of units not started alone."""
+        with self._lock:
+            self._splitting = False
+
+
+class _UnitJob:
+    """Fetch unit ``index`` of ``coalescer`` with one query and split it into partitions.
+
+    If the query fails on a non-transient error, or its result does not split into exactly the
+    planned partitions (see :func:`~ddbloader.units.split_by_key`), the unit's partitions are
+    fetched one by one with their own subqueries, whose rows and errors are the reference: an
+    error then names the partition's subquery, as if it had been fetched alone.
+    """
+
+    def __init__(
+        self,
+        index: int,
+        coalescer: _Coalescer,
+        layout: ColumnLayout,
+        backend: Backend,
+        stop: threading.Event,
+    ) -> None:
+        self.index = index
+        self.coalescer = coalescer
+        self.layout = layout
+        self.backend = backend
+        self.stop = stop
+        self._alone: PartitionSpec | None = None
+
+    @property
+    def unit(self) -> FetchUnit:
+        return self.coalescer.units[self.index]
+
+    def run(self, cursor: Cursor) -> tuple[int, int, int]:
+        unit = self.unit
+        blocks = None
+        try:
+            table = cursor.fetch(unit.sql, unit.params)
+            data = table.select(range(table.num_columns - len(unit.cells[0].params)))
+            check_result_schema(data.schema, self.layout, unit.describe())
+            blocks = unit_blocks(table, unit, self.layout)
+        except Exception as error:
+            if self.stop.is_set() or is_transient(self.backend, error):
+                raise
+            _log.warning(
+                "fetching %s failed with %s: %s; fetching its partitions one by one",
+                self.label(),
+                type(error).__name__,
+                redact_uri(str(error)),
+            )
+        split = blocks is not None
+        if blocks is None:
+            self.coalescer.stop_splitting()
+            blocks = []
+            for spec in unit.cells:
+                if partition_key(spec) in unit.wanted:
+                    self._alone = spec
+                    blocks.append((spec, _fetch_partition(cursor, spec, self.layout)))
+            self._alone = None
+        self.coalescer.deliver(self.index, blocks)
+        queries = 1 if split else 1 + len(blocks)
+        return len(blocks), sum(block.rows for _, block in blocks), queries
+
+    def fail(self, failure: ThreadFailure) -> None:
+        self.coalescer.fail(self.index, failure)
+
+    def cancel(self) -> None:
+        self.coalescer.cancel(self.index)
+
+    def describe(self) -> str:
+        return self.unit.describe() if self._alone is None else self._alone.describe()
+
+    def label(self) -> str:
+        return f"fetch unit {self.index} ({len(self.unit.cells)} partitions)"
 
 
 class Fetcher:
@@ -247,18 +459,21 @@ class Fetcher:
         backend: Backend,
         layout: ColumnLayout,
         threads: int,
-        on_fetched: Callable[[float], None] = lambda seconds: None,
+        on_fetched: Callable[[int, int, int, float], None] = lambda partitions, rows, queries, seconds: None,
         *,
         retry: RetryPolicy = RetryPolicy(),
+        units: Sequence[FetchUnit] = (),
     ) -> None:
+        self._backend = backend
+        self._layout = layout
+        self._units = _Coalescer(units)
         # None is close()'s wake-up call: one per thread, so none waits out its poll.
-        self._tasks: queue.Queue[_Task | None] = queue.Queue()
+        self._tasks: queue.Queue[_Job | None] = queue.Queue()
         self._cursors = _Cursors(threading.Event())
         self._threads = [
             start_thread(
                 _fetch_worker,
                 backend,
-                layout,
                 self._tasks,
                 self._cursors,
                 retry,
@@ -269,10 +484,23 @@ class Fetcher:
         ]
 
     def submit(self, spec: PartitionSpec) -> Pending[Block]:
-        """Queue a fetch of ``spec``; the result arrives as a :class:`~ddbloader.source.Block`."""
-        task = _Task(spec, Pending(f"fetching {spec.describe()}"))
-        self._tasks.put(task)
-        return task.result
+        """Queue a fetch of ``spec``; the result arrives as a :class:`~ddbloader.source.Block`.
+
+        A partition of a fetch unit comes from its unit's query the first time it is asked for
+        (starting that unit and the next if they have not started), else from its own subquery.
+        """
+        pending, start = self._units.claim(spec)
+        for index in start:
+            self._tasks.put(_UnitJob(index, self._units, self._layout, self._backend, self._cursors.stop))
+        if pending is not None:
+            return pending
+        job = _PartitionJob(spec, self._layout, Pending(f"fetching {spec.describe()}"))
+        self._tasks.put(job)
+        return job.result
+
+    def release(self, keys: Iterable[PartitionKey]) -> None:
+        """The manager will not ask for ``keys`` again: drop their rows if a unit brought them."""
+        self._units.release(keys)
 
     def close(self) -> None:
         """Stop the threads, interrupt running queries, join, and cancel the fetches never started.
@@ -291,4 +519,6 @@ class Fetcher:
             except queue.Empty:
                 break
             if task is not None:
-                task.result.cancel()
+                task.cancel()
+        for index in range(len(self._units.units)):
+            self._units.cancel(index)

@@ -29,6 +29,7 @@ from .plan import QueryPlan, build_plan
 from .prefetch import Prefetcher
 from .shard import WorkUnit, agree_seed, part_range, resolve_sharding, shard_samples
 from .stats import LoaderStats, StatsRecorder
+from .units import fetch_units
 
 __all__ = ["DDBDataLoader"]
 
@@ -48,12 +49,14 @@ class _EpochBatches:
     """
 
     def __init__(self, run: _EpochRun, backend: Backend, stop: threading.Event) -> None:
+        config = run.config
         self._fetcher = Fetcher(
             backend,
             run.plan.layout,
-            run.config.fetch_threads,
+            config.fetch_threads,
             run.recorder.fetched,
-            retry=RetryPolicy(run.config.retries, run.config.retry_backoff),
+            retry=RetryPolicy(config.retries, config.retry_backoff),
+            units=fetch_units(run.plan, run.units, config, run.epoch, config.fetch_bytes),
         )
         self._batches = self._assemble(run, stop)
 
@@ -269,6 +272,10 @@ class DDBDataLoader:
             returns an ``(x, y)`` pair of tensors.
         window_on_device: ship each partition's rows to the device once and build the windows
             there, instead of copying every window's rows (see ddbloader.device).
+        fetch_bytes: byte budget of one fetch unit: partitions whose planned rows (times the
+            width of a converted row) fit in it together are fetched by one query, with their
+            group values bound as an IN list, and split by key on arrival (see ddbloader.units).
+            At most two units' rows wait to be served. 0 fetches every partition on its own.
         **aliases: DolphinDB's camelCase names (``targetCol``, ``batchSize``, ...).
     """
 
@@ -311,6 +318,7 @@ class DDBDataLoader:
         transform: Any = None,
         collate: Callable[[Batch], Batch] | None = None,
         window_on_device: bool = False,
+        fetch_bytes: int = 64 * 2**20,
         **aliases: Any,
     ) -> None:
         explicit = {

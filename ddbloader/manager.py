@@ -28,6 +28,7 @@ from .prefetch import Pending
 from .shard import EvenBatches, WorkUnit, split_units
 from .shuffle import Purpose, SourceDraws, sample_order, visit_order
 from .source import Block
+from .units import partition_visits
 from .window import WindowGeometry
 
 __all__ = ["GroupPool", "GroupStream", "PartitionGauge", "Piece", "Segment", "epoch_units"]
@@ -112,23 +113,8 @@ class GroupStream:
         self._gauge = gauge
         self._stop = stop
         self._bounds = np.concatenate([[0], np.cumsum([p.rows for p in group.partitions])]).tolist()
-        first_row = unit.first * geometry.stride
-        stop_row = (unit.stop - 1) * geometry.stride + geometry.span
-        needed = [
-            position
-            for position in range(len(group.partitions))
-            if self._bounds[position] < stop_row and self._bounds[position + 1] > first_row
-        ]
-        order = visit_order(
-            len(needed),
-            config.shuffle,
-            config.seed,
-            epoch,
-            Purpose.PARTITION_ORDER,
-            group.index,
-            unit.first,
-        )
-        self._to_submit: deque[int] = deque(needed[int(i)] for i in order)
+        self._to_submit: deque[int] = deque(partition_visits(unit, config, geometry, epoch))
+        self._needed = tuple(self._to_submit)
         self._pending: deque[tuple[int, Pending[Block] | None]] = deque()
         self._edges: dict[int, tuple[Block, Block]] = {}
         self._step: _Step | None = None
@@ -211,6 +197,7 @@ class GroupStream:
         self._to_submit.clear()
         self._edges.clear()
         self._early.clear()
+        self._fetcher.release((self.group.index, position) for position in self._needed)
 
     def _advance(self) -> _Step:
         while True:

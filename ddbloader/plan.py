@@ -73,12 +73,18 @@ class GroupPlan:
 
 @dataclass(frozen=True)
 class QueryPlan:
-    """Everything an epoch needs, independent of seed and epoch."""
+    """Everything an epoch needs, independent of seed and epoch.
+
+    ``query`` and ``keys`` (each key's parameter name and parsed expression, group key first)
+    derive the queries of fetch units (see :mod:`ddbloader.units`); no keys, no units.
+    """
 
     engine: str
     groups: tuple[GroupPlan, ...]
     layout: ColumnLayout
     geometry: WindowGeometry
+    query: Query | None = None
+    keys: tuple[tuple[str, Any], ...] = ()
 
     @property
     def samples(self) -> int:
@@ -242,7 +248,14 @@ def build_plan(backend: Backend, sql: str, config: LoaderConfig, progress: bool 
             f"samples need {geometry.span} consecutive rows, more than group(s) {short[:10]} "
             f"{'(and more) ' if len(short) > 10 else ''}have; they yield no samples"
         )
-    plan = QueryPlan(backend.engine, tuple(groups), layout, geometry)
+    plan = QueryPlan(
+        backend.engine,
+        tuple(groups),
+        layout,
+        geometry,
+        query,
+        tuple((k.parameter, k.expression) for k in keys),
+    )
     if plan.samples == 0:
         warn_caller(
             f"the plan has 0 samples ({plan.rows} rows in {plan.partitions} partitions"
@@ -403,9 +416,20 @@ def _counted_cells(
         if keys[0].parameter == "group_col":
             return [(v, [(None, (v,), rows.get((t,), 0))]) for t, v in values[0]]
         return [(None, [(v, (v,), rows.get((t,), 0)) for t, v in values[0]])]
-    return [
-        (g, [(r, (g, r), rows[tg, tr]) for tr, r in values[1] if (tg, tr) in rows]) for tg, g in values[0]
-    ]
+    # Within a group, repartitions in scheme order: the scheme's, or the engine's sort order of
+    # the values it found (the rows come sorted by group, then repartition value).
+    order = {t: n for n, (t, _) in enumerate(values[1])} if keys[1].scheme is not None else {}
+    repartition_values = dict(values[1])
+    by_group: dict[Any, dict[Any, Any]] = {}
+    for r in found:
+        tg = repr(r[GROUP_ALIAS]) if keys[0].scheme is None else r[GROUP_ALIAS + INDEX_SUFFIX]
+        tr = repr(r[REPARTITION_ALIAS]) if keys[1].scheme is None else r[REPARTITION_ALIAS + INDEX_SUFFIX]
+        by_group.setdefault(tg, {})[tr] = repartition_values[tr]
+    cells = []
+    for tg, g in values[0]:
+        present = sorted(by_group.get(tg, {}).items(), key=lambda item: order.get(item[0], 0))
+        cells.append((g, [(r, (g, r), rows[tg, tr]) for tr, r in present]))
+    return cells
 
 
 def _check_scheme(key: _Key, positions: list[int], matched: list[Any]) -> None:

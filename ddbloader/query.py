@@ -39,6 +39,7 @@ from sqlglot.tokenizer_core import TokenType
 
 __all__ = [
     "GROUP_ALIAS",
+    "KEY_ALIASES",
     "PIVOT_ALIAS",
     "REPARTITION_ALIAS",
     "ROWS_ALIAS",
@@ -53,6 +54,8 @@ ROWS_ALIAS = "_ddb_rows"
 PIVOT_ALIAS = "_ddb_pivot"
 #: Column of :meth:`UserQuery.key_counts` holding the position of the matched scheme value.
 INDEX_SUFFIX = "_index"
+#: The key columns :meth:`UserQuery.filtered_many` selects after the query's own, in key order.
+KEY_ALIASES = (GROUP_ALIAS, REPARTITION_ALIAS)
 
 _WRITES: tuple[type[exp.Expr], ...] = (
     exp.Insert,
@@ -68,6 +71,7 @@ _WRITES: tuple[type[exp.Expr], ...] = (
     exp.Set,
     exp.Use,
 )
+_ROW_CHANGING: tuple[type[exp.Expr], ...] = (exp.AggFunc, exp.Window, exp.UDTF)
 # A key is compared with ``=`` once per row, so it must be one scalar value per row.
 _NOT_SCALAR: tuple[type[exp.Expr], ...] = (exp.Alias, exp.Star, exp.AggFunc, exp.Window, exp.UDTF)
 # Functions in a SELECT list that turn one row into several (DuckDB's unnest, PostgreSQL's
@@ -163,9 +167,18 @@ def _operand(expression: exp.Expr) -> exp.Expr:
     return exp.Paren(this=expression.copy())
 
 
+def _parameter(number: int) -> exp.Parameter:
+    return exp.Parameter(this=exp.Literal.number(number))
+
+
 def _parameter_equals(expression: exp.Expr, number: int) -> exp.Expr:
     """``(expression) = $number``: numbered, so set-operation branches can share parameters."""
-    return exp.EQ(this=_operand(expression), expression=exp.Parameter(this=exp.Literal.number(number)))
+    return exp.EQ(this=_operand(expression), expression=_parameter(number))
+
+
+def _parameter_in(expression: exp.Expr, first: int, count: int) -> exp.Expr:
+    """``expression IN ($first, ..., $first+count-1)``: one bound parameter per value."""
+    return exp.In(this=_operand(expression), expressions=[_parameter(first + n) for n in range(count)])
 
 
 def _subquery(tree: exp.Expr, alias: str) -> exp.Subquery:
@@ -189,6 +202,7 @@ class Query(Protocol):
 
     def column(self, text: str, parameter: str) -> Any: ...
     def filtered(self, columns: Sequence[Any]) -> str: ...
+    def filtered_many(self, columns: Sequence[Any], counts: Sequence[int | None]) -> str | None: ...
     def null_rows(self, columns: Sequence[Any]) -> str: ...
     def count(self, sql: str) -> str: ...
     def schema(self) -> str: ...
@@ -260,6 +274,41 @@ class UserQuery:
             return self.render(self._tree.copy())
         predicate = exp.and_(*(_parameter_equals(c, n) for n, c in enumerate(columns, start=1)))
         return self.render(self._filter(columns, predicate))
+
+    def filtered_many(self, columns: Sequence[exp.Expr], counts: Sequence[int | None]) -> str | None:
+        """The rows of many subqueries in one query, each row tagged with its key values.
+
+        ``column_i IN ($k, ..., $k+n_i-1)`` for each of ``columns`` whose count ``n_i`` is not None
+        is AND-ed into the WHERE as :meth:`filtered` does it (parameters numbered on across the
+        columns, in order), and every one of ``columns`` is selected after the query's own columns
+        as :data:`KEY_ALIASES`, so the client can split the result by key
+        (:func:`~ddbloader.units.split_by_key`). Rows of one key keep the query's order, since
+        the predicate and the added columns change no row's place.
+
+        Returns None where selecting the keys would change what the query returns (grouping,
+        DISTINCT, window functions, aggregates, LIMIT, PIVOT): those subqueries are fetched one
+        by one with :meth:`filtered`; likewise where the split wraps the query (a UNION's
+        branches, say, would each compare their rows with the keys added).
+        """
+        if self._wraps(columns):
+            return None
+        tree = self._tree.copy()
+        branches = _branches(tree)
+        if not all(isinstance(b, exp.Select) and _selects_rows(b) for b in branches):
+            return None
+        for branch in branches:
+            assert isinstance(branch, exp.Select)
+            branch.select(
+                *(c.copy().as_(a) for c, a in zip(columns, KEY_ALIASES[: len(columns)], strict=True)),
+                copy=False,
+            )
+        terms = []
+        number = 1
+        for column, count in zip(columns, counts, strict=True):
+            if count is not None:
+                terms.append(_parameter_in(column, number, count))
+                number += count
+        return self.render(_inject(tree, exp.and_(*terms)) if terms else tree)
 
     def null_rows(self, columns: Sequence[exp.Expr]) -> str:
         """Count the query's rows where any of ``columns`` is NULL: the rows no subquery matches."""
@@ -791,3 +840,19 @@ def _inject(node: exp.Expr, predicate: exp.Expr) -> exp.Expr:
             node.set("this", exp.Subquery(this=filtered))
         return node
     raise ValueError(f"cannot split a {node.key.upper()} query by group_col/repartition_col")
+
+
+def _selects_rows(select: exp.Select) -> bool:
+    """True when ``select`` returns its FROM/WHERE rows one for one: no grouping, DISTINCT,
+    limit, nor a projection that aggregates, windows or unnests."""
+    if any(select.args.get(k) for k in ("group", "having", "qualify", "distinct", "limit", "offset")):
+        return False
+    return not any(e.find(*_ROW_CHANGING) for e in select.expressions)
+
+
+def _branches(node: exp.Expr) -> list[exp.Expr]:
+    if isinstance(node, exp.Subquery):
+        return _branches(node.this)
+    if isinstance(node, exp.SetOperation):
+        return [*_branches(node.left), *_branches(node.right)]
+    return [node]

@@ -25,7 +25,8 @@ class LoaderStats:
     """A snapshot of one epoch's throughput.
 
     ``starvation`` is the share of the epoch's wall time the consumer spent waiting for a batch:
-    near 0 means the model is the bottleneck, near 1 means the loader is.
+    near 0 means the model is the bottleneck, near 1 means the loader is. ``queries`` counts the
+    partition queries sent so far this epoch (a fetch unit brings many partitions in one query).
     """
 
     epoch: int
@@ -39,6 +40,8 @@ class LoaderStats:
     fetch_seconds_per_partition: float
     mean_queue_depth: float
     bytes_moved: int
+    queries: int = 0
+    rows_per_query: float = 0.0
 
     @property
     def verdict(self) -> str:
@@ -64,6 +67,7 @@ class LoaderStats:
             ("windows/s", f"{self.windows_per_second:,.0f}"),
             ("consumer waited", f"{self.consumer_wait_seconds:.2f} s ({self.starvation:.0%} starvation)"),
             ("partitions fetched", f"{self.partitions_fetched:,}"),
+            ("queries", f"{self.queries:,} ({self.rows_per_query:,.0f} rows per query)"),
             ("fetch time / partition", f"{self.fetch_seconds_per_partition * 1000:.1f} ms"),
             ("mean queue depth", f"{self.mean_queue_depth:.2f}"),
             (
@@ -115,6 +119,8 @@ class StatsRecorder:
         self._windows = 0
         self._wait = 0.0
         self._fetches = 0
+        self._queries = 0
+        self._rows = 0
         self._fetch_seconds = 0.0
         self._depth_total = 0
         self._bytes = 0
@@ -125,10 +131,13 @@ class StatsRecorder:
         with self._lock:
             self._ended = self._ended or time.perf_counter()
 
-    def fetched(self, seconds: float) -> None:
-        """One partition fetched and converted in ``seconds``."""
+    def fetched(self, partitions: int, rows: int, queries: int, seconds: float) -> None:
+        """``queries`` queries brought ``partitions`` partitions of ``rows`` rows, converted, in
+        ``seconds`` (one fetch job: a partition, or a fetch unit)."""
         with self._lock:
-            self._fetches += 1
+            self._queries += queries
+            self._fetches += partitions
+            self._rows += rows
             self._fetch_seconds += seconds
 
     def delivered(self, windows: int, nbytes: int, waited: float, queue_depth: int) -> None:
@@ -155,4 +164,6 @@ class StatsRecorder:
                 fetch_seconds_per_partition=self._fetch_seconds / self._fetches if self._fetches else 0.0,
                 mean_queue_depth=self._depth_total / self._batches if self._batches else 0.0,
                 bytes_moved=self._bytes,
+                queries=self._queries,
+                rows_per_query=self._rows / self._queries if self._queries else 0.0,
             )

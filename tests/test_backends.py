@@ -13,6 +13,7 @@ import functools
 import sqlite3
 import threading
 import time
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from resume_check import assert_resumes_exactly
 
 from ddbloader import DDBDataLoader
 from ddbloader.backends import (
@@ -308,6 +310,79 @@ def test_order_by_of_the_query_is_kept(engine: Engine) -> None:
     assert_same(got, reference(sql, data, **options))
 
 
+# --- fetch units: many partitions in one query -------------------------------------------------
+
+# At least one row: sqlite cannot type the columns of an empty table.
+UNIT_PARTS = st.lists(st.lists(st.integers(0, 9), min_size=1, max_size=3), min_size=1, max_size=5).filter(
+    lambda parts: any(map(any, parts))
+)
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    parts=UNIT_PARTS,
+    shuffle=st.booleans(),
+    seed=st.integers(0, 2**32),
+    window=st.integers(1, 4),
+    repartitioned=st.booleans(),
+    fetch_bytes=st.sampled_from([64, 300, 2**20]),
+)
+def test_fetch_units_give_the_batches_of_one_query_per_partition(
+    engine: Engine,
+    parts: list[list[int]],
+    shuffle: bool,
+    seed: int,
+    window: int,
+    repartitioned: bool,
+    fetch_bytes: int,
+) -> None:
+    """Exactly once and deterministic: the same batches as one subquery per partition, on every engine."""
+    engine.create("series", series_table(parts))
+    options: dict[str, Any] = {
+        "target_col": "y",
+        "input_col": ["f0"],
+        "batch_size": 4,
+        "shuffle": shuffle,
+        "seed": seed,
+        "window_size": window,
+        "group_col": "gid",
+        "repartition_col": "part" if repartitioned else None,
+    }
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="samples need")
+        alone = batches(DDBDataLoader(engine.source(), SERIES_SQL, fetch_bytes=0, **options))
+        with DDBDataLoader(engine.source(), SERIES_SQL, fetch_bytes=fetch_bytes, **options) as loader:
+            coalesced = list(loader)
+            stats = loader.stats()
+    assert_same(coalesced, alone)
+    starts = sorted(int(r) for x, _ in coalesced for r in x[:, 0, 0].tolist())
+    expected = sorted(g * 1_000_000 + s for g, sizes in enumerate(parts) for s in range(sum(sizes) - window))
+    assert starts == expected
+    assert stats.queries <= stats.partitions_fetched
+
+
+def test_fetch_units_fetch_every_group_in_one_query(engine: Engine) -> None:
+    """With a budget that holds the table, an epoch is one query, and resumes exactly."""
+    engine.create("series", series_table(PARTS))
+    options: dict[str, Any] = {
+        "target_col": "y",
+        "input_col": ["f0", "f1"],
+        "batch_size": 5,
+        "shuffle": True,
+        "seed": 3,
+        "window_size": 3,
+        "group_col": "gid",
+        "repartition_col": "part",
+    }
+    with DDBDataLoader(engine.source(), SERIES_SQL, **options) as loader:
+        got = list(loader)
+        stats = loader.stats()
+    assert (stats.queries, stats.partitions_fetched) == (1, 9)
+    assert stats.rows_per_query == sum(map(sum, PARTS))
+    assert_same(got, reference(SERIES_SQL, series_table(PARTS), fetch_bytes=0, **options))
+    assert_resumes_exactly(lambda: DDBDataLoader(engine.source(), SERIES_SQL, **options), epochs=2)
+
+
 # --- dtypes and nulls ---------------------------------------------------------------------------
 
 _TYPED_DDL = {
@@ -580,6 +655,8 @@ def test_postgres_restart_within_the_retry_budget_gives_an_exact_epoch(
             "retries": RESTART_RETRIES,
             "retry_backoff": 0.2,
             "timeout": 200.0,
+            # fetch units of two 6-row partitions (16-byte rows): fetches keep coming all epoch
+            "fetch_bytes": 200,
         }
         expected = batches(DDBDataLoader(server.uri, SERIES_SQL, **options))
         outage: dict[str, float] = {}
@@ -709,6 +786,15 @@ def test_postgres_sessions_the_loader_opens_refuse_side_effecting_selects(pg: Po
             ):
                 list(loader)
             assert type(caught.value).__module__.startswith("adbc_driver"), name
+        # A query may lift the session's read-only default for the queries after it, not for
+        # itself; every query runs right after the switch, so this one never reaches setval().
+        lifting = (
+            "SELECT CASE WHEN current_setting('transaction_read_only') = 'on' "
+            "THEN length(set_config('default_transaction_read_only', 'off', false))::float8 "
+            "ELSE setval('s', 99)::float8 END AS v, y FROM series"
+        )
+        with DDBDataLoader(source, lifting, "y", input_col="v", group_col="gid", fetch_threads=1) as loader:
+            assert len(list(loader)) == 8
     assert pg.rows("SELECT last_value, is_called FROM s") == [(1, False)]
     assert pg.rows("SELECT count(*) FROM series") == [(8,)]
     with mine.cursor() as cursor:  # the user's own connection is left as it was: writable
@@ -934,3 +1020,35 @@ def test_dbapi_interrupt_stops_a_running_query(tmp_path: Path) -> None:
     cursor.close()
     backend.close()
     engine.close()
+
+
+# --- DuckDB buffer pool ---------------------------------------------------------------------------
+
+
+def _memory_limit(connection: duckdb.DuckDBPyConnection) -> str:
+    ((limit,),) = connection.sql("SELECT current_setting('memory_limit')").fetchall()
+    return str(limit)
+
+
+def test_a_duckdb_database_the_loader_opens_has_a_capped_buffer_pool(tmp_path: Path) -> None:
+    path = tmp_path / "capped.duckdb"
+    with duckdb.connect(str(path)) as writer:
+        writer.execute("CREATE TABLE t AS SELECT range AS y FROM range(10)")
+    uncapped = duckdb.connect()
+    default = _memory_limit(uncapped)
+    uncapped.close()
+    capped = DuckDBBackend(str(path))
+    try:
+        assert _memory_limit(capped._connection) == "244.1 MiB"  # 256 MB
+        # the same file opened again in this process shares the instance, and its cap
+        with duckdb.connect(str(path), read_only=True) as again:
+            assert _memory_limit(again) == "244.1 MiB"
+    finally:
+        capped.close()
+    for backend in (DuckDBBackend(str(path), memory_limit=None), DuckDBBackend(None, memory_limit="1GB")):
+        assert _memory_limit(backend._connection) in {default, "953.6 MiB"}
+        backend.close()
+    mine = duckdb.connect()
+    DuckDBBackend(mine).close()
+    assert _memory_limit(mine) == default  # a connection passed in keeps its settings
+    mine.close()

@@ -216,7 +216,7 @@ def test_an_error_from_a_fetch_thread_renders_compactly_in_ipython(con: duckdb.D
     assert len("\n".join(plain).splitlines()) < 15
     # plain Python keeps the whole story: every frame and the notes
     full = "".join(traceback.format_exception(error))
-    assert "_fetch_worker" in full
+    assert "_run_job" in full
     assert "while fetching partition 2 of group 0" in full
 
 

@@ -97,6 +97,19 @@ def test_two_keys_and_expressions() -> None:
     assert query.filtered([]) == "select * from t where qty > 0 order by ts"
 
 
+def test_many_subqueries_in_one_query() -> None:
+    query = DolphinDBQuery("select * from t where qty > 0 order by ts")
+    assert query.filtered_many(["sym", "date(ts)"], [2, None]) == (
+        "select *, sym as _ddb_group, (date(ts)) as _ddb_repartition from t where qty > 0, "
+        "sym in [__ddb_p1__, __ddb_p2__] order by ts"
+    )
+    assert DolphinDBQuery("select a, b from t").filtered_many(["sym", "d"], [1, 3]) == (
+        "select a, b, sym as _ddb_group, d as _ddb_repartition from t "
+        "where sym in [__ddb_p1__], d in [__ddb_p2__, __ddb_p3__, __ddb_p4__]"
+    )
+    assert DolphinDBQuery(f"{DFS} context by sym").filtered_many(["sym"], [2]) is None
+
+
 def test_derived_queries() -> None:
     query = DolphinDBQuery(f"{DFS} where qty > 0 context by sym csort ts order by ts")
     filtered = query.filtered(["sym", "date(ts)"])

@@ -268,6 +268,8 @@ def _shuffled(source: Any, **kwargs: Any) -> DDBDataLoader:
         "group_col": "gid",
         "repartition_col": "part",
         "group_pool_size": 2,
+        # one query per partition: the fault-injection tests count and fail partition fetches
+        "fetch_bytes": 0,
     }
     options.update(kwargs)
     return DDBDataLoader(source, SERIES_SQL, "y", input_col=["f0"], **options)
@@ -703,7 +705,7 @@ def test_fetch_error_reaches_the_consumer_with_its_type_subquery_and_frames(
     assert ("raised in thread 'ddbloader-assemble' while assembling batches" in notes) == bool(prefetch_batch)
     frames = "".join(traceback.format_exception(caught.value))
     assert "in before_fetch" in frames
-    assert "in _fetch_worker" in frames
+    assert "in _run_job" in frames
     assert no_threads()
     # the failure does not poison the loader: the next epoch runs whole
     assert len(list(loader)) == len(loader)

@@ -483,3 +483,10 @@ def test_missing_database_path_is_a_file_not_found_error_naming_it(tmp_path: Pat
         DDBDataLoader(missing, "SELECT 1 AS y", target_col="y")
     assert not missing.exists()
     assert not missing.parent.exists()
+
+
+def test_discovered_repartitions_are_sorted_in_every_group(db: duckdb.DuckDBPyConnection) -> None:
+    # Group 0 has only part 2, group 2 parts 1 and 2: the order must not follow first appearance.
+    sql = "SELECT gid, part, y FROM series WHERE gid = 0 AND part = 2 OR gid = 2 AND part IN (1, 2)"
+    with DDBDataLoader(db, sql, target_col="y", group_col="gid", repartition_col="part") as loader:
+        assert [[s.repartition_value for s in g.partitions] for g in loader.plan.groups] == [[2], [1, 2]]

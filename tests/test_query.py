@@ -528,3 +528,50 @@ def test_several_hostile_values_in_one_scheme_keep_their_order(hostile_db: duckd
     expected = [i for value in scheme for i in ids_matching(hostile_db, value)]
     assert ids == expected
     assert samples == len(expected) == 8
+
+
+# --- many subqueries in one query (fetch units) --------------------------------------------------
+
+
+def test_filtered_many_returns_the_rows_of_the_subqueries_with_their_keys(
+    db: duckdb.DuckDBPyConnection,
+) -> None:
+    sql = "SELECT id, v FROM t WHERE v < 9 OR v > 30 ORDER BY v DESC"
+    query = UserQuery(sql, DIALECT)
+    statement = query.filtered_many([key("g"), key("k")], [2, None])
+    assert statement is not None
+    assert parameters(top_where(statement)) == ["$1", "$2"]
+    got = rows(db, statement, 0, 2)
+    single = query.filtered([key("g"), key("k")])
+    for g in (0, 2):
+        for k in "abc":
+            expected = rows(db, single, g, k)
+            assert [r[:2] for r in got if r[2:] == (g, k)] == expected  # same rows, same order
+    assert {r[2] for r in got} == {0, 2}
+    both = query.filtered_many([key("g"), key("k")], [1, 2])
+    assert both is not None
+    assert {r[2:] for r in rows(db, both, 1, "a", "c")} == {(1, "a"), (1, "c")}
+
+
+def test_filtered_many_selects_the_keys_in_every_branch_of_a_union(db: duckdb.DuckDBPyConnection) -> None:
+    query = UserQuery("SELECT id FROM t UNION ALL SELECT id FROM u", DIALECT)
+    statement = query.filtered_many([key("g")], [2])
+    assert statement is not None
+    got = rows(db, statement, 0, 1)
+    assert sorted(got) == sorted(
+        rows(db, "SELECT id, g FROM t WHERE g < 2 UNION ALL SELECT id, g FROM u WHERE g < 2")
+    )
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "SELECT g, count(*) AS n FROM t GROUP BY g",
+        "SELECT DISTINCT g, k FROM t",
+        "SELECT id, g, sum(v) OVER (ORDER BY id) AS s FROM t",
+        "SELECT id, g FROM t UNION SELECT id, g FROM u",
+        "PIVOT t ON k USING sum(v)",
+    ],
+)
+def test_filtered_many_declines_queries_whose_rows_the_keys_would_change(sql: str) -> None:
+    assert UserQuery(sql, DIALECT).filtered_many([key("g")], [2]) is None

@@ -549,6 +549,10 @@ def check_split(engine: Engine, shape: Shape, **schemes: Any) -> dict[tuple[Any,
             assert len(rows) == spec.rows, spec.describe()
             assert key not in got, f"{key} split twice"
             got[key] = rows
+    for group in plan.groups:  # discovered repartitions come in the engine's (here Python's) order
+        repartitions = [s.repartition_value for s in group.partitions]
+        if shape.repartition and "repartition_scheme" not in schemes and None not in repartitions:
+            assert repartitions == sorted(repartitions), (shape.name, group.value)
     if schemes:
         return got
     assert set(got) == set(expected), shape.name

@@ -68,7 +68,7 @@ def test_a_slow_fetch_shows_as_consumer_wait_and_a_loader_bound_verdict(
     series: duckdb.DuckDBPyConnection, faulty: Callable[..., FaultyBackend]
 ) -> None:
     backend = faulty(series, hang_on=range(1, 100), hang_seconds=0.15)
-    loader = loader_over(backend, fetch_threads=1)
+    loader = loader_over(backend, fetch_threads=1, fetch_bytes=0)
     backend.planning = False
     for _ in loader:
         pass
@@ -145,7 +145,7 @@ def test_recorder_is_thread_safe() -> None:
     def deliver() -> None:
         for _ in range(1000):
             recorder.delivered(windows=2, nbytes=10, waited=0.001, queue_depth=1)
-            recorder.fetched(0.002)
+            recorder.fetched(1, 10, 1, 0.002)
 
     threads = [threading.Thread(target=deliver) for _ in range(4)]
     for thread in threads:

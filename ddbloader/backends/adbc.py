@@ -10,9 +10,9 @@ Connections are one per cursor, so one per fetch thread, never shared between th
 - a factory returning ADBC connections: called once per cursor.
 
 Every connection the backend opens runs in autocommit mode, so reads hold no transaction open,
-and is read-only for its whole session where the engine allows (PostgreSQL: ``SET SESSION
-CHARACTERISTICS AS TRANSACTION READ ONLY``; SQLite: ``query_only``), so a SELECT that calls a
-side-effecting function is refused by the engine.
+and every query runs right after the session was switched to read-only where the engine has a
+switch (:func:`~ddbloader.backends.base.read_only_statement`: PostgreSQL, SQLite), so a SELECT
+that calls a side-effecting function is refused by the engine.
 Parameters are bound by the driver: ``$n`` as rendered for PostgreSQL and DuckDB, rewritten to
 ``?`` for the other drivers. PostgreSQL ``numeric`` (which the driver returns as text) arrives as
 float64, the type the loader converts decimals to anyway.
@@ -28,7 +28,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .base import describe_uri, make_read_only, redact_uri
+from .base import describe_uri, read_only_statement, redact_uri
 from .dbapi import bind_parameters
 
 __all__ = ["POSTGRES_SCHEMES", "ADBCBackend", "is_adbc_connection"]
@@ -135,6 +135,8 @@ class _ADBCCursor:
 
         if self._cursor is None:
             self._connect()
+        if backend.read_only_sql is not None:
+            self._cursor.execute(backend.read_only_sql)
         self._cursor.execute(text, bound or None)
         return _floats_for_numeric(self._cursor.fetch_arrow_table())
 
@@ -195,18 +197,13 @@ class ADBCBackend:
         self.dialect: str = found
         if self.engine.startswith("adbc"):
             self.engine = f"{vendor or 'adbc'} {self.engine.removeprefix('adbc ')}"
-        make_read_only(self._spare, found, autocommit=True)
+        self.read_only_sql = read_only_statement(found)
 
     def open(self) -> Any:
-        """A new autocommit connection, read-only where the engine has a session switch for it (the
-        one made to read the vendor is handed out first)."""
+        """A new autocommit connection (the one made to read the vendor is handed out first)."""
         with self._lock:
             spare, self._spare = self._spare, None
-        return (
-            spare
-            if spare is not None
-            else make_read_only(_autocommit(self._open()), self.dialect, autocommit=True)
-        )
+        return spare if spare is not None else _autocommit(self._open())
 
     @staticmethod
     def is_transient(error: BaseException) -> bool:

@@ -22,7 +22,7 @@ from urllib.parse import urlsplit
 
 import pyarrow as pa
 
-__all__ = ["Backend", "Cursor", "describe_uri", "make_read_only", "redact_uri"]
+__all__ = ["Backend", "Cursor", "describe_uri", "read_only_statement", "redact_uri"]
 
 
 class Cursor(Protocol):
@@ -74,26 +74,17 @@ _READ_ONLY_SESSION = {
 }
 
 
-def make_read_only(connection: Any, dialect: str, *, autocommit: bool) -> Any:
-    """``connection`` (DB-API), switched to read-only for its whole session where the engine can be.
+def read_only_statement(dialect: str) -> str | None:
+    """The statement that switches a session of ``dialect`` to read-only; None where there is none.
 
-    For connections a backend opens for itself (from a URI, a clone or a factory), so that a
-    SELECT calling a side-effecting function (``setval()``, a function that deletes rows) is
-    refused by the engine, not only by the loader's statement check. Engines without such a
-    switch are returned as they are. ``autocommit``: the connection commits every statement
-    itself; otherwise the setting is committed here, so that a driver that opened a transaction
-    for the statement keeps it.
+    Backends run it on connections they open for themselves (from a URI, a clone or a factory)
+    before every query, so that a SELECT calling a side-effecting function (``setval()``, a
+    function that deletes rows) is refused by the engine, not only by the loader's statement
+    check. Before every query, not once: a query can lift the switch for the queries after it
+    (PostgreSQL ``set_config('default_transaction_read_only', 'off', false)``), though not for
+    itself.
     """
-    statement = _READ_ONLY_SESSION.get(dialect)
-    if statement is not None:
-        cursor = connection.cursor()
-        try:
-            cursor.execute(statement)
-        finally:
-            cursor.close()
-        if not autocommit:
-            connection.commit()
-    return connection
+    return _READ_ONLY_SESSION.get(dialect)
 
 
 _USERINFO = re.compile(r"(?<=://)[^/@\s]*@")

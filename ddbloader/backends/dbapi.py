@@ -5,10 +5,11 @@ backend to use only when an engine has no Arrow-native path (DuckDB, ADBC).
 
 Connections: a factory (a callable returning a new connection) gives every cursor, so every
 fetch thread, its own connection, and fetches run in parallel; those connections are the
-loader's, so they are made read-only where the engine allows (SQLite ``query_only``, PostgreSQL
-read-only session). A connection passed in as it is is shared and left as it is: every query
-takes one lock, so fetches run one at a time; drivers that bind a connection to the thread that
-made it (sqlite3 by default) fail in the fetch threads with a note saying to pass a factory.
+loader's, so every query on them runs right after the session was switched to read-only where
+the engine has a switch (SQLite ``query_only``, PostgreSQL read-only transactions). A connection
+passed in as it is is shared and left as it is: every query takes one lock, so fetches run one
+at a time; drivers that bind a connection to the thread that made it (sqlite3 by default) fail
+in the fetch threads with a note saying to pass a factory.
 
 Parameters: the loader's SQL carries numbered placeholders in the backend's sqlglot dialect;
 :func:`bind_parameters` rewrites them into the driver's ``paramstyle`` (qmark, numeric, named,
@@ -34,7 +35,7 @@ import sqlglot
 from sqlglot import exp
 
 from ..errors import add_note
-from .base import make_read_only
+from .base import read_only_statement
 
 __all__ = ["PARAMSTYLES", "DBAPIBackend", "bind_parameters"]
 
@@ -190,6 +191,9 @@ class _DBAPICursor:
             try:
                 cursor = self._connection.cursor()
                 try:
+                    if not self._shared and self._backend.read_only_sql is not None:
+                        cursor.execute(self._backend.read_only_sql)
+                        self._connection.commit()  # a driver that opened a transaction for it keeps it
                     if params:
                         cursor.execute(sql, params)
                     else:
@@ -278,18 +282,18 @@ class DBAPIBackend:
                 f"use DBAPIBackend(source, dialect=..., paramstyle=...)"
             )
         self.engine = f"{name} (DB-API{', shared connection' if self._factory is None else ''})"
+        self.read_only_sql = read_only_statement(self.dialect)
         self.lock = threading.Lock()
         self._error_module = module
         self._driver = name
 
     def open(self) -> Any:
-        """A new connection from the factory (the one made to detect the driver comes first),
-        read-only for its whole session where the engine has a switch for it (SQLite, PostgreSQL)."""
+        """A new connection from the factory (the one made to detect the driver comes first)."""
         if self._factory is None:
             raise RuntimeError("a shared DB-API connection cannot be reopened")
         with self.lock:
             spare, self._spare = self._spare, None
-        return make_read_only(spare if spare is not None else self._factory(), self.dialect, autocommit=False)
+        return spare if spare is not None else self._factory()
 
     def is_transient(self, error: BaseException) -> bool:
         """Network-level failures: an OS-level error, or a server driver's OperationalError.

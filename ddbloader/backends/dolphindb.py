@@ -305,6 +305,30 @@ class DolphinDBQuery:
                     f"`context by` (or `group by`) with the key's columns"
                 )
 
+    def filtered_many(self, columns: Sequence[str], counts: Sequence[int | None]) -> str | None:
+        """Many subqueries in one: ``column_i in [markers]`` for each column with a count (markers
+        numbered on across the columns), every column selected after the query's own as
+        ``_ddb_group`` / ``_ddb_repartition``, as :meth:`ddbloader.query.UserQuery.filtered_many`.
+
+        Returns None unless the query is a plain ``select`` of columns (see
+        :meth:`counts_are_groupable`): selecting the keys next to a ``group by``, ``context by``
+        or ``pivot by`` would change its result.
+        """
+        if not self.counts_are_groupable():
+            return None
+        aliases = ("_ddb_group", "_ddb_repartition")[: len(columns)]
+        keys = "".join(f", {_operand(c)} as {a}" for c, a in zip(columns, aliases, strict=True))
+        terms = []
+        number = 1
+        for column, count in zip(columns, counts, strict=True):
+            if count is not None:
+                markers = ", ".join(f"{_MARKER}{n}__" for n in range(number, number + count))
+                terms.append(f"{_operand(column)} in [{markers}]")
+                number += count
+        text = self._with_condition(", ".join(terms)) if terms else self._body
+        at = self._from.start  # the condition goes after FROM, so FROM has not moved
+        return f"{text[:at].rstrip()}{keys} {text[at:]}"
+
     def null_rows(self, columns: Sequence[str]) -> str:
         """Count the query's rows where any of ``columns`` is NULL: the rows no subquery matches."""
         return self.count(self._with_condition(" or ".join(f"isNull({c})" for c in columns)))

@@ -9,6 +9,13 @@ A cursor shares its connection's global settings but not its session settings (`
 ``TIMESTAMPTZ`` depends on ``TimeZone``. So the session settings in which a passed connection
 differs from a fresh cursor, read when the backend is built, are set on every cursor the loader
 opens; one that a cursor refuses is an error naming it.
+
+A database the backend opens itself (a path, or ``None``) gets a capped buffer pool
+(:data:`DEFAULT_MEMORY_LIMIT`, DuckDB's ``memory_limit``), so the whole process stays flat as the
+table grows: DuckDB's own default is 80 % of the machine's memory, which it fills with cached
+table blocks. The cap belongs to DuckDB's database instance, which DuckDB shares between the
+connections to one file in a process. ``DuckDBBackend(path, memory_limit=None)`` passed as
+``source`` keeps DuckDB's default; a connection the user passes in keeps its own settings.
 """
 
 from __future__ import annotations
@@ -25,7 +32,10 @@ from sqlglot import exp
 
 from ..errors import add_note
 
-__all__ = ["DuckDBBackend"]
+__all__ = ["DEFAULT_MEMORY_LIMIT", "DuckDBBackend"]
+
+#: DuckDB ``memory_limit`` of a database the backend opens itself (see the module docstring).
+DEFAULT_MEMORY_LIMIT = "256MB"
 
 _CURSOR_HINT = (
     "ddbloader reads through cursor(), which does not see TEMP tables or objects "
@@ -129,6 +139,20 @@ class _DuckDBCursor:
         self._connection.close()
 
 
+def _cap_memory(connection: duckdb.DuckDBPyConnection, limit: str | None) -> duckdb.DuckDBPyConnection:
+    """Set DuckDB's ``memory_limit`` on ``connection``'s database instance.
+
+    Set after connecting rather than as a connect option: DuckDB shares one instance per file
+    within a process and refuses a second connection whose options differ, so a user opening
+    the same file later (``duckdb.connect(path)``) still can; that connection shares the cap.
+    """
+    if limit is not None:
+        value = exp.Literal.string(limit)
+        setting = exp.SetItem(this=exp.EQ(this=exp.column("memory_limit"), expression=value))
+        connection.execute(exp.Set(expressions=[setting]).sql(dialect="duckdb"))
+    return connection
+
+
 class DuckDBBackend:
     """DuckDB through per-thread cursors of one database instance. Thread-safe."""
 
@@ -136,16 +160,22 @@ class DuckDBBackend:
     engine = "duckdb"
 
     def __init__(
-        self, source: duckdb.DuckDBPyConnection | str | os.PathLike[str] | None, *, owned: bool = False
+        self,
+        source: duckdb.DuckDBPyConnection | str | os.PathLike[str] | None,
+        *,
+        owned: bool = False,
+        memory_limit: str | None = DEFAULT_MEMORY_LIMIT,
     ) -> None:
         """``owned``: close a passed-in connection with the backend (it was made for the loader).
+        ``memory_limit``: DuckDB's buffer pool cap (``"1GB"``) for a database opened here, or None
+        for DuckDB's default; a connection passed in keeps its own.
 
         Raises:
             ValueError: a session setting of a passed connection cannot be set on its cursors.
         """
         self._session: tuple[tuple[str, str], ...] = ()
         if source is None:
-            self._connection = duckdb.connect(":memory:")
+            self._connection = _cap_memory(duckdb.connect(":memory:"), memory_limit)
             self._owned = True
             self.engine = "duckdb (in-memory)"
         elif isinstance(source, duckdb.DuckDBPyConnection):
@@ -156,7 +186,7 @@ class DuckDBBackend:
             path = Path(source)
             if not path.exists():
                 raise FileNotFoundError(f"DuckDB database file {str(path)!r} does not exist")
-            self._connection = duckdb.connect(str(path), read_only=True)
+            self._connection = _cap_memory(duckdb.connect(str(path), read_only=True), memory_limit)
             self._owned = True
             self.engine = f"duckdb ({path.name}, read-only)"
 

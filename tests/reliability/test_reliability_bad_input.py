@@ -213,6 +213,12 @@ WRONG_TYPES: list[Case] = [
     ),
     Case("collate=int", series(collate=42), TypeError, r"collate must be a callable .*got 42"),
     Case(
+        "fetch_bytes=float",
+        series(fetch_bytes=1e6),
+        TypeError,
+        r"fetch_bytes must be an int, got float 1000000\.0",
+    ),
+    Case(
         "window_on_device=str",
         series(window_on_device="yes"),
         TypeError,
@@ -385,6 +391,7 @@ BAD_DATA: list[Case] = [
     Case("batch_size 0", series(batch_size=0), ValueError, r"batch_size must be >= 1, got 0"),
     Case("negative prefetch", series(prefetch_batch=-2), ValueError, r"prefetch_batch must be >= 0, got -2"),
     Case("negative retries", series(retries=-1), ValueError, r"retries must be >= 0, got -1"),
+    Case("negative fetch_bytes", series(fetch_bytes=-1), ValueError, r"fetch_bytes must be >= 0, got -1"),
     Case(
         "negative retry_backoff",
         series(retry_backoff=-0.5),

@@ -53,6 +53,7 @@ def _run(con: duckdb.DuckDBPyConnection, jitter_seed: int, epochs: int) -> list[
         dtype=torch.float32,
         retries=3,
         retry_backoff=0.0,
+        fetch_bytes=0,  # one query per partition: the faults hit numbered partition fetches
     ) as loader:
         backend.planning = False
         for _ in range(epochs):

@@ -65,6 +65,8 @@ def loader_over(source: Any, **kwargs: Any) -> DDBDataLoader:
         "shuffle": True,
         "group_pool_size": 2,
         "timeout": 10.0,
+        # one query per partition: faults are injected into numbered partition fetches
+        "fetch_bytes": 0,
         **WINDOW,
     }
     return DDBDataLoader(source, SERIES_SQL, "y", **(arguments | kwargs))

@@ -197,8 +197,8 @@ SIGINT_SCRIPT = """
 
     con = duckdb.connect()
     make_series(con, [[6, 5], [4, 7]])
-    # the second partition fetch runs an endless query in the engine: the consumer waits
-    backend = BreakingBackend(DuckDBBackend(con), stall_on=[2])
+    # the first query (the epoch's one fetch unit) runs endlessly in the engine: the consumer waits
+    backend = BreakingBackend(DuckDBBackend(con), stall_on=[1])
     loader = DDBDataLoader(backend, SERIES_SQL, "y", window_size=2, group_col="gid",
                            repartition_col="part", fetch_threads=1, prefetch_batch={prefetch})
     backend.planning = False

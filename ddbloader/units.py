@@ -1,0 +1,301 @@
+"""Fetch units: which partitions one query fetches, and the split of its result into partitions.
+
+One query per (group, repartition) partition makes an epoch cost one round trip, and on an
+engine that cannot prune on the key one table scan, per partition. A :class:`FetchUnit` instead
+fetches many partitions with one query (:meth:`~ddbloader.query.UserQuery.filtered_many`: the
+key values bound as an ``IN`` list, the keys selected as extra columns) and
+:func:`unit_blocks` splits the Arrow result by key, vectorised, keeping the query's order within
+each partition.
+
+Units are cut by :func:`fetch_units` from the planned row counts to a byte budget
+(``fetch_bytes``), along the order in which an epoch's streams ask for partitions: whole groups
+in the epoch's group order while they fit, and a group larger than the budget as runs of its
+partitions in their visit order. So which partitions share a unit is a function of (plan, seed,
+epoch, rank, worker), and a unit's partitions are asked for close together. Units change only
+how rows travel, never which rows a partition holds: every split is checked against the planned
+counts, and a result that does not split exactly is fetched again one partition at a time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from .config import LoaderConfig
+from .plan import GroupPlan, PartitionSpec, QueryPlan
+from .shard import WorkUnit
+from .shuffle import Purpose, visit_order
+from .source import Block, ColumnLayout, to_block
+from .window import WindowGeometry
+
+__all__ = [
+    "MAX_VALUES",
+    "FetchUnit",
+    "fetch_units",
+    "partition_visits",
+    "split_by_key",
+    "unit_blocks",
+]
+
+#: Bound parameters in one unit's query at most: SQLite's historical limit, low enough for all.
+MAX_VALUES = 999
+
+#: A partition's identity within a plan: (group index, position in the group).
+PartitionKey = tuple[int, int]
+
+
+def partition_key(spec: PartitionSpec) -> PartitionKey:
+    return spec.group, spec.position
+
+
+def touched_partitions(unit: WorkUnit, geometry: WindowGeometry) -> list[int]:
+    """Positions of the partitions of ``unit.group`` whose rows ``unit``'s samples touch."""
+    partitions = unit.group.partitions
+    bounds = np.concatenate([[0], np.cumsum([p.rows for p in partitions])]).tolist()
+    first_row = unit.first * geometry.stride
+    stop_row = (unit.stop - 1) * geometry.stride + geometry.span
+    return [p for p in range(len(partitions)) if bounds[p] < stop_row and bounds[p + 1] > first_row]
+
+
+def partition_visits(unit: WorkUnit, config: LoaderConfig, geometry: WindowGeometry, epoch: int) -> list[int]:
+    """The positions of the partitions ``unit`` needs, in the order its stream loads them."""
+    needed = touched_partitions(unit, geometry)
+    order = visit_order(
+        len(needed), config.shuffle, config.seed, epoch, Purpose.PARTITION_ORDER, unit.group.index, unit.first
+    )
+    return [needed[int(i)] for i in order]
+
+
+@dataclass(frozen=True)
+class FetchUnit:
+    """Many partitions fetched by one query.
+
+    ``cells`` are every partition whose rows the query returns, in plan order; ``wanted`` are the
+    keys of those the epoch asks for (the others belong to another worker's share of a group and
+    are dropped on arrival). ``values[i]`` lists the values of key ``i`` the query binds, or is
+    None where the query does not restrict key ``i``.
+
+    Invariants: ``wanted`` ⊆ keys of ``cells``; every cell's key values are among ``values``.
+    """
+
+    sql: str
+    params: tuple[Any, ...]
+    cells: tuple[PartitionSpec, ...]
+    wanted: frozenset[PartitionKey]
+
+    @property
+    def rows(self) -> int:
+        return sum(c.rows for c in self.cells)
+
+    def describe(self) -> str:
+        """Name the unit for messages: its partitions and its SQL."""
+        groups = sorted({c.group for c in self.cells})
+        shown = f"{groups[:5]}{'...' if len(groups) > 5 else ''}"
+        return (
+            f"{len(self.cells)} partitions of group(s) {shown} in one query "
+            f"({self.sql!r} with {len(self.params)} parameters)"
+        )
+
+
+def fetch_units(
+    plan: QueryPlan,
+    work_units: Sequence[WorkUnit],
+    config: LoaderConfig,
+    epoch: int,
+    budget: int,
+) -> list[FetchUnit]:
+    """The epoch's fetch units, in the order the epoch's streams ask for their partitions.
+
+    Whole groups (all their partitions: the query restricts the group key only) join a unit while
+    its planned bytes stay within ``budget`` and its values within :data:`MAX_VALUES`; a group
+    larger than ``budget`` becomes runs of its partitions in visit order (the query restricts
+    the group to one value and the repartition key to the run's values). A partition asked for
+    twice (a padded shard) is in the first unit only; a unit of one partition is left out (the
+    partition's own subquery fetches it). No units at all when ``budget <= 0``, when the plan
+    has no keys, or when the query cannot select its keys (see ``filtered_many``).
+    """
+    if budget <= 0 or plan.query is None or not plan.keys:
+        return []
+    group_key = plan.keys[0][0] == "group_col"
+    row_bytes = max(plan.layout.row_bytes, 1)
+    cutter = _Cutter(plan, group_key)
+    seen: set[PartitionKey] = set()
+    for unit in work_units:
+        group = unit.group
+        visits = [
+            p for p in partition_visits(unit, config, plan.geometry, epoch) if (group.index, p) not in seen
+        ]
+        seen.update((group.index, p) for p in visits)
+        if not visits:
+            continue
+        if group.rows * row_bytes <= budget:
+            cutter.add_group(group, visits, group.rows * row_bytes, budget)
+            continue
+        cutter.flush()
+        run: list[int] = []
+        run_bytes = 0
+        for position in visits:
+            size = group.partitions[position].rows * row_bytes
+            if run and (run_bytes + size > budget or len(run) >= MAX_VALUES):
+                cutter.add_run(group, run)
+                run, run_bytes = [], 0
+            run.append(position)
+            run_bytes += size
+        cutter.add_run(group, run)
+    cutter.flush()
+    return cutter.units
+
+
+class _Cutter:
+    """Accumulates whole groups into one unit until the budget is spent."""
+
+    def __init__(self, plan: QueryPlan, group_key: bool) -> None:
+        self._plan = plan
+        self._group_key = group_key
+        self._groups: list[tuple[GroupPlan, list[int]]] = []
+        self._bytes = 0
+        self.units: list[FetchUnit] = []
+
+    def add_group(self, group: GroupPlan, visits: list[int], size: int, budget: int) -> None:
+        full = self._bytes + size > budget or len(self._groups) >= MAX_VALUES
+        if self._groups and (full or not self._group_key):
+            self.flush()
+        self._groups.append((group, visits))
+        self._bytes += size
+
+    def flush(self) -> None:
+        groups, self._groups, self._bytes = self._groups, [], 0
+        cells = tuple(p for group, _ in groups for p in group.partitions)
+        wanted = [(group.index, p) for group, visits in groups for p in visits]
+        if len(cells) < 2:
+            return
+        counts: list[int | None] = []
+        params: list[Any] = []
+        for k in range(len(self._plan.keys)):
+            values = list(dict.fromkeys(c.params[k] for c in cells))
+            # The group key is always bound; another key when its values fit too, so the query
+            # leaves out rows outside the scheme (and rows with a NULL key) on the engine's side.
+            bound = (k == 0 and self._group_key) or len(params) + len(values) <= MAX_VALUES
+            counts.append(len(values) if bound else None)
+            params += values if bound else []
+        self._add(counts, tuple(params), cells, wanted)
+
+    def add_run(self, group: GroupPlan, run: list[int]) -> None:
+        if len(run) < 2:
+            return
+        cells = tuple(group.partitions[p] for p in sorted(run))
+        repartition_values = tuple(c.params[-1] for c in cells)
+        wanted = [(group.index, p) for p in run]
+        if self._group_key:
+            self._add([1, len(cells)], (cells[0].params[0], *repartition_values), cells, wanted)
+        else:
+            self._add([len(cells)], repartition_values, cells, wanted)
+
+    def _add(
+        self,
+        counts: list[int | None],
+        params: tuple[Any, ...],
+        cells: tuple[PartitionSpec, ...],
+        wanted: Sequence[PartitionKey],
+    ) -> None:
+        assert self._plan.query is not None
+        sql = self._plan.query.filtered_many([expression for _, expression in self._plan.keys], counts)
+        if sql is not None:
+            self.units.append(FetchUnit(sql, params, cells, frozenset(wanted)))
+
+
+def _codes(column: pa.ChunkedArray, values: Sequence[Any]) -> np.ndarray[Any, Any] | None:
+    """Per row, the index of its value in ``values`` (-1 for none), compared as Arrow values of
+    the column's type; None when ``values`` do not convert to that type."""
+    try:
+        value_set = pa.array(values, type=column.type)
+    except (pa.ArrowException, TypeError, ValueError, OverflowError):
+        try:
+            value_set = pa.array(values).cast(column.type)
+        except (pa.ArrowException, TypeError, ValueError, OverflowError):
+            return None
+    codes = pc.index_in(column, value_set=value_set)
+    return np.asarray(codes.fill_null(-1).to_numpy(), dtype=np.int64)
+
+
+def _cell_of_rows(table: pa.Table, cells: Sequence[PartitionSpec]) -> np.ndarray[Any, Any] | None:
+    """Per row of ``table``, the index of the cell whose key values its key columns hold, or -1
+    (a row outside the scheme: no subquery returns it); None if a value cannot be compared."""
+    keys = len(cells[0].params)
+    first_key = table.num_columns - keys
+    row_code = np.zeros(table.num_rows, dtype=np.int64)
+    cell_code = np.zeros(len(cells), dtype=np.int64)
+    outside = np.zeros(table.num_rows, dtype=bool)
+    for k in range(keys):
+        values = list(dict.fromkeys(c.params[k] for c in cells))
+        codes = _codes(table.column(first_key + k), values)
+        if codes is None:
+            return None
+        outside |= codes < 0
+        index = {v: i for i, v in enumerate(values)}
+        row_code = row_code * len(values) + codes
+        cell_code = cell_code * len(values) + np.array([index[c.params[k]] for c in cells], dtype=np.int64)
+    by_code = np.argsort(cell_code)
+    sorted_codes = cell_code[by_code]
+    at = np.minimum(np.searchsorted(sorted_codes, row_code), len(cells) - 1)
+    cell = by_code[at]
+    cell[outside | (sorted_codes[at] != row_code)] = -1
+    return cell
+
+
+def split_by_key(table: pa.Table, cells: Sequence[PartitionSpec]) -> list[pa.Table] | None:
+    """Cut a unit's result into its cells' rows, each in the result's order.
+
+    ``table`` ends with one column per key (as ``filtered_many`` selects them); cell ``i``'s rows
+    are those whose key values equal ``cells[i].params``, compared as Arrow values of the key
+    column's type; rows that match no cell (outside the scheme) are dropped, as no subquery
+    returns them. The key columns are dropped.
+
+    Returns None when the result does not split into exactly the planned rows: a key value that
+    does not convert to the column's type, or a cell whose row count differs from planning (the
+    client compared a value differently from the engine, or the data changed). The caller then
+    fetches the cells one by one, with subqueries the engine compares itself.
+    """
+    cell_of_row = _cell_of_rows(table, cells)
+    if cell_of_row is None:
+        return None
+    counts = np.bincount(cell_of_row + 1, minlength=len(cells) + 1)
+    if counts[1:].tolist() != [c.rows for c in cells]:
+        return None
+    data = table.select(range(table.num_columns - len(cells[0].params)))
+    if len(cell_of_row) and (np.diff(cell_of_row) < 0).any():
+        data = data.take(pa.array(np.argsort(cell_of_row, kind="stable")))
+    bounds = np.concatenate([[0], np.cumsum(counts)]).tolist()[1:]
+    return [data.slice(bounds[i], bounds[i + 1] - bounds[i]) for i in range(len(cells))]
+
+
+def unit_blocks(
+    table: pa.Table, unit: FetchUnit, layout: ColumnLayout
+) -> list[tuple[PartitionSpec, Block]] | None:
+    """The wanted partitions of a unit's result as blocks, or None if it does not split exactly.
+
+    Without a transform the rows are converted once and each partition's block is a view of
+    that conversion; a transform runs on each partition's rows, as for a partition fetched alone.
+    """
+    parts = split_by_key(table, unit.cells)
+    if parts is None:
+        return None
+    wanted = [
+        (spec, part)
+        for spec, part in zip(unit.cells, parts, strict=True)
+        if partition_key(spec) in unit.wanted
+    ]
+    if layout.transform is not None:
+        return [(spec, to_block(part, layout)) for spec, part in wanted]
+    whole = to_block(pa.concat_tables([part for _, part in wanted]), layout)
+    blocks = []
+    at = 0
+    for spec, part in wanted:
+        blocks.append((spec, Block(whole.x[at : at + part.num_rows], whole.y[at : at + part.num_rows])))
+        at += part.num_rows
+    return blocks

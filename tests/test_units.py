@@ -1,0 +1,195 @@
+"""Fetch units: how an epoch's partitions are cut into queries, and how a result splits by key."""
+
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+import logging
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+import pytest
+import torch
+from conftest import SERIES_SQL, FaultyBackend, make_series
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from resume_check import assert_resumes_exactly, assert_same_batches
+
+from ddbloader import DDBDataLoader
+from ddbloader.backends import DuckDBBackend
+from ddbloader.manager import epoch_units
+from ddbloader.plan import PartitionSpec
+from ddbloader.units import MAX_VALUES, fetch_units, split_by_key
+
+UTC = dt.timezone.utc
+
+
+def cells(*keys: tuple[Any, ...], rows: list[int]) -> list[PartitionSpec]:
+    return [
+        PartitionSpec(group=n, position=0, group_value=k[0], repartition_value=None, sql="", params=k, rows=r)
+        for n, (k, r) in enumerate(zip(keys, rows, strict=True))
+    ]
+
+
+# --- split_by_key -------------------------------------------------------------------------------
+
+
+@settings(max_examples=60, deadline=None)
+@given(keys=st.lists(st.integers(0, 3) | st.none(), max_size=40))
+def test_split_keeps_the_order_within_each_partition_and_drops_rows_of_no_partition(
+    keys: list[int | None],
+) -> None:
+    table = pa.table({"v": pa.array(range(len(keys)), pa.int64()), "_ddb_group": pa.array(keys, pa.int32())})
+    values = [0, 1, 2, 3]
+    specs = cells(*((v,) for v in values), rows=[keys.count(v) for v in values])
+    parts = split_by_key(table, specs)
+    assert parts is not None
+    for value, part in zip(values, parts, strict=True):
+        assert part.column_names == ["v"]
+        assert part.column("v").to_pylist() == [i for i, k in enumerate(keys) if k == value]
+
+
+@pytest.mark.parametrize(
+    ("arrow_type", "values"),
+    [
+        (pa.int8(), [-1, 7]),
+        (pa.int64(), [2**40, -(2**41)]),
+        (pa.float64(), [0.5, -1.25]),
+        (pa.bool_(), [True, False]),
+        (pa.string(), ["a", "é中"]),
+        (pa.date32(), [dt.date(2024, 1, 2), dt.date(1999, 12, 31)]),
+        (
+            pa.timestamp("us", tz="UTC"),
+            [dt.datetime(2024, 1, 2, 3, 4, 5, tzinfo=UTC), dt.datetime(1970, 1, 1, tzinfo=UTC)],
+        ),
+        (pa.decimal128(10, 2), [decimal.Decimal("1.25"), decimal.Decimal("-3.50")]),
+    ],
+)
+def test_split_compares_keys_of_many_types(arrow_type: pa.DataType, values: list[Any]) -> None:
+    rows = [values[i % len(values)] for i in range(7)]
+    table = pa.table({"v": pa.array(range(7)), "_ddb_group": pa.array(rows, arrow_type)})
+    specs = cells(*((v,) for v in values), rows=[rows.count(v) for v in values])
+    parts = split_by_key(table, specs)
+    assert parts is not None
+    assert [p.column("v").to_pylist() for p in parts] == [
+        [i for i, r in enumerate(rows) if r == v] for v in values
+    ]
+
+
+def test_split_by_two_keys() -> None:
+    table = pa.table(
+        {
+            "v": pa.array(range(6)),
+            "_ddb_group": pa.array(["a", "b", "a", "b", "a", "c"]),
+            "_ddb_repartition": pa.array([1, 1, 2, 1, 1, 1]),
+        }
+    )
+    specs = cells(("a", 1), ("a", 2), ("b", 1), rows=[2, 1, 2])
+    parts = split_by_key(table, specs)
+    assert parts is not None
+    assert [p.column("v").to_pylist() for p in parts] == [[0, 4], [2], [1, 3]]
+
+
+def test_split_refuses_counts_that_differ_from_planning_and_values_of_another_type() -> None:
+    table = pa.table({"v": pa.array(range(3)), "_ddb_group": pa.array(["A", "a", "b"])})
+    # 'a' under a case-insensitive collation counted 2 rows; Arrow compares exactly and finds 1.
+    assert split_by_key(table, cells(("a",), ("b",), rows=[2, 1])) is None
+    assert split_by_key(table, cells(("a",), ("b",), rows=[1, 1])) is not None
+    dates = pa.table({"v": pa.array([0]), "_ddb_group": pa.array([dt.date(2024, 1, 2)])})
+    assert split_by_key(dates, cells(("not a date",), rows=[1])) is None
+
+
+# --- fetch_units --------------------------------------------------------------------------------
+
+
+def _loader(con: duckdb.DuckDBPyConnection, **kwargs: Any) -> DDBDataLoader:
+    options: dict[str, Any] = {"input_col": ["f0"], "group_col": "gid", "batch_size": 4, "shuffle": True}
+    options.update(kwargs)
+    return DDBDataLoader(con, SERIES_SQL, "y", **options)
+
+
+def test_units_follow_the_epoch_group_order_within_the_budget(con: duckdb.DuckDBPyConnection) -> None:
+    make_series(con, [[10]] * 12)  # 12 groups of 10 rows x 16 bytes (f0, y)
+    with _loader(con, seed=5) as loader:
+        plan, config = loader.plan, loader.config
+        work = epoch_units(plan, config, 0)
+        units = fetch_units(plan, work, config, 0, budget=480)
+        assert [sorted(g for g, _ in u.wanted) for u in units] == [
+            sorted(w.group.index for w in work[i : i + 3]) for i in range(0, 12, 3)
+        ]
+        assert all(u.rows * plan.layout.row_bytes <= 480 for u in units)
+        assert all(len(u.params) == 3 and "IN" in u.sql for u in units)
+        assert fetch_units(plan, work, config, 0, budget=480) == units  # a function of (plan, seed, epoch)
+        assert fetch_units(plan, epoch_units(plan, config, 1), config, 1, budget=480) != units
+        assert fetch_units(plan, work, config, 0, budget=0) == []
+        assert fetch_units(plan, work, config, 0, budget=100) == []  # a group per query anyway
+
+
+def test_a_group_larger_than_the_budget_is_cut_into_runs_of_its_partitions(
+    con: duckdb.DuckDBPyConnection,
+) -> None:
+    make_series(con, [[4] * 10])
+    with _loader(con, repartition_col="part", seed=1) as loader:
+        plan, config = loader.plan, loader.config
+        units = fetch_units(plan, epoch_units(plan, config, 0), config, 0, budget=3 * 4 * 16)
+    assert [len(u.cells) for u in units] == [3, 3, 3]  # the tenth partition is fetched alone
+    assert all(u.params[0] == 0 and len(u.params) == 4 for u in units)
+    covered = [k for u in units for k in u.wanted]
+    assert len(covered) == len(set(covered)) == 9
+
+
+def test_a_unit_binds_at_most_max_values_parameters(con: duckdb.DuckDBPyConnection) -> None:
+    make_series(con, [[1]] * (MAX_VALUES + 5))
+    with _loader(con) as loader:
+        plan, config = loader.plan, loader.config
+        units = fetch_units(plan, epoch_units(plan, config, 0), config, 0, budget=2**30)
+    assert [len(u.params) for u in units] == [MAX_VALUES, 5]
+
+
+# --- the fetch path -----------------------------------------------------------------------------
+
+
+def _epochs(loader: DDBDataLoader, count: int = 2) -> list[list[tuple[torch.Tensor, torch.Tensor]]]:
+    with loader:
+        return [list(loader) for _ in range(count)]
+
+
+@pytest.mark.parametrize("fetch_bytes", [200, 2**20])
+def test_units_resume_exactly(con: duckdb.DuckDBPyConnection, fetch_bytes: int) -> None:
+    make_series(con, [[5, 6], [7], [3, 9, 4], [8, 2]])
+    assert_resumes_exactly(
+        lambda: _loader(con, repartition_col="part", window_size=3, seed=9, fetch_bytes=fetch_bytes)
+    )
+
+
+def test_a_result_that_does_not_split_is_fetched_partition_by_partition(
+    con: duckdb.DuckDBPyConnection,
+) -> None:
+    """Keys equal under the engine's collation but not in Arrow: the engine's subqueries decide."""
+    con.execute("CREATE TABLE cased (k VARCHAR COLLATE NOCASE, f0 DOUBLE, y DOUBLE)")
+    con.execute("INSERT INTO cased SELECT ['a', 'A', 'b', 'B'][i % 4 + 1], i, i + 0.5 FROM range(20) t(i)")
+    sql = "SELECT * FROM cased ORDER BY f0"
+    options: dict[str, Any] = {"input_col": ["f0"], "group_col": "k", "batch_size": 3, "seed": 4}
+    want = _epochs(DDBDataLoader(con, sql, "y", fetch_bytes=0, **options), 1)
+    with DDBDataLoader(con, sql, "y", **options) as loader:
+        got = list(loader)
+        stats = loader.stats()
+    assert_same_batches(got, want[0], "after the split fell back")
+    assert (stats.queries, stats.partitions_fetched) == (1 + 2, 2)
+    assert sorted(torch.cat([x[:, 0] for x, _ in got]).tolist()) == [float(i) for i in range(20)]
+
+
+def test_a_failed_unit_query_falls_back_to_one_query_per_partition(
+    con: duckdb.DuckDBPyConnection, caplog: pytest.LogCaptureFixture
+) -> None:
+    make_series(con, [[5, 6], [7], [3, 9]])
+    want = _epochs(_loader(con, repartition_col="part", seed=2, fetch_bytes=0), 1)
+    backend = FaultyBackend(DuckDBBackend(con), fail_on=[1], error=lambda: ValueError("unit query refused"))
+    loader = _loader(backend, repartition_col="part", seed=2)
+    backend.planning = False
+    with caplog.at_level(logging.WARNING, logger="ddbloader"):
+        got = _epochs(loader, 1)
+    assert_same_batches(got[0], want[0], "after the fallback")
+    assert backend.fetches == 1 + 5
+    assert "fetching its partitions one by one" in caplog.text
