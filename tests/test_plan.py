@@ -88,18 +88,25 @@ def test_discovered_values_are_sorted_for_any_type(
         assert [str(g.value) if "DATE" in expression else g.value for g in loader.plan.groups] == expected
 
 
-def test_explicit_schemes_keep_the_users_order(db: duckdb.DuckDBPyConnection) -> None:
-    loader = DDBDataLoader(
+def explicit_loader(
+    db: duckdb.DuckDBPyConnection, groups: list[int], parts: list[int], **kwargs: Any
+) -> DDBDataLoader:
+    """A loader over ``series`` with x = rid, split by gid and part with these schemes."""
+    return DDBDataLoader(
         db,
         SERIES_SQL,
         target_col="y",
         input_col=["rid"],
         group_col="gid",
-        group_scheme=[2, 0, 1],
+        group_scheme=groups,
         repartition_col="part",
-        repartition_scheme=[1, 0, 2],
-        batch_size=1000,
+        repartition_scheme=parts,
+        **kwargs,
     )
+
+
+def test_explicit_schemes_keep_the_users_order(db: duckdb.DuckDBPyConnection) -> None:
+    loader = explicit_loader(db, [2, 0, 1], [1, 0, 2], batch_size=1000)
     assert [g.value for g in loader.plan.groups] == [2, 0, 1]
     assert [[p.repartition_value for p in g.partitions] for g in loader.plan.groups] == [
         [1, 0, 2],
@@ -258,18 +265,7 @@ def test_window_functions_see_the_whole_querys_rows(db: duckdb.DuckDBPyConnectio
 
 def test_empty_partitions_are_skipped(db: duckdb.DuckDBPyConnection) -> None:
     with pytest.warns(UserWarning) as caught:
-        loader = DDBDataLoader(
-            db,
-            SERIES_SQL,
-            target_col="y",
-            input_col=["rid"],
-            group_col="gid",
-            group_scheme=[3, 1, 99],
-            repartition_col="part",
-            repartition_scheme=[3, 0, 1, 2],
-            window_size=2,
-            batch_size=100,
-        )
+        loader = explicit_loader(db, [3, 1, 99], [3, 0, 1, 2], window_size=2, batch_size=100)
     assert [str(w.message) for w in caught] == [
         "group_scheme value(s) [99] match no rows of group_col 'gid', so they load nothing",
         "repartition_scheme value(s) [3, 2] match no rows of repartition_col 'part', so they load nothing",
