@@ -12,6 +12,7 @@ from typing import Any
 import duckdb
 import pyarrow as pa
 import pytest
+import sparkserver
 
 from ddbloader import DDBDataLoader
 from ddbloader.backends import Backend, Cursor, DuckDBBackend
@@ -52,6 +53,14 @@ def make_series(
     )
     con.execute(f"DROP TABLE IF EXISTS {table}")
     con.execute(f"CREATE TABLE {table} AS SELECT * FROM data")
+
+
+@pytest.fixture(scope="session")
+def spark_server() -> Iterator[sparkserver.SparkServer]:
+    """One Spark Connect server for the whole run (started on first use: 10-20 s, ~2 GB)."""
+    server = sparkserver.start()
+    yield server
+    server.stop()
 
 
 @pytest.fixture
