@@ -11,7 +11,8 @@ sent as literals in the protocol), never formatted into the text. Rows come back
 (``DataFrame.toArrow()``).
 
 Cancelling: every cursor tags its queries with its own tag (``addTag``, thread-local in
-PySpark); ``interrupt()`` calls ``interruptTag`` from any thread.
+PySpark); ``interrupt()`` calls ``interruptTag`` from any thread. A query that has not reached
+the server when ``interrupt()`` is called is not cancelled: it runs to its end.
 
 Sessions opened from a URI get three settings:
 
