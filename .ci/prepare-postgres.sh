@@ -3,6 +3,7 @@
 # The tests start (and stop) their own throwaway cluster; this script starts nothing.
 # Idempotent: does nothing when initdb, pg_ctl and postgres are already present.
 set -euo pipefail
+source "$(dirname "$0")/apt.sh"
 
 have_server() {
     local bindir
@@ -19,22 +20,9 @@ if have_server; then
     exit 0
 fi
 
-if ! command -v apt-get >/dev/null; then
-    echo "postgres.sh: no PostgreSQL server and no apt-get to install one" >&2
-    exit 1
-fi
-
-SUDO=""
-if [[ $(id -u) -ne 0 ]]; then
-    SUDO="sudo"
-fi
-
 # The tests make their own cluster: stop the package from creating and starting a default one.
-$SUDO mkdir -p /etc/postgresql-common/createcluster.d
-echo "create_main_cluster = false" | $SUDO tee /etc/postgresql-common/createcluster.d/ddbloader.conf >/dev/null
-
-export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -qq
-$SUDO apt-get install -y -qq --no-install-recommends postgresql >/dev/null
+as_root mkdir -p /etc/postgresql-common/createcluster.d
+echo "create_main_cluster = false" | as_root tee /etc/postgresql-common/createcluster.d/ddbloader.conf >/dev/null
+apt_install "PostgreSQL server" postgresql
 
 have_server

@@ -13,6 +13,7 @@ import duckdb
 import pgserver
 import pyarrow as pa
 import pytest
+import sparkserver
 
 from ddbloader import DDBDataLoader
 from ddbloader.backends import Backend, Cursor, DuckDBBackend
@@ -63,6 +64,14 @@ def pg_server() -> Iterator[pgserver.PostgresServer]:
     except ImportError:
         pgserver.unavailable("adbc-driver-postgresql is not installed (pip install 'ddbloader[postgres]')")
     server = pgserver.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def spark_server() -> Iterator[sparkserver.SparkServer]:
+    """One Spark Connect server for the whole run (started on first use: 10-20 s, ~2 GB)."""
+    server = sparkserver.start()
     yield server
     server.stop()
 

@@ -1,6 +1,7 @@
 """One rank of the torchrun test (tests/test_distributed.py); not a test module itself.
 
-Run as ``python3 -m torch.distributed.run --nproc_per_node=2 tests/ddp_worker.py DB OUT``. Each rank
+Run as ``python3 -m torch.distributed.run --nproc_per_node=2 tests/ddp_worker.py SOURCE OUT``, where
+SOURCE is a DuckDB file or a Spark Connect URI (``sc://...``) holding the ``series`` table. Each rank
 reads its rank and world size from torch.distributed (gloo, CPU), then writes ``OUT/rank<r>.json``:
 for three loaders the sample names of every batch (the rid of each sample's first x row), the
 loader's ``len`` and seed; and the steps, losses and final weights of a tiny DDP model trained for
@@ -64,12 +65,12 @@ def train_one_epoch(loader: DDBDataLoader) -> dict[str, Any]:
     return {"steps": steps, "losses": losses, "weights": weights}
 
 
-def main(database: str, out: str) -> None:
+def main(source: str, out: str) -> None:
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
     rank = dist.get_rank()
     report: dict[str, Any] = {"rank": rank, "world_size": dist.get_world_size(), "loaders": {}}
     for name, arguments in LOADERS.items():
-        with DDBDataLoader(database, SERIES_SQL, "y", **COMMON, **arguments) as loader:
+        with DDBDataLoader(source, SERIES_SQL, "y", **COMMON, **arguments) as loader:
             entry: dict[str, Any] = {
                 "len": len(loader),
                 "seed": loader.config.seed,

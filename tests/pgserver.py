@@ -18,13 +18,12 @@ import contextlib
 import glob
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-import pytest
+import servers
 
 __all__ = ["PASSWORD", "USER", "PostgresServer", "find_bindir", "start", "unavailable"]
 
@@ -62,9 +61,7 @@ def _version(path: str) -> int:
 
 def unavailable(reason: str) -> None:
     """Skip outside CI; fail in CI, where PostgreSQL must be tested."""
-    if os.environ.get("CI"):
-        pytest.fail(f"{reason} (CI is set, so PostgreSQL tests must run: see .ci/postgres.sh)")
-    pytest.skip(reason)
+    servers.unavailable(reason, "PostgreSQL", ".ci/prepare-postgres.sh")
 
 
 @dataclass
@@ -132,12 +129,6 @@ def _as_postgres(command: list[str]) -> subprocess.CompletedProcess[str]:
     return result
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 def start() -> PostgresServer:
     """Start a cluster with an empty ``ddbtest`` database; skip or fail when PostgreSQL is missing."""
     bindir = find_bindir()
@@ -174,7 +165,7 @@ def start() -> PostgresServer:
         )
         # A port taken between probing and binding fails the start; the next free one is tried.
         for attempt in range(3):
-            port = _free_port()
+            port = servers.free_port()
             try:
                 _start_server(bindir, root, port)
                 break

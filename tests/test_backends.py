@@ -1,7 +1,8 @@
 """The backend contract, run by the real DDBDataLoader against every reachable engine.
 
-Engines: embedded DuckDB, a throwaway PostgreSQL server through ADBC (tests/pgserver.py) and
-sqlite3 through the plain DB-API fallback. Each engine must give the same batches as DuckDB
+Engines: embedded DuckDB, a throwaway PostgreSQL server through ADBC (tests/pgserver.py),
+sqlite3 through the plain DB-API fallback and a throwaway Spark Connect server
+(tests/sparkserver.py). Each engine must give the same batches as DuckDB
 for the same plan and seed, cover every window exactly once, keep the query's ORDER BY, map
 types and nulls as documented, select exactly the rows equal to hostile scheme values without
 changing anything, and name the query and parameters when the engine fails.
@@ -39,7 +40,7 @@ from ddbloader.backends import (
 )
 from ddbloader.backends.dbapi import bind_parameters
 
-ENGINES = ("duckdb", "postgres", "sqlite")
+ENGINES = ("duckdb", "postgres", "sqlite", "spark")
 SERIES_SQL = "SELECT gid, part, pos, rid, f0, f1, y FROM series ORDER BY gid, pos"
 PARTS = [[10, 7, 12], [15, 6], [8, 9, 11, 10]]
 
@@ -192,12 +193,55 @@ class SqliteEngine(Engine):
         self.admin.close()
 
 
-@pytest.fixture(params=ENGINES)
+class SparkEngine(Engine):
+    """Tables in the warehouse of the test server: visible to every session, dropped on close."""
+
+    name = "spark"
+
+    def __init__(self, uri: str) -> None:
+        from pyspark.sql import SparkSession
+
+        self.uri = uri
+        self.admin = SparkSession.builder.remote(uri).create()
+        self.tables: set[str] = set()
+
+    def create(self, table: str, data: pa.Table, ddl: str | None = None) -> None:
+        self.execute(f"DROP TABLE IF EXISTS {table}")
+        self.tables.add(table)
+        frame = self.admin.createDataFrame(data)
+        if ddl:
+            self.execute(ddl)
+            frame.write.insertInto(table)
+        else:
+            frame.write.saveAsTable(table)
+
+    def execute(self, sql: str) -> None:
+        self.admin.sql(sql).collect()
+
+    def rows(self, sql: str) -> list[tuple[Any, ...]]:
+        return [tuple(row) for row in self.admin.sql(sql).collect()]
+
+    def source(self) -> Any:
+        return self.uri
+
+    def close(self) -> None:
+        for table in self.tables:
+            self.execute(f"DROP TABLE IF EXISTS {table}")
+        self.admin.stop()
+
+
+#: Spark answers a query in 0.1-1 s (more on a busy machine): its tests get longer to run.
+SPARK_TIMEOUT = pytest.mark.timeout(300)
+
+
+@pytest.fixture(params=[pytest.param(e, marks=SPARK_TIMEOUT) if e == "spark" else e for e in ENGINES])
 def engine(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Engine]:
     if request.param == "duckdb":
         made: Engine = DuckEngine()
     elif request.param == "postgres":
         made = PostgresEngine(request.getfixturevalue("pg_server").uri)
+    elif request.param == "spark":
+        made = SparkEngine(request.getfixturevalue("spark_server").uri)
     else:
         made = SqliteEngine(tmp_path)
     yield made
@@ -389,12 +433,14 @@ _TYPED_DDL = {
     "duckdb": "CREATE TABLE typed (i4 INTEGER, i8 BIGINT, f8 DOUBLE, n DECIMAL(10, 2), y DOUBLE)",
     "postgres": "CREATE TABLE typed (i4 int4, i8 int8, f8 float8, n numeric(10, 2), y float8)",
     "sqlite": "CREATE TABLE typed (i4 INTEGER, i8 INTEGER, f8 REAL, n NUMERIC, y REAL)",
+    "spark": "CREATE TABLE typed (i4 INT, i8 BIGINT, f8 DOUBLE, n DECIMAL(10, 2), y DOUBLE) USING parquet",
 }
 # sqlite stores every integer as 64 bits, so its int4 arrives as int64.
 _TYPED_DTYPES = {
     "duckdb": {"i4": torch.int32, "i8": torch.int64, "f8": torch.float64, "n": torch.float64},
     "postgres": {"i4": torch.int32, "i8": torch.int64, "f8": torch.float64, "n": torch.float64},
     "sqlite": {"i4": torch.int64, "i8": torch.int64, "f8": torch.float64, "n": torch.float64},
+    "spark": {"i4": torch.int32, "i8": torch.int64, "f8": torch.float64, "n": torch.float64},
 }
 
 
@@ -451,11 +497,29 @@ HOSTILE = st.lists(st.one_of(st.sampled_from(_SNIPPETS), st.text(max_size=4)), m
 BASE_NAMES = ["a", "b", "'", "' OR '1'='1", "x;y", ""]
 
 
+HOSTILE_SCHEMES = st.lists(HOSTILE, min_size=1, max_size=3, unique=True)
+# Spark answers a query in 0.1-1 s, and a hostile example costs ~10 queries: fewer examples there.
+FAST_ENGINES = [e for e in ENGINES if e != "spark"]
+
+
+@pytest.mark.parametrize("engine", FAST_ENGINES, indirect=True)
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(values=st.lists(HOSTILE, min_size=1, max_size=3, unique=True), absent=HOSTILE)
+@given(values=HOSTILE_SCHEMES, absent=HOSTILE)
 def test_hostile_values_select_only_equal_rows_and_change_nothing(
     engine: Engine, values: list[str], absent: str
 ) -> None:
+    check_hostile_values(engine, values, absent)
+
+
+@pytest.mark.parametrize("engine", [pytest.param("spark", marks=SPARK_TIMEOUT)], indirect=True)
+@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(values=HOSTILE_SCHEMES, absent=HOSTILE)
+def test_hostile_values_on_spark(engine: Engine, values: list[str], absent: str) -> None:
+    check_hostile_values(engine, values, absent)
+
+
+def check_hostile_values(engine: Engine, values: list[str], absent: str) -> None:
+    """Rows selected by hostile scheme values are exactly the equal ones; nothing else changes."""
     if engine.name == "postgres":  # PostgreSQL text cannot hold NUL (test_postgres_nul_is_a_clear_error)
         values = list(dict.fromkeys(v.replace("\x00", "") for v in values))
         absent = absent.replace("\x00", "")

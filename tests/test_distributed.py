@@ -10,11 +10,11 @@ from __future__ import annotations
 import json
 import math
 import os
-import socket
 import subprocess
 import sys
 import warnings
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,7 @@ import torch
 from conftest import SERIES_SQL, make_series
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
+from servers import free_port
 
 from ddbloader import DDBDataLoader
 
@@ -240,14 +241,33 @@ def test_bad_sharding_arguments_are_refused(
 # --- two real ranks under torchrun ---------------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+#: Seconds both ranks may take, per engine (Spark: ~0.1-1 s a query, ~30 queries a rank).
+RANKS_SECONDS = {"duckdb": 150, "spark": 420}
 
 
-@pytest.mark.timeout(180)  # the module's mark would cut the subprocess's own timeout short
-def test_torchrun_two_ranks_shard_evenly_and_train(db_path: str, tmp_path: Path) -> None:
+@pytest.fixture(
+    params=[
+        # The module's timeout mark would cut the subprocess's own timeout short.
+        pytest.param(engine, marks=pytest.mark.timeout(seconds + 30))
+        for engine, seconds in RANKS_SECONDS.items()
+    ]
+)
+def ranks_source(request: pytest.FixtureRequest, db_path: str) -> Iterator[tuple[str, str]]:
+    """``(engine, source)``: the DuckDB file of :func:`db_path`, or a Spark server holding its table."""
+    if request.param == "duckdb":
+        yield request.param, db_path
+        return
+    from test_backends import SparkEngine
+
+    spark = SparkEngine(request.getfixturevalue("spark_server").uri)
+    with duckdb.connect(db_path, read_only=True) as con:
+        spark.create("series", con.sql("SELECT * FROM series").to_arrow_table())
+    yield request.param, spark.uri
+    spark.close()
+
+
+def test_torchrun_two_ranks_shard_evenly_and_train(ranks_source: tuple[str, str], tmp_path: Path) -> None:
+    engine, source = ranks_source
     out = tmp_path / "out"
     out.mkdir()
     # The rank processes run tests/ddp_worker.py as a script: make them import this checkout.
@@ -261,18 +281,18 @@ def test_torchrun_two_ranks_shard_evenly_and_train(db_path: str, tmp_path: Path)
         "--master_addr=127.0.0.1",
         f"--master_port={free_port()}",
         str(REPO / "tests" / "ddp_worker.py"),
-        db_path,
+        source,
         str(out),
     ]
     done = subprocess.run(
-        command, check=False, env=env, cwd=REPO, capture_output=True, text=True, timeout=150
+        command, check=False, env=env, cwd=REPO, capture_output=True, text=True, timeout=RANKS_SECONDS[engine]
     )
     assert done.returncode == 0, f"torchrun failed:\n{done.stdout[-4000:]}\n{done.stderr[-4000:]}"
     reports = [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(2)]
     assert [r["loaders"]["ordered_pad"]["sharding"] for r in reports] == [[0, 2], [1, 2]]
 
     windowed = {"window_size": 3, "group_col": "gid", "repartition_col": "part"}
-    order = index_order(db_path, **windowed)
+    order = index_order(source, **windowed)
     total = len(order)
     assert total % 2 == 1, "an odd sample count makes pad add and drop remove one"
     for name in ("shuffled_pad", "ordered_pad", "shuffled_drop"):

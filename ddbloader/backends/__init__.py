@@ -7,6 +7,7 @@
 | an ADBC DB-API connection                | ADBCBackend       | a sibling per cursor           |
 | ``"dolphindb://..."`` / a factory        | DolphinDBBackend  | one session per cursor         |
 | a ``dolphindb.Session``                  | DolphinDBBackend  | the one session, serialised    |
+| ``"sc://..."``, a ``SparkSession``        | SparkBackend      | one session, shared by threads |
 | a plain DB-API 2.0 connection            | DBAPIBackend      | the one connection, serialised |
 | a factory (callable) returning any above | by what it returns | one per cursor                |
 
@@ -26,6 +27,8 @@ from .base import Backend, Cursor, redact_uri
 from .dbapi import DBAPIBackend
 from .dolphindb import URI_SCHEME, DolphinDBBackend, is_dolphindb_session
 from .duckdb import DuckDBBackend
+from .spark import URI_SCHEME as SPARK_SCHEME
+from .spark import SparkBackend, is_spark_session
 
 __all__ = [
     "ADBCBackend",
@@ -34,6 +37,7 @@ __all__ = [
     "DBAPIBackend",
     "DolphinDBBackend",
     "DuckDBBackend",
+    "SparkBackend",
     "connect",
     "is_backend",
     "redact_uri",
@@ -67,6 +71,8 @@ def connect(source: Any) -> Backend:
         return ADBCBackend(source)
     if isinstance(source, str) and source.startswith(URI_SCHEME):
         return DolphinDBBackend(source)
+    if (isinstance(source, str) and source.startswith(SPARK_SCHEME)) or is_spark_session(source):
+        return SparkBackend(source)
     if DuckDBBackend.accepts(source):
         return DuckDBBackend(source)
     if is_adbc_connection(source):
@@ -78,8 +84,8 @@ def connect(source: Any) -> Backend:
     if callable(source):
         return _from_factory(source)
     raise TypeError(
-        f"source must be a DuckDB connection or path, a postgresql:// or dolphindb:// URI, an ADBC, "
-        f"DolphinDB or DB-API connection, or a factory returning one; "
+        f"source must be a DuckDB connection or path, a postgresql://, dolphindb:// or sc:// URI, a "
+        f"SparkSession, an ADBC, DolphinDB or DB-API connection, or a factory returning one; "
         f"got {type(source).__module__}.{type(source).__qualname__}"
     )
 
