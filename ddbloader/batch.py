@@ -1,4 +1,4 @@
-"""Gather samples into one batch: one allocation per tensor, one row gather per piece and tensor.
+"""Gather samples into one batch: one allocation per tensor, one row gather per run of pieces and tensor.
 
 The output is allocated once, where it is going to be read: in pinned host memory (torch's
 caching host allocator, so no ``cudaHostAlloc`` per batch) when it will be copied to a CUDA
@@ -8,7 +8,7 @@ device, or on the device itself when the windows are built there (``window_on_de
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -16,7 +16,7 @@ import torch
 
 from .dtypes import torch_dtype
 from .manager import Piece, Segment
-from .source import ColumnLayout
+from .source import Block, ColumnLayout
 from .window import WindowGeometry, window_view
 
 __all__ = ["RowSource", "batch_count", "gather", "gather_on_device"]
@@ -86,7 +86,9 @@ def gather(
     column, see :class:`~ddbloader.source.ColumnLayout`). The tensors are freshly allocated, so
     the caller owns them.
 
-    Each piece costs one ``ndarray.take`` over row numbers per tensor: it copies in the calling
+    Consecutive pieces whose segments share a base (an :class:`~ddbloader.manager.Arena`) are
+    one run, and each run costs one ``ndarray.take`` over row numbers per tensor (a batch drawn
+    from many groups is then one take, not one per group): it copies in the calling
     thread at memory speed with the GIL released, where torch's ``index_select`` over a window
     view measured half as fast per thread and splits large copies across OpenMP workers that
     compete with the engine's threads and the training loop. ``mode="clip"`` because the rows
@@ -103,15 +105,31 @@ def gather(
     y_rows = y_array.reshape(size * y_window, layout.y_features)
     offset = geometry.offset
     filled = 0
-    for piece in pieces:
-        starts, block = piece.starts, piece.segment.block
+    for base, starts in _runs(pieces):
         stop = filled + len(starts)
-        block.x.take(_row_numbers(starts, x_window), 0, x_rows[filled * x_window : stop * x_window], "clip")
-        block.y.take(
+        base.x.take(_row_numbers(starts, x_window), 0, x_rows[filled * x_window : stop * x_window], "clip")
+        base.y.take(
             _row_numbers(starts + offset, y_window), 0, y_rows[filled * y_window : stop * y_window], "clip"
         )
         filled = stop
     return x, y
+
+
+def _runs(pieces: Sequence[Piece]) -> Iterator[tuple[Block, np.ndarray[Any, Any]]]:
+    """Consecutive pieces whose segments share a base (an arena), as one run of start rows in it."""
+    run: list[np.ndarray[Any, Any]] = []
+    base: Block | None = None
+    for piece in pieces:
+        segment = piece.segment
+        if segment.base is not base:
+            if run:
+                assert base is not None
+                yield base, run[0] if len(run) == 1 else np.concatenate(run)
+            base, run = segment.base, []
+        run.append(piece.starts + segment.first if segment.first else piece.starts)
+    if run:
+        assert base is not None
+        yield base, run[0] if len(run) == 1 else np.concatenate(run)
 
 
 def gather_on_device(

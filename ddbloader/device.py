@@ -89,13 +89,13 @@ class DeviceStage:
             torch.cuda.stream(self._stream) if self._stream is not None else contextlib.nullcontext()
         )
         # on the host the rows are where the windows are built already
-        self._gather_on_device = window_on_device and device.type != "cpu"
+        self.gathers_on_device = window_on_device and device.type != "cpu"
 
     def assemble(self, pieces: Sequence[Piece], geometry: WindowGeometry, layout: ColumnLayout) -> Staged:
         """Gather ``pieces`` into a batch and start it towards the device."""
         self._batches += 1
         with self._on_side_stream:
-            if self._gather_on_device:
+            if self.gathers_on_device:
                 x, y = gather_on_device(pieces, geometry, layout, self.device, self._resident_rows)
                 x, y = self._collate(x, y)
             else:

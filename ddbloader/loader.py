@@ -24,7 +24,7 @@ from .config import LoaderConfig, normalise_config, resolve_aliases
 from .device import DeviceStage, Staged
 from .display import plan_html, plan_rows, plan_text, readable_in_notebooks
 from .fetch import Fetcher, RetryPolicy
-from .manager import GroupPool, epoch_units
+from .manager import Arena, GroupPool, arena_for, epoch_units
 from .plan import QueryPlan, build_plan
 from .prefetch import Prefetcher
 from .shard import WorkUnit, agree_seed, part_range, resolve_sharding, shard_samples
@@ -63,7 +63,14 @@ class _EpochBatches:
     def _assemble(self, run: _EpochRun, stop: threading.Event) -> Iterator[Staged]:
         plan, config = run.plan, run.config
         pool = GroupPool(
-            run.units, plan.geometry, config, run.epoch, self._fetcher, stop, fetching=run.skip == 0
+            run.units,
+            plan.geometry,
+            config,
+            run.epoch,
+            self._fetcher,
+            stop,
+            fetching=run.skip == 0,
+            arena=run.arena,
         )
         left = sum(u.samples for u in run.units)
         for index in range(run.batches):
@@ -74,6 +81,9 @@ class _EpochBatches:
             pieces = pool.take(size)
             if index >= run.skip:
                 yield run.stage.assemble(pieces, plan.geometry, plan.layout)
+        if run.arena is not None:
+            # every batch is gathered: the next epoch may write its segments there
+            run.shelve(run.arena)
 
     def __iter__(self) -> _EpochBatches:
         return self
@@ -97,6 +107,8 @@ class _EpochRun:
     skip: int
     recorder: StatsRecorder
     stage: DeviceStage
+    arena: Arena | None
+    shelve: Callable[[Arena], None]
 
 
 class _EpochIterator:
@@ -347,6 +359,7 @@ class DDBDataLoader:
         self._iterator: weakref.ref[_EpochIterator] | None = None
         self._recorder: StatsRecorder | None = None
         self._closed = False
+        self._arena: Arena | None = None
         self._len = self.batches()
 
     def __len__(self) -> int:
@@ -423,7 +436,24 @@ class DDBDataLoader:
         self._recorder = StatsRecorder(epoch)
         config = self.config
         stage = DeviceStage(config.device, config.pin_memory, config.window_on_device, config.collate)
-        run = _EpochRun(self.plan, config, epoch, units, batches, skip, self._recorder, stage)
+        # an arena is taken by one epoch at a time and shelved when its last batch is gathered
+        arena, self._arena = (
+            (None, self._arena)
+            if stage.gathers_on_device
+            else (arena_for(units, self.plan.geometry, config, self._arena), None)
+        )
+        run = _EpochRun(
+            self.plan,
+            config,
+            epoch,
+            units,
+            batches,
+            skip,
+            self._recorder,
+            stage,
+            arena,
+            self._shelve,
+        )
         iterator = _EpochIterator(self, run, self._backend_here())
         _log.info(
             "epoch %d: %d groups, %d partitions, %d samples, %d batches%s",
@@ -526,6 +556,9 @@ class DDBDataLoader:
             self._backend_pid = os.getpid()
         return self._backend
 
+    def _shelve(self, arena: Arena) -> None:
+        self._arena = arena
+
     def __getstate__(self) -> dict[str, Any]:
         if not _reopenable(self._source):
             raise TypeError(
@@ -533,7 +566,7 @@ class DDBDataLoader:
                 "give source as a database path, a URI or a factory that opens a connection"
             )
         state = self.__dict__.copy()
-        state.update(_backend=None, _iterator=None, _recorder=None, _progress=None)
+        state.update(_backend=None, _iterator=None, _recorder=None, _progress=None, _arena=None)
         return state
 
     def _stop_iterator(self, reason: str) -> None:

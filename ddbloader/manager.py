@@ -12,6 +12,7 @@ Both classes are owned by the assembler thread and are not thread-safe.
 
 from __future__ import annotations
 
+import heapq
 import threading
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -31,22 +32,109 @@ from .source import Block
 from .units import partition_visits
 from .window import WindowGeometry
 
-__all__ = ["GroupPool", "GroupStream", "PartitionGauge", "Piece", "Segment", "epoch_units"]
+__all__ = [
+    "Arena",
+    "GroupPool",
+    "GroupStream",
+    "PartitionGauge",
+    "Piece",
+    "Segment",
+    "arena_for",
+    "epoch_units",
+]
+
+#: The most bytes (address space; pages are touched as segments are written) an arena reserves.
+ARENA_MAX_BYTES = 1 << 30
 
 
 class Segment:
     """Contiguous rows of one group: x ``[rows, Fx]`` and y ``[rows, Fy]``, row-major. Read-only.
 
     ``block`` holds them as numpy arrays, ``x_rows`` / ``y_rows`` as tensors sharing that memory.
+    The rows are rows ``[first, first + rows)`` of ``base`` (an :class:`Arena`'s arrays, or the
+    block itself), so that pieces of several segments of one base gather in one take.
 
     Sample windows are cut from these rows at gather time (see :func:`~ddbloader.batch.gather`);
     ``window_on_device`` ships them to the device once and cuts the windows there.
     """
 
-    def __init__(self, block: Block) -> None:
+    def __init__(self, block: Block, base: Block | None = None, first: int = 0) -> None:
         self.block = block
+        self.base = block if base is None else base
+        self.first = first
         self.x_rows = torch.from_numpy(block.x)
         self.y_rows = torch.from_numpy(block.y)
+
+
+class Arena:
+    """The rows of the active segments in one pair of arrays, reused from batch to batch and
+    epoch to epoch: a batch drawn from many segments is then one take per tensor, and a new
+    segment is written into memory that is already mapped.
+
+    Up to ``regions`` regions of ``region_rows`` rows each, allocated on the first segment (whose
+    dtypes and widths they take) and no more than :data:`ARENA_MAX_BYTES` in all. A segment takes
+    the lowest free region (so the touched pages stay few); :meth:`retire` hands it back once the
+    batch being drawn, whose pieces may still point into it, has been gathered: regions retired
+    during one draw are reused from the next :meth:`recycle` on, which the pool calls before each
+    draw. A segment that is not fetched, does not fit or finds no free region gets arrays of its
+    own, as without an arena. Owned by one assembler thread at a time.
+    """
+
+    def __init__(self, region_rows: int, regions: int) -> None:
+        self.region_rows = region_rows
+        self.regions = regions
+        self._base: Block | None = None
+        #: every region as one segment, for pieces that draw from several regions at once
+        self.whole: Segment | None = None
+        self._free = list(range(regions))
+        self._retired: list[int] = []
+
+    def fits(self, region_rows: int, regions: int) -> bool:
+        """Whether this arena, all of it free, can serve a pool that wants these regions."""
+        return (
+            self.region_rows >= region_rows
+            and self.regions >= regions
+            and len(self._free) + len(self._retired) == self.regions
+        )
+
+    def place(self, blocks: Sequence[Block]) -> Segment:
+        """A segment of ``blocks``' rows, concatenated (into a free region when one fits)."""
+        rows = sum(b.rows for b in blocks)
+        if not self._free or rows > self.region_rows or not all(b.fetched for b in blocks):
+            return Segment(Block.concatenate(blocks))
+        base = self._base or self._allocate(blocks[0])
+        if not all(b.x.dtype == base.x.dtype and b.y.dtype == base.y.dtype for b in blocks) or not self._free:
+            return Segment(Block.concatenate(blocks))
+        first = heapq.heappop(self._free) * self.region_rows
+        at = first
+        for block in blocks:
+            base.x[at : at + block.rows] = block.x
+            base.y[at : at + block.rows] = block.y
+            at += block.rows
+        return Segment(Block(base.x[first:at], base.y[first:at]), base, first)
+
+    def _allocate(self, like: Block) -> Block:
+        """The arrays, shaped after ``like`` (address space only: pages are mapped when written)."""
+        x, y = like.x, like.y
+        row_bytes = max(x.shape[1] * x.itemsize + y.shape[1] * y.itemsize, 1)
+        regions = min(self.regions, ARENA_MAX_BYTES // max(self.region_rows * row_bytes, 1))
+        self.regions = regions
+        self._free = [r for r in self._free if r < regions]
+        total = regions * self.region_rows
+        self._base = Block(np.empty((total, x.shape[1]), x.dtype), np.empty((total, y.shape[1]), y.dtype))
+        self.whole = Segment(self._base)
+        return self._base
+
+    def retire(self, segment: Segment) -> None:
+        """``segment`` is no longer drawn from: its region is free after the current batch."""
+        if self._base is not None and segment.base is self._base:
+            self._retired.append(segment.first // self.region_rows)
+
+    def recycle(self) -> None:
+        """The previous batch has been gathered: regions retired before now are free."""
+        for region in self._retired:
+            heapq.heappush(self._free, region)
+        self._retired.clear()
 
 
 class Piece(NamedTuple):
@@ -83,6 +171,13 @@ class _Step:
     left: int
     right: int
     served: int = 0
+    #: ``starts`` as rows of the segment's base (see :class:`_Serving`), computed on first use
+    base_starts: np.ndarray[Any, Any] | None = None
+
+    def starts_in_base(self) -> np.ndarray[Any, Any]:
+        if self.base_starts is None:
+            self.base_starts = self.starts + self.segment.first
+        return self.base_starts
 
 
 class GroupStream:
@@ -101,6 +196,7 @@ class GroupStream:
         gauge: PartitionGauge,
         stop: threading.Event,
         fetching: bool = True,
+        arena: Arena | None = None,
     ) -> None:
         group = unit.group
         self.group = group
@@ -121,6 +217,7 @@ class GroupStream:
         self._steps_taken = 0
         self._fetching = fetching
         self._early: dict[int, Pending[Block]] = {}
+        self._arena = arena
 
     def submit_rebuild(self) -> None:
         """After a fast-forward, queue first what the step being served needs: its partition and
@@ -176,7 +273,7 @@ class GroupStream:
             if step is None or step.served == len(step.starts):
                 step = self._advance()
             if self._fetching and not step.segment.block.fetched:
-                step.segment = self._fetched_segment(step)
+                step.segment, step.base_starts = self._fetched_segment(step), None
             chosen = step.starts[step.served : step.served + count]
             step.served += len(chosen)
             count -= len(chosen)
@@ -186,11 +283,24 @@ class GroupStream:
             self._finish()
         return pieces
 
+    def serving(self) -> _Step | None:
+        """The step being served, if it still has samples to give."""
+        step = self._step
+        return step if step is not None and step.served < len(step.starts) else None
+
+    def served_elsewhere(self, count: int) -> None:
+        """``count`` more samples of the step being served were handed out by the pool's
+        :class:`_Serving` (they were not more than the step had left)."""
+        assert self._step is not None
+        self._step.served += count
+        self.remaining -= count
+        if self.remaining == 0:
+            self._finish()
+
     def _finish(self) -> None:
         """Release everything: the served step and partitions no remaining sample needs."""
         if self._step is not None:
-            self._step = None
-            self._gauge.release()
+            self._drop_step()
         for _ in self._pending:
             self._gauge.release()
         self._pending.clear()
@@ -202,8 +312,7 @@ class GroupStream:
     def _advance(self) -> _Step:
         while True:
             if self._step is not None:
-                self._step = None
-                self._gauge.release()
+                self._drop_step()
                 self._submit_next()
             if not self._pending:
                 self._submit_next()
@@ -220,6 +329,19 @@ class GroupStream:
             self._step = step
             if len(step.starts):
                 return step
+
+    def _drop_step(self) -> None:
+        assert self._step is not None
+        if self._arena is not None:
+            self._arena.retire(self._step.segment)
+        self._step = None
+        self._gauge.release()
+
+    def _segment(self, blocks: Sequence[Block]) -> Segment:
+        """``blocks``' rows as one segment, in the arena when there is one."""
+        if self._arena is not None:
+            return self._arena.place(blocks)
+        return Segment(Block.concatenate(blocks))
 
     def _fetch_now(self, position: int) -> Block:
         """Partition ``position``'s rows, awaited now (after a fast-forward); fetched now unless
@@ -265,7 +387,7 @@ class GroupStream:
         right = (
             self._gather_edges(step.position, +1, step.right) if reach_right else [_zeros(block, step.right)]
         )
-        return Segment(Block.concatenate([*left, block, *right]))
+        return self._segment([*left, block, *right])
 
     def _load(self, position: int, block: Block) -> _Step:
         edge = self._geometry.span - 1
@@ -287,7 +409,7 @@ class GroupStream:
             self._steps_taken,
         )
         self._steps_taken += 1
-        segment = Segment(Block.concatenate([*left, block, *right]))
+        segment = self._segment([*left, block, *right])
         starts = order * self._geometry.stride - lo
         if len(starts) and (starts.min() < 0 or starts.max() + self._geometry.span > segment.block.rows):
             # the gather copies without bounds checks (see batch.gather): never let a bad row through
@@ -325,6 +447,63 @@ def _zeros(like: Block, rows: int) -> Block:
     )
 
 
+class _Serving:
+    """The active streams' steps being served, as arrays over one arena: a batch whose draws each
+    step can give in full becomes one piece of arena rows, without visiting the streams.
+
+    What it hands out is written back to the streams by :meth:`settle` (before any stream is
+    visited again), so they serve the same samples in the same order as if visited one by one.
+    """
+
+    def __init__(self, steps: Sequence[_Step]) -> None:
+        self._rows = [step.starts_in_base() for step in steps]
+        self._served = np.array([step.served for step in steps], dtype=np.int64)
+        self._left = np.array([len(step.starts) - step.served for step in steps], dtype=np.int64)
+        self._given = np.zeros(len(steps), dtype=np.int64)
+
+    @staticmethod
+    def of(streams: Sequence[GroupStream], arena: Arena) -> _Serving | None:
+        """The streams' steps, if every one is in ``arena`` (else None: visit the streams)."""
+        whole = arena.whole
+        if whole is None:
+            return None
+        steps = []
+        for stream in streams:
+            step = stream.serving()
+            if step is None or step.segment.base is not whole.base:
+                return None
+            steps.append(step)
+        return _Serving(steps)
+
+    def serve(self, counts: np.ndarray[Any, Any]) -> np.ndarray[Any, Any] | None:
+        """The arena rows of the next ``counts[k]`` samples of each step ``k``, in stream order;
+        None (and nothing served) when a step has fewer left."""
+        if (counts > self._left).any():
+            return None
+        drawn = np.flatnonzero(counts)
+        firsts = self._served[drawn]
+        stops = firsts + counts[drawn]
+        rows = self._rows
+        parts = [
+            rows[k][a:b] for k, a, b in zip(drawn.tolist(), firsts.tolist(), stops.tolist(), strict=True)
+        ]
+        self._served += counts
+        self._left -= counts
+        self._given += counts
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+    @property
+    def exhausted(self) -> bool:
+        """Whether some step has nothing left (its stream must move on, or finish, by itself)."""
+        return bool((self._left == 0).any())
+
+    def settle(self, streams: Sequence[GroupStream]) -> None:
+        """Tell each stream what was handed out on its behalf."""
+        for k in np.flatnonzero(self._given).tolist():
+            streams[k].served_elsewhere(int(self._given[k]))
+        self._given[:] = 0
+
+
 class GroupPool:
     """The ``group_pool_size`` active work units of an epoch, and the draw of each batch's samples.
 
@@ -349,8 +528,10 @@ class GroupPool:
         stop: threading.Event,
         *,
         fetching: bool = True,
+        arena: Arena | None = None,
     ) -> None:
         self.gauge = PartitionGauge()
+        self.arena = arena
         self._config = config
         self._budget = config.group_pool_size * config.prepartition_num
         self._waiting = deque(u for u in units if u.samples > 0)
@@ -358,8 +539,10 @@ class GroupPool:
         self._ahead: GroupStream | None = None
         self._draws = SourceDraws(config.seed, epoch)
         self._fetching = fetching
+        self._serving: _Serving | None = None
+        self._topped_up_at = -1
         self._make: Callable[[WorkUnit], GroupStream] = lambda unit: GroupStream(
-            unit, config, geometry, epoch, fetcher, self.gauge, stop, self._fetching
+            unit, config, geometry, epoch, fetcher, self.gauge, stop, self._fetching, self.arena
         )
 
     def start_fetching(self) -> None:
@@ -372,7 +555,13 @@ class GroupPool:
             stream.start_fetching()
 
     def take(self, count: int) -> list[Piece]:
-        """The next ``count`` samples of the epoch; ``count`` must not exceed what is left."""
+        """The next ``count`` samples of the epoch; ``count`` must not exceed what is left.
+
+        With shuffle and every active step in the arena, a batch whose draws the steps can give
+        in full is one piece (see :class:`_Serving`); otherwise each drawn stream gives its own.
+        """
+        if self.arena is not None:
+            self.arena.recycle()
         pieces: list[Piece] = []
         while count > 0:
             if len(self._active) < self._config.group_pool_size:
@@ -381,20 +570,49 @@ class GroupPool:
                 raise RuntimeError(f"the epoch ran out of samples with {count} still owed")
             if self._config.shuffle:
                 wanted = self._draws.counts(len(self._active), count)
+                rows = self._serve(wanted)
+                if rows is not None:
+                    assert self.arena is not None and self.arena.whole is not None
+                    pieces.append(Piece(self.arena.whole, rows))
+                    count -= len(rows)
+                    continue
             else:
-                wanted = [count] + [0] * (len(self._active) - 1)
-            for stream, want in zip(self._active, wanted, strict=True):
+                wanted = np.zeros(len(self._active), dtype=np.int64)
+                wanted[0] = count
+            self._settle()
+            for stream, want in zip(self._active, wanted.tolist(), strict=True):
                 give = min(want, stream.remaining)
                 if give:
                     pieces.extend(stream.take(give))
                     count -= give
             self._active = [s for s in self._active if s.remaining > 0]
-        if self.gauge.held < self._budget:
+        if self.gauge.held < self._budget and self.gauge.held != self._topped_up_at:
             self._top_up()
         return pieces
 
+    def _serve(self, wanted: np.ndarray[Any, Any]) -> np.ndarray[Any, Any] | None:
+        """``wanted``'s samples as arena rows from the active steps, or None (see :meth:`take`)."""
+        if self.arena is None:
+            return None
+        if self._serving is None:
+            self._serving = _Serving.of(self._active, self.arena)
+            if self._serving is None:
+                return None
+        rows = self._serving.serve(wanted)
+        if rows is not None and self._serving.exhausted:
+            # a stream moves on or finishes when next visited; a finished one leaves the pool now
+            self._settle()
+            self._active = [s for s in self._active if s.remaining > 0]
+        return rows
+
+    def _settle(self) -> None:
+        if self._serving is not None:
+            self._serving.settle(self._active)
+            self._serving = None
+
     def _open(self) -> None:
         """Fill the pool from the waiting units (the one opened ahead first), then queue fetches."""
+        self._settle()
         while len(self._active) < self._config.group_pool_size and (self._ahead or self._waiting):
             if self._ahead is not None:
                 self._active.append(self._ahead)
@@ -415,6 +633,22 @@ class GroupPool:
             self._ahead = self._make(self._waiting.popleft())
         if room > 0 and self._ahead is not None:
             self._ahead.top_up(room)
+        # until a partition is released, topping up again would find nothing to queue
+        self._topped_up_at = self.gauge.held
+
+
+def arena_for(
+    units: Sequence[WorkUnit], geometry: WindowGeometry, config: LoaderConfig, given: Arena | None
+) -> Arena:
+    """``given`` if it can hold the segments of a pool of ``units``, else a new arena: a region
+    per active unit and as many again for the units that move on to their next segment during
+    one batch's draw, plus one; a region holds the largest partition with kept rows on both sides."""
+    largest = max((p.rows for u in units for p in u.group.partitions), default=0)
+    region_rows = largest + 2 * (geometry.span - 1)
+    regions = 2 * config.group_pool_size + 1
+    if given is not None and given.fits(region_rows, regions):
+        return given
+    return Arena(region_rows, regions)
 
 
 def epoch_units(

@@ -69,7 +69,7 @@ class SourceDraws:
         self._uniforms = np.empty(0)
         self._used = 0
 
-    def counts(self, active: int, size: int) -> list[int]:
+    def counts(self, active: int, size: int) -> np.ndarray[Any, Any]:
         """How many of the next ``size`` samples each of ``active`` slots gives."""
         if self._used + size > len(self._uniforms):
             fresh = self._rng.random(max(self._block, size))
@@ -78,5 +78,4 @@ class SourceDraws:
         uniforms = self._uniforms[self._used : self._used + size]
         self._used += size
         slots = np.minimum((uniforms * active).astype(np.intp), active - 1)
-        counts: list[int] = np.bincount(slots, minlength=active).tolist()
-        return counts
+        return np.bincount(slots, minlength=active)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import duckdb
+import numpy as np
 import pytest
 import torch
 from conftest import SERIES_SQL, FaultyBackend, make_series
@@ -24,8 +25,9 @@ from hypothesis import strategies as st
 
 from ddbloader import DDBDataLoader
 from ddbloader.backends import DuckDBBackend
+from ddbloader.batch import gather
 from ddbloader.fetch import Fetcher
-from ddbloader.manager import GroupPool, epoch_units
+from ddbloader.manager import Arena, GroupPool, epoch_units
 from ddbloader.plan import PartitionSpec
 from ddbloader.prefetch import Pending
 from ddbloader.source import Block
@@ -294,6 +296,63 @@ def test_partitions_held_never_exceed_pool_times_prepartition(case: Case) -> Non
     assert held_after == 0
     if expected_starts(case):
         assert high_water >= 1
+
+
+def pool_batches(con: duckdb.DuckDBPyConnection, case: Case, arena: Arena | None) -> list[bytes]:
+    """One epoch of a real GroupPool, each batch gathered on the host, as bytes."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="samples need")
+        loader = DDBDataLoader(con, SERIES_SQL, "y", **case.kwargs())
+    with loader:
+        plan = loader.plan
+        fetcher = Fetcher(DuckDBBackend(con), plan.layout, case.fetch_threads)
+        stop = threading.Event()
+        try:
+            units = epoch_units(plan, loader.config, case.epoch)
+            pool = GroupPool(units, plan.geometry, loader.config, case.epoch, fetcher, stop, arena=arena)
+            batches = []
+            taken = 0
+            while taken < plan.samples:
+                want = min(case.batch_size, plan.samples - taken)
+                x, y = gather(pool.take(want), plan.geometry, plan.layout, pin=False)
+                batches.append(x.numpy().tobytes() + y.numpy().tobytes())
+                taken += want
+            return batches
+        finally:
+            stop.set()
+            fetcher.close()
+
+
+@settings(max_examples=40, deadline=None)
+@given(case=cases(), region_rows=st.sampled_from([None, 4]), regions=st.integers(1, 9))
+def test_an_arena_serves_the_same_batches(case: Case, region_rows: int | None, regions: int) -> None:
+    # small arenas too: segments that do not fit or find no free region get arrays of their own
+    con = duckdb.connect()
+    try:
+        make_series(con, case.parts)
+        largest = max((rows for group in case.parts for rows in group), default=0)
+        arena = Arena(region_rows or largest + 2 * 8, regions)
+        assert pool_batches(con, case, arena) == pool_batches(con, case, None)
+    finally:
+        con.close()
+    arena.recycle()
+    assert arena.fits(arena.region_rows, arena.regions)  # every region handed back
+
+
+def test_arena_reuses_a_region_only_after_the_batch_that_drew_from_it() -> None:
+    rows = Block(np.arange(12.0).reshape(6, 2), np.arange(6.0).reshape(6, 1))
+    arena = Arena(region_rows=6, regions=2)
+    first = arena.place([rows.rows_between(0, 3), rows.rows_between(3, 6)])
+    assert first.base is not first.block and first.block.x.tolist() == rows.x.tolist()
+    second = arena.place([rows])
+    assert arena.place([rows]).base is rows  # no region left: the rows as they are
+    arena.retire(first)
+    assert arena.place([rows]).base is rows  # retired, but not free before the next draw
+    arena.recycle()
+    reused = arena.place([rows])
+    assert reused.base is first.base and reused.first == first.first
+    assert arena.place([Block.unfetched(2)]).block.fetched is False
+    assert arena.place([rows, rows]).base is not second.base  # more rows than a region
 
 
 @pytest.mark.parametrize("shuffle", [False, True])
