@@ -85,6 +85,7 @@ class LoaderConfig:
     collate: Collate | None = None
     window_on_device: bool = False
     fetch_bytes: int = 64 * 2**20
+    cache_bytes: int | None = None
 
     @property
     def span(self) -> int:
@@ -312,6 +313,9 @@ def normalise_config(args: Mapping[str, Any]) -> LoaderConfig:
         collate=_collate(args["collate"]),
         window_on_device=bool(args["window_on_device"]),
         fetch_bytes=_positive_int(args["fetch_bytes"], "fetch_bytes", minimum=0),
+        cache_bytes=None
+        if args.get("cache_bytes") is None
+        else _positive_int(args["cache_bytes"], "cache_bytes", minimum=0),
     )
 
 

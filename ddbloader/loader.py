@@ -20,9 +20,11 @@ from sqlglot import exp
 
 from .backends import Backend, DuckDBBackend, connect
 from .batch import batch_count
+from .cache import PartitionCache
 from .config import LoaderConfig, normalise_config, resolve_aliases
 from .device import DeviceStage, Staged
 from .display import plan_html, plan_rows, plan_text, readable_in_notebooks
+from .errors import warn_caller
 from .fetch import Fetcher, RetryPolicy
 from .manager import Arena, GroupPool, arena_for, epoch_units
 from .plan import QueryPlan, build_plan
@@ -67,7 +69,7 @@ class _EpochBatches:
             plan.geometry,
             config,
             run.epoch,
-            self._fetcher,
+            self._fetcher if run.cache is None else run.cache.around(self._fetcher),
             stop,
             fetching=run.skip == 0,
             arena=run.arena,
@@ -109,6 +111,7 @@ class _EpochRun:
     stage: DeviceStage
     arena: Arena | None
     shelve: Callable[[Arena], None]
+    cache: PartitionCache | None
 
 
 class _EpochIterator:
@@ -288,6 +291,10 @@ class DDBDataLoader:
             width of a converted row) fit in it together are fetched by one query, with their
             group values bound as an IN list, and split by key on arrival (see ddbloader.units).
             At most two units' rows wait to be served. 0 fetches every partition on its own.
+        cache_bytes: keep the partitions fetched in the first epoch in memory and serve later
+            epochs from there, without querying again, when the planned partitions (rows ×
+            bytes per row of x and y) fit in this many bytes; else a warning, and no cache.
+            ``None`` (the default) never caches: the data may change between epochs.
         **aliases: DolphinDB's camelCase names (``targetCol``, ``batchSize``, ...).
     """
 
@@ -331,6 +338,7 @@ class DDBDataLoader:
         collate: Callable[[Batch], Batch] | None = None,
         window_on_device: bool = False,
         fetch_bytes: int = 64 * 2**20,
+        cache_bytes: int | None = None,
         **aliases: Any,
     ) -> None:
         explicit = {
@@ -360,6 +368,7 @@ class DDBDataLoader:
         self._recorder: StatsRecorder | None = None
         self._closed = False
         self._arena: Arena | None = None
+        self._cache = self._partition_cache()
         self._len = self.batches()
 
     def __len__(self) -> int:
@@ -453,6 +462,7 @@ class DDBDataLoader:
             stage,
             arena,
             self._shelve,
+            self._cache,
         )
         iterator = _EpochIterator(self, run, self._backend_here())
         _log.info(
@@ -556,6 +566,21 @@ class DDBDataLoader:
             self._backend_pid = os.getpid()
         return self._backend
 
+    def _partition_cache(self) -> PartitionCache | None:
+        """A cache for the partitions when ``cache_bytes`` allows all of them, else None."""
+        budget = self.config.cache_bytes
+        if budget is None:
+            return None
+        planned = self.plan.rows * self.plan.layout.row_bytes
+        if planned > budget:
+            warn_caller(
+                f"cache_bytes={budget:,} is less than the {planned:,} bytes of the planned partitions "
+                f"({self.plan.rows:,} rows of {self.plan.layout.row_bytes} bytes): every epoch fetches them "
+                f"again; raise cache_bytes to keep them in memory"
+            )
+            return None
+        return PartitionCache()
+
     def _shelve(self, arena: Arena) -> None:
         self._arena = arena
 
@@ -567,6 +592,8 @@ class DDBDataLoader:
             )
         state = self.__dict__.copy()
         state.update(_backend=None, _iterator=None, _recorder=None, _progress=None, _arena=None)
+        # a worker process keeps the partitions it fetches itself
+        state.update(_cache=None if self._cache is None else PartitionCache())
         return state
 
     def _stop_iterator(self, reason: str) -> None:

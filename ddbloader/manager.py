@@ -22,6 +22,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
+from .cache import CachedFetcher
 from .config import LoaderConfig
 from .fetch import Fetcher
 from .plan import QueryPlan
@@ -192,7 +193,7 @@ class GroupStream:
         config: LoaderConfig,
         geometry: WindowGeometry,
         epoch: int,
-        fetcher: Fetcher,
+        fetcher: Fetcher | CachedFetcher,
         gauge: PartitionGauge,
         stop: threading.Event,
         fetching: bool = True,
@@ -524,7 +525,7 @@ class GroupPool:
         geometry: WindowGeometry,
         config: LoaderConfig,
         epoch: int,
-        fetcher: Fetcher,
+        fetcher: Fetcher | CachedFetcher,
         stop: threading.Event,
         *,
         fetching: bool = True,

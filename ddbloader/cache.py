@@ -1,0 +1,83 @@
+"""PartitionCache: partitions kept in memory from one epoch to the next (``cache_bytes=``).
+
+When the plan's partitions fit the budget the user allows, the first epoch keeps every partition
+it receives, and later epochs take them from memory instead of querying the engine again. The
+blocks are the ones the fetch threads converted (read-only by convention everywhere), so the
+batches, their order, exactly-once and resume are what they would be without the cache: only
+where a partition comes from changes.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable
+
+from .fetch import Fetcher
+from .plan import PartitionSpec
+from .prefetch import Pending
+from .source import Block
+from .units import PartitionKey
+
+__all__ = ["CachedFetcher", "PartitionCache"]
+
+
+class PartitionCache:
+    """Blocks by ``(group, position)``. Read and written by one assembler thread at a time."""
+
+    def __init__(self) -> None:
+        self._blocks: dict[tuple[int, int], Block] = {}
+
+    def __len__(self) -> int:
+        return len(self._blocks)
+
+    def around(self, fetcher: Fetcher) -> CachedFetcher:
+        """``fetcher`` behind this cache, for one epoch."""
+        return CachedFetcher(self, fetcher)
+
+    def get(self, spec: PartitionSpec) -> Block | None:
+        return self._blocks.get((spec.group, spec.position))
+
+    def keep(self, spec: PartitionSpec, block: Block) -> None:
+        self._blocks[(spec.group, spec.position)] = block
+
+
+class CachedFetcher:
+    """A :class:`~ddbloader.fetch.Fetcher` whose partitions come from the cache when it has them,
+    and go into it when the assembler receives them."""
+
+    def __init__(self, cache: PartitionCache, fetcher: Fetcher) -> None:
+        self._cache = cache
+        self._fetcher = fetcher
+
+    def submit(self, spec: PartitionSpec) -> Pending[Block]:
+        """The partition of ``spec``: from the cache (ready at once), else fetched and kept."""
+        block = self._cache.get(spec)
+        if block is not None:
+            ready: Pending[Block] = Pending(f"reading {spec.describe()} from the cache")
+            ready.set(block)
+            return ready
+        return _Kept(self._fetcher.submit(spec), lambda block: self._cache.keep(spec, block))
+
+    def release(self, keys: Iterable[PartitionKey]) -> None:
+        """As :meth:`~ddbloader.fetch.Fetcher.release` (the cache keeps its own blocks)."""
+        self._fetcher.release(keys)
+
+
+class _Kept(Pending[Block]):
+    """A fetch whose block is handed to ``keep`` when the assembler receives it."""
+
+    def __init__(self, fetch: Pending[Block], keep: Callable[[Block], None]) -> None:
+        super().__init__(fetch.what)
+        self._fetch = fetch
+        self._keep = keep
+
+    def done(self) -> bool:
+        return self._fetch.done()
+
+    def cancel(self) -> None:
+        self._fetch.cancel()
+
+    def wait(self, stop: threading.Event, timeout: float) -> Block:
+        block = self._fetch.wait(stop, timeout)
+        self._keep(block)
+        return block
