@@ -239,7 +239,7 @@ def arrow_values(column: pa.ChunkedArray, name: str, nulls: Literal["nan", "erro
             if nulls == "error" and column.null_count and not kind.decimal:
                 raise _null_error(name, kind.text)
             column = pc.cast(column, pa.float64())
-        return np.asarray(column.to_numpy())
+        return _numpy(column.chunks, column.type)
     if column.null_count:
         raise ValueError(f"column {name!r} ({kind.text}) has NULL rows; every row needs a value")
     rows = len(column)
@@ -255,7 +255,30 @@ def arrow_values(column: pa.ChunkedArray, name: str, nulls: Literal["nan", "erro
         if nulls == "error":
             raise _null_error(name, kind.text)
         flat = pc.cast(flat, pa.float64())
-    return np.asarray(flat.to_numpy(zero_copy_only=False)).reshape(rows, *kind.shape)
+    return _numpy([flat], flat.type).reshape(rows, *kind.shape)
+
+
+def _numpy(chunks: Sequence[pa.Array], data_type: pa.DataType) -> np.ndarray[Any, Any]:
+    """Arrow chunks of one type as one numpy array: views of the values buffers (one chunk: no
+    copy) where no value is null and the type is a fixed-width integer or float, else what
+    pyarrow converts.
+
+    The buffer view comes first because pyarrow's ``to_numpy`` imports pandas on its first call:
+    a second or more, once per process, in a fetch thread while the first batch waits for it.
+    """
+    chunks = [chunk for chunk in chunks if len(chunk)]
+    if (
+        chunks
+        and all(chunk.null_count == 0 for chunk in chunks)
+        and (pa.types.is_integer(data_type) or pa.types.is_floating(data_type))
+    ):
+        dtype = np.dtype(data_type.to_pandas_dtype())
+        parts = [
+            np.frombuffer(chunk.buffers()[1], dtype, len(chunk), chunk.offset * dtype.itemsize)
+            for chunk in chunks
+        ]
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+    return np.asarray(pa.chunked_array(chunks, data_type).to_numpy())
 
 
 def _columns_where(

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
 import warnings
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import duckdb
@@ -477,3 +481,26 @@ def test_a_column_order_change_between_epochs_is_refused(db: duckdb.DuckDBPyConn
         with pytest.raises(ValueError, match=r"returned column 'b' at position 0, where planning saw 'a'"):
             list(loader)
     db.execute("DROP TABLE swap")
+
+
+def test_an_epoch_does_not_import_pandas() -> None:
+    # pyarrow's to_numpy imports pandas on first use: seconds in a fetch thread, once per process
+    script = (
+        "import sys, duckdb, ddbloader\n"
+        "con = duckdb.connect()\n"
+        "con.execute('CREATE TABLE t AS SELECT range AS ts, range % 3 AS g, range::DOUBLE AS a, "
+        "range::INTEGER AS b, range::FLOAT AS y FROM range(100)')\n"
+        "with ddbloader.DDBDataLoader(con, 'SELECT * FROM t ORDER BY ts', 'y', batch_size=8, group_col='g',"
+        " window_size=3, exclude_col=['ts']) as loader:\n"
+        "    assert sum(len(x) for x, _ in loader) > 0\n"
+        "print('pandas' in sys.modules)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
+    )
+    assert done.stdout.strip() == "False"
