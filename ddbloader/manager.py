@@ -47,6 +47,12 @@ __all__ = [
 #: The most bytes (address space; pages are touched as segments are written) an arena reserves.
 ARENA_MAX_BYTES = 1 << 30
 
+#: From this many active groups on, a partition without kept rows (no window, or the first one
+#: of a unit) is copied into the arena too: a batch draws about one piece per group, and one take
+#: for the batch costs less than a take per piece plus visiting each group. Below it, such a
+#: partition is served where it is, without the copy.
+WHOLE_PARTITIONS_POOL = 8
+
 
 class Segment:
     """Contiguous rows of one group: x ``[rows, Fx]`` and y ``[rows, Fy]``, row-major. Read-only.
@@ -81,25 +87,30 @@ class Arena:
     own, as without an arena. Owned by one assembler thread at a time.
     """
 
-    def __init__(self, region_rows: int, regions: int) -> None:
+    def __init__(self, region_rows: int, regions: int, *, whole_partitions: bool = True) -> None:
         self.region_rows = region_rows
         self.regions = regions
+        self.whole_partitions = whole_partitions
         self._base: Block | None = None
         #: every region as one segment, for pieces that draw from several regions at once
         self.whole: Segment | None = None
         self._free = list(range(regions))
         self._retired: list[int] = []
 
-    def fits(self, region_rows: int, regions: int) -> bool:
+    def fits(self, region_rows: int, regions: int, whole_partitions: bool = True) -> bool:
         """Whether this arena, all of it free, can serve a pool that wants these regions."""
         return (
-            self.region_rows >= region_rows
+            self.whole_partitions == whole_partitions
+            and self.region_rows >= region_rows
             and self.regions >= regions
             and len(self._free) + len(self._retired) == self.regions
         )
 
     def place(self, blocks: Sequence[Block]) -> Segment:
-        """A segment of ``blocks``' rows, concatenated (into a free region when one fits)."""
+        """A segment of ``blocks``' rows, concatenated (into a free region when one fits); one
+        block stays where it is unless ``whole_partitions``."""
+        if len(blocks) == 1 and not self.whole_partitions:
+            return Segment(blocks[0])
         rows = sum(b.rows for b in blocks)
         if not self._free or rows > self.region_rows or not all(b.fetched for b in blocks):
             return Segment(Block.concatenate(blocks))
@@ -647,9 +658,10 @@ def arena_for(
     largest = max((p.rows for u in units for p in u.group.partitions), default=0)
     region_rows = largest + 2 * (geometry.span - 1)
     regions = 2 * config.group_pool_size + 1
-    if given is not None and given.fits(region_rows, regions):
+    whole = config.group_pool_size >= WHOLE_PARTITIONS_POOL
+    if given is not None and given.fits(region_rows, regions, whole):
         return given
-    return Arena(region_rows, regions)
+    return Arena(region_rows, regions, whole_partitions=whole)
 
 
 def epoch_units(

@@ -324,19 +324,21 @@ def pool_batches(con: duckdb.DuckDBPyConnection, case: Case, arena: Arena | None
 
 
 @settings(max_examples=40, deadline=None)
-@given(case=cases(), region_rows=st.sampled_from([None, 4]), regions=st.integers(1, 9))
-def test_an_arena_serves_the_same_batches(case: Case, region_rows: int | None, regions: int) -> None:
+@given(case=cases(), region_rows=st.sampled_from([None, 4]), regions=st.integers(1, 9), whole=st.booleans())
+def test_an_arena_serves_the_same_batches(
+    case: Case, region_rows: int | None, regions: int, whole: bool
+) -> None:
     # small arenas too: segments that do not fit or find no free region get arrays of their own
     con = duckdb.connect()
     try:
         make_series(con, case.parts)
         largest = max((rows for group in case.parts for rows in group), default=0)
-        arena = Arena(region_rows or largest + 2 * 8, regions)
+        arena = Arena(region_rows or largest + 2 * 8, regions, whole_partitions=whole)
         assert pool_batches(con, case, arena) == pool_batches(con, case, None)
     finally:
         con.close()
     arena.recycle()
-    assert arena.fits(arena.region_rows, arena.regions)  # every region handed back
+    assert arena.fits(arena.region_rows, arena.regions, whole)  # every region handed back
 
 
 def test_arena_reuses_a_region_only_after_the_batch_that_drew_from_it() -> None:
@@ -353,6 +355,7 @@ def test_arena_reuses_a_region_only_after_the_batch_that_drew_from_it() -> None:
     assert reused.base is first.base and reused.first == first.first
     assert arena.place([Block.unfetched(2)]).block.fetched is False
     assert arena.place([rows, rows]).base is not second.base  # more rows than a region
+    assert Arena(6, 2, whole_partitions=False).place([rows]).block is rows  # served where it is
 
 
 @pytest.mark.parametrize("shuffle", [False, True])
