@@ -851,6 +851,10 @@ def render(data: dict[str, Any]) -> str:
             + f" (target < {TARGET_FIRST_BATCH_S:g} s at every scale).",
             "",
         ]
+    if "epochs" in data:
+        from epochs import render as render_epochs  # benchmarks/epochs.py, which imports this module
+
+        out.append(render_epochs(data["epochs"]))
     for key in ("throughput", "memory_check"):
         if key in data:
             m = data[key]["machine"]
