@@ -181,6 +181,8 @@ def _default_mixing() -> float:
 def child_default(dtype: str | None) -> dict[str, Any]:
     import torch
 
+    import ddbloader  # noqa: F401  (the import is the process's, not the first epoch's)
+
     kwargs = {} if dtype is None else {"dtype": getattr(torch, dtype)}
     result = _epochs(lambda: _default_loader(**kwargs), 1 + WARM_EPOCHS, None)
     result["groups_per_batch"] = _default_mixing()
@@ -388,6 +390,16 @@ def render(data: dict[str, Any]) -> str:
         f"Produced by `python benchmarks/epochs.py` ({data['rounds']} interleaved rounds; medians of the "
         "per-round ratios). Machine: 2 shared cores, other jobs running: read ratios, not digits.",
         "",
+        *(
+            [
+                f"**Warning:** the 1-minute load average was {m['load_avg'][0]:.1f} on {m['cpus']} CPUs "
+                "when this run started: other jobs competed for the cores, and latencies (first batch, "
+                "first epoch) suffer most.",
+                "",
+            ]
+            if m["load_avg"][0] > 1.0
+            else []
+        ),
         "| figure | median | target | |",
         "|---|---:|---|---|",
     ]
