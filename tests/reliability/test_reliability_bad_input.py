@@ -225,6 +225,9 @@ WRONG_TYPES: list[Case] = [
         r"window_on_device must be a bool, got 'yes'",
     ),
     Case(
+        "cache_bytes=str", series(cache_bytes="1GB"), TypeError, r"cache_bytes must be an int, got str '1GB'"
+    ),
+    Case(
         "progress=str",
         series(progress="yes"),
         TypeError,
