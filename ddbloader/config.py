@@ -17,9 +17,17 @@ import numpy as np
 import torch
 
 from .dtypes import numpy_dtype
+from .errors import warn_caller
 from .transforms import Pipeline, as_pipeline
 
-__all__ = ["DDB_ALIASES", "LoaderConfig", "SchemeValues", "normalise_config", "resolve_aliases"]
+__all__ = [
+    "DDB_ALIASES",
+    "LoaderConfig",
+    "SchemeValues",
+    "default_device",
+    "normalise_config",
+    "resolve_aliases",
+]
 
 SchemeValues = tuple[Any, ...]
 #: ``collate=``: takes and returns an ``(x, y)`` batch.
@@ -27,6 +35,7 @@ Collate = Callable[[tuple[torch.Tensor, torch.Tensor]], tuple[torch.Tensor, torc
 
 #: DolphinDB DDBDataLoader keyword → ddbloader keyword.
 DDB_ALIASES: Mapping[str, str] = {
+    "ddbSession": "source",
     "targetCol": "target_col",
     "batchSize": "batch_size",
     "windowSize": "window_size",
@@ -42,6 +51,13 @@ DDB_ALIASES: Mapping[str, str] = {
     "prepartitionNum": "prepartition_num",
     "groupPoolSize": "group_pool_size",
 }
+
+#: Keywords of torch's DataLoader that DDBDataLoader does not take, and what to do instead.
+_TORCH_KEYWORD_HINTS: Mapping[str, str] = dict.fromkeys(
+    ("num_workers", "persistent_workers", "worker_init_fn", "multiprocessing_context"),
+    "for DataLoader worker processes use DDBIterableDataset(source, sql, ...) with "
+    "torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=N)",
+)
 
 
 @dataclass(frozen=True)
@@ -108,6 +124,8 @@ def resolve_aliases(
     merged = dict(explicit)
     for key, value in extra.items():
         name = DDB_ALIASES.get(key)
+        if key in _TORCH_KEYWORD_HINTS:
+            raise TypeError(f"DDBDataLoader() takes no {key!r}: {_TORCH_KEYWORD_HINTS[key]}")
         if name is None:
             known = [*defaults, *DDB_ALIASES]
             hint = difflib.get_close_matches(key, known, n=1)
@@ -119,7 +137,9 @@ def resolve_aliases(
     return merged
 
 
-def _names(value: Any, parameter: str, *, allow_none: bool) -> tuple[str, ...] | None:
+def _names(
+    value: Any, parameter: str, *, allow_none: bool, allow_empty: bool = False
+) -> tuple[str, ...] | None:
     if value is None:
         if allow_none:
             return None
@@ -128,7 +148,7 @@ def _names(value: Any, parameter: str, *, allow_none: bool) -> tuple[str, ...] |
     if not isinstance(names, Sequence) or not all(isinstance(n, str) for n in names):
         raise TypeError(f"{parameter} must be a column name or a list of names, got {value!r}")
     names = tuple(names)
-    if not names:
+    if not names and not allow_empty:
         raise ValueError(f"{parameter} must name at least one column")
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
@@ -216,7 +236,15 @@ def _dtypes(dtype: Any) -> tuple[np.dtype[Any] | None, np.dtype[Any] | None]:
     return both, both
 
 
+def default_device() -> torch.device:
+    """torch's default device (``torch.set_default_device``), the CPU unless changed."""
+    get_default = getattr(torch, "get_default_device", None)  # torch >= 2.3
+    return torch.device("cpu") if get_default is None else torch.device(get_default())
+
+
 def _device(device: Any) -> torch.device:
+    if device is None:
+        return default_device()
     try:
         resolved = torch.device(device)
     except (TypeError, RuntimeError) as exc:
@@ -242,6 +270,20 @@ def normalise_config(args: Mapping[str, Any]) -> LoaderConfig:
     assert target is not None
     windows = _pair(args["window_size"], "window_size")
     strides = _pair(args["window_stride"], "window_stride")
+    if strides is not None and windows is None:
+        warn_caller(
+            f"window_stride={args['window_stride']!r} is ignored without window_size "
+            f"(as in DolphinDB): every row is a sample"
+        )
+        strides = None
+    input_col = _names(args["input_col"], "input_col", allow_none=True)
+    exclude_col = _names(args["exclude_col"], "exclude_col", allow_none=True, allow_empty=True) or ()
+    if input_col is not None and exclude_col:
+        warn_caller(
+            f"exclude_col={list(exclude_col)} is ignored because input_col is given (as in DolphinDB): "
+            f"x is exactly input_col"
+        )
+        exclude_col = ()
     x_window, y_window = windows if windows is not None else (1, 1)
     stride = strides[0] if strides is not None else 1
     offset_arg = args["offset"]
@@ -290,8 +332,8 @@ def normalise_config(args: Mapping[str, Any]) -> LoaderConfig:
         y_window=y_window,
         stride=stride,
         offset=offset,
-        input_col=_names(args["input_col"], "input_col", allow_none=True),
-        exclude_col=_names(args["exclude_col"], "exclude_col", allow_none=True) or (),
+        input_col=input_col,
+        exclude_col=exclude_col,
         group_col=group_col,
         group_scheme=group_scheme,
         repartition_col=repartition_col,

@@ -221,6 +221,9 @@ class _EpochIterator:
 
 _Init = TypeVar("_Init", bound=Callable[..., None])
 
+#: ``source``'s default, so that DolphinDB's ``ddbSession=`` keyword can give it instead.
+_NO_SOURCE: Any = object()
+
 
 def _records_given_arguments(init: _Init) -> _Init:
     """Store the names of the arguments the caller actually passed as ``self._given_arguments``,
@@ -261,13 +264,14 @@ class DDBDataLoader:
         window_stride: rows between sample starts (a second value is accepted and ignored).
         input_col: the columns of x, in order; default: every numeric column.
         exclude_col: columns left out of x.
-        repartition_col / repartition_scheme: split each group further (a column or SQL
-            expression, and its values in order; ``None`` discovers them).
-        group_col / group_scheme: one time series per value (``None`` discovers them).
+        repartition_col: split each group further by this column or SQL expression.
+        repartition_scheme: the repartition values, in order; ``None`` discovers them.
+        group_col: one time series per value of this column or SQL expression.
+        group_scheme: the group values; ``None`` discovers them.
         seed: makes the order reproducible; ``None`` draws one.
         drop_last: drop the final partial batch.
         offset: rows from a sample's first x row to its first y row (default: the x window).
-        device: where batches are delivered.
+        device: where batches are delivered; ``None`` means torch's default device.
         prefetch_batch: batches assembled ahead (0 assembles in the consumer's thread).
         prepartition_num: partitions per active group held at once (the one being served too).
         group_pool_size: groups active at once.
@@ -295,7 +299,10 @@ class DDBDataLoader:
             epochs from there, without querying again, when the planned partitions (rows ×
             bytes per row of x and y) fit in this many bytes; else a warning, and no cache.
             ``None`` (the default) never caches: the data may change between epochs.
-        **aliases: DolphinDB's camelCase names (``targetCol``, ``batchSize``, ...).
+        mode: DolphinDB's framework switch; only ``"pytorch"`` exists here.
+        verbose: accepted for DolphinDB code and ignored: ddbloader reports through the
+            ``"ddbloader"`` logger (INFO per epoch, DEBUG per partition).
+        **aliases: DolphinDB's camelCase names (``ddbSession``, ``targetCol``, ``batchSize``, ...).
     """
 
     _given_arguments: frozenset[str]
@@ -303,8 +310,8 @@ class DDBDataLoader:
     @_records_given_arguments
     def __init__(
         self,
-        source: Any,
-        sql: str,
+        source: Any = _NO_SOURCE,
+        sql: str = "",
         target_col: str | Sequence[str] | None = None,
         batch_size: int = 1,
         shuffle: bool = False,
@@ -320,7 +327,7 @@ class DDBDataLoader:
         seed: int | None = None,
         drop_last: bool = False,
         offset: int | None = None,
-        device: str | torch.device = "cpu",
+        device: str | torch.device | None = "cpu",
         prefetch_batch: int = 1,
         prepartition_num: int = 2,
         group_pool_size: int = 3,
@@ -339,12 +346,19 @@ class DDBDataLoader:
         window_on_device: bool = False,
         fetch_bytes: int = 64 * 2**20,
         cache_bytes: int | None = None,
+        mode: str = "pytorch",
+        verbose: bool = False,
         **aliases: Any,
     ) -> None:
-        explicit = {
-            k: v for k, v in locals().items() if k not in {"self", "source", "sql", "aliases", "__class__"}
-        }
+        explicit = {k: v for k, v in locals().items() if k not in {"self", "aliases", "__class__"}}
         args = resolve_aliases(explicit, _DEFAULTS, aliases, self._given_arguments)
+        source = args["source"]
+        if source is _NO_SOURCE:
+            raise TypeError("DDBDataLoader() needs a source: a connection, a path, a URI or None")
+        if not isinstance(mode, str) or mode.lower() != "pytorch":
+            raise ValueError(f"mode={mode!r} is not supported: ddbloader feeds PyTorch only (mode='pytorch')")
+        if not isinstance(verbose, bool):
+            raise TypeError(f"verbose must be a bool, got {type(verbose).__name__} {verbose!r}")
         self.config = normalise_config(args)
         self.sharding = resolve_sharding(rank, world_size, even_batches)
         if not isinstance(progress, bool):
@@ -374,6 +388,21 @@ class DDBDataLoader:
     def __len__(self) -> int:
         """Batches this rank yields per epoch (the same on every rank)."""
         return self._len
+
+    @property
+    def batch_size(self) -> int:
+        """Samples per batch (the last batch may hold fewer unless ``drop_last``)."""
+        return self.config.batch_size
+
+    @property
+    def drop_last(self) -> bool:
+        """Whether the final partial batch of an epoch is dropped."""
+        return self.config.drop_last
+
+    @property
+    def shuffle(self) -> bool:
+        """Whether group, partition and sample order are random (a function of seed and epoch)."""
+        return self.config.shuffle
 
     def batches(self, num_workers: int = 1) -> int:
         """Batches per epoch on this rank when its share is split over ``num_workers`` workers."""
@@ -611,6 +640,10 @@ class DDBDataLoader:
         if self._backend is not None and self._backend_pid == os.getpid():
             self._backend.close()
 
+    def release(self) -> None:
+        """DolphinDB's name for :meth:`close`."""
+        self.close()
+
     def __enter__(self) -> DDBDataLoader:
         return self
 
@@ -675,5 +708,5 @@ _STATE_VERSION = 1
 _DEFAULTS: dict[str, Any] = {
     name: parameter.default
     for name, parameter in inspect.signature(DDBDataLoader.__init__).parameters.items()
-    if name not in {"self", "source", "sql", "aliases"}
+    if name not in {"self", "aliases"}
 }

@@ -19,7 +19,11 @@ import torch
 from ddbloader import DDB_ALIASES, DDBDataLoader
 from tests.conftest import SERIES_SQL, make_series
 
-pytestmark = pytest.mark.filterwarnings("error")
+pytestmark = [
+    pytest.mark.filterwarnings("error"),
+    # Most loaders here keep y in x without windows; tests/test_source.py checks that warning.
+    pytest.mark.filterwarnings("ignore:target_col .* stays in x:UserWarning"),
+]
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +64,8 @@ ALIAS_CASES: list[tuple[str, Any, dict[str, Any], dict[str, Any]]] = [
 
 
 def test_alias_table_covers_every_alias() -> None:
-    assert {case[0] for case in ALIAS_CASES} == set(DDB_ALIASES)
+    # ddbSession (the source) has its own test below
+    assert {case[0] for case in ALIAS_CASES} | {"ddbSession"} == set(DDB_ALIASES)
     parameters = inspect.signature(DDBDataLoader.__init__).parameters
     for alias, name in DDB_ALIASES.items():
         assert name in parameters, f"{alias} maps to {name}, which DDBDataLoader does not take"
@@ -83,7 +88,6 @@ def test_alias_plan_matches_snake_case(db: duckdb.DuckDBPyConnection) -> None:
         "window_size": [3, 2],
         "window_stride": 2,
         "input_col": ["f0", "rid"],
-        "exclude_col": ["rid"],
         "repartition_col": "part",
         "repartition_scheme": [2, 1, 0],
         "group_col": "gid",
@@ -110,7 +114,7 @@ def test_alias_plan_matches_snake_case(db: duckdb.DuckDBPyConnection) -> None:
         ("drop_lst", "drop_last"),
         ("pinMemory", "pin_memory"),
         ("prefetch", "prefetchBatch"),
-        ("num_workers", None),
+        ("sampler", None),
         ("collate_fn", "collate"),
     ],
 )
@@ -345,3 +349,82 @@ def test_unknown_keyword_error_matches_python_wording(db: duckdb.DuckDBPyConnect
         load(db, shufle=True)
     assert re.search(r"^DDBDataLoader\(\) got an unexpected keyword argument 'shufle'", str(info.value))
     assert "did you mean 'shuffle'" in str(info.value)
+
+
+# --- DolphinDB code that runs unchanged ----------------------------------------------------------
+
+
+def test_ddb_session_keyword_is_the_source(db: duckdb.DuckDBPyConnection) -> None:
+    ported = DDBDataLoader(
+        ddbSession=db, sql=SERIES_SQL, targetCol=["y"], batchSize=4, excludeCol=["y"], seed=2
+    )
+    with ported, load(db, batch_size=4, exclude_col="y", seed=2) as native:
+        assert ported.config == native.config
+        assert batches(ported) == batches(native)
+    with pytest.raises(TypeError, match="'source' twice"):
+        DDBDataLoader(db, SERIES_SQL, "y", ddbSession=db)
+    with pytest.raises(TypeError, match="needs a source"):
+        DDBDataLoader(sql=SERIES_SQL, target_col="y")
+
+
+def test_empty_exclude_col_excludes_nothing(db: duckdb.DuckDBPyConnection) -> None:
+    with load(db, exclude_col=[], window_size=2) as empty, load(db, window_size=2) as default:
+        assert empty.config.exclude_col == ()
+        assert empty.plan.layout.x_names == default.plan.layout.x_names
+
+
+def test_exclude_col_is_ignored_with_input_col_and_says_so(db: duckdb.DuckDBPyConnection) -> None:
+    ignored = r"exclude_col=\['f0'\] is ignored because input_col is given"
+    with pytest.warns(UserWarning, match=ignored) as caught:
+        loader = load(db, input_col=["f0", "f1"], exclude_col=["f0"])
+    assert len(caught) == 1
+    with loader:
+        assert loader.plan.layout.x_names == ("f0", "f1")
+
+
+def test_window_stride_without_window_size_is_ignored_and_says_so(db: duckdb.DuckDBPyConnection) -> None:
+    with pytest.warns(UserWarning, match=r"window_stride=3 is ignored without window_size") as caught:
+        loader = load(db, window_stride=3, exclude_col="y", seed=0)
+    assert len(caught) == 1
+    with loader, load(db, exclude_col="y", seed=0) as plain:
+        assert loader.config == plain.config
+        assert len(loader) == len(plain)
+
+
+def test_mode_pytorch_and_verbose_are_accepted_and_other_modes_refused(db: duckdb.DuckDBPyConnection) -> None:
+    with load(db, mode="pytorch", verbose=True) as loader:
+        assert len(loader) > 0
+    with pytest.raises(ValueError, match=r"mode='tensorflow' is not supported: ddbloader feeds PyTorch only"):
+        load(db, mode="tensorflow")
+    with pytest.raises(TypeError, match="verbose must be a bool"):
+        load(db, verbose="yes")
+
+
+def test_device_none_is_torchs_default_device(db: duckdb.DuckDBPyConnection) -> None:
+    with load(db, device=None) as loader:
+        assert loader.config.device == torch.device("cpu")
+        x, _ = next(iter(loader))
+    assert x.device == torch.device("cpu")
+
+
+def test_release_closes_the_loader(db: duckdb.DuckDBPyConnection) -> None:
+    loader = load(db)
+    next(iter(loader))
+    loader.release()
+    with pytest.raises(RuntimeError, match="closed"):
+        iter(loader)
+
+
+@pytest.mark.parametrize("keyword", ["num_workers", "persistent_workers"])
+def test_dataloader_worker_keywords_point_to_the_iterable_dataset(
+    db: duckdb.DuckDBPyConnection, keyword: str
+) -> None:
+    with pytest.raises(TypeError, match=rf"takes no '{keyword}': .*DDBIterableDataset.*num_workers=N"):
+        load(db, **{keyword: 2})
+
+
+def test_torch_style_read_only_attributes(db: duckdb.DuckDBPyConnection) -> None:
+    with load(db, batch_size=5, drop_last=True, shuffle=True, seed=1) as loader:
+        assert (loader.batch_size, loader.drop_last, loader.shuffle) == (5, True, True)
+        with pytest.raises(AttributeError):
+            loader.batch_size = 6  # type: ignore[misc]

@@ -212,6 +212,8 @@ WRONG_TYPES: list[Case] = [
         r"transform must be a callable or a list of callables, got 42",
     ),
     Case("collate=int", series(collate=42), TypeError, r"collate must be a callable .*got 42"),
+    Case("mode=int", series(mode=1), ValueError, r"mode=1 is not supported: ddbloader feeds PyTorch only"),
+    Case("verbose=str", series(verbose="yes"), TypeError, r"verbose must be a bool, got str 'yes'"),
     Case(
         "fetch_bytes=float",
         series(fetch_bytes=1e6),
@@ -280,8 +282,8 @@ BAD_DATA: list[Case] = [
         r"input_col names \['f0', 'f1'\] more than once",
     ),
     Case(
-        "input and exclude leave nothing",
-        series(input_col=["f0"], exclude_col=["f0"]),
+        "exclude leaves nothing",
+        series(input_col=None, exclude_col=["gid", "part", "pos", "rid", "f0", "f1", "y"]),
         ValueError,
         r"x has no columns",
     ),
