@@ -70,7 +70,12 @@ class ColumnLayout:
     columns that hold a tensor per row, with that tensor's shape; every other column holds one
     value per row. ``transform`` runs on every fetched partition before the conversion.
 
-    Invariant: a column with two or more dimensions per row is the only column of x (or y).
+    ``x_stacked`` / ``y_stacked``: the tensor's columns are arrays of one length L from the query
+    (DolphinDB's ArrayVector shape), so one row is ``[C, L]``; the block still holds them side by
+    side, column after column, which is that shape in row-major order.
+
+    Invariant: a column with two or more dimensions per row is the only column of x (or y); a
+    stacked tensor's columns all hold arrays of one length.
     """
 
     x_names: tuple[str, ...]
@@ -82,6 +87,8 @@ class ColumnLayout:
     shapes: tuple[tuple[str, Shape], ...] = ()
     transform: Pipeline | None = None
     result_types: tuple[pa.DataType, ...] = ()
+    x_stacked: bool = False
+    y_stacked: bool = False
 
     def column_shape(self, name: str) -> Shape:
         """Shape of ``name``'s value in one row: ``()`` for a scalar column."""
@@ -89,13 +96,14 @@ class ColumnLayout:
 
     @functools.cached_property
     def x_shape(self) -> Shape:
-        """Shape of one row of x: ``(Fx,)``, or the shape of x's one tensor column."""
-        return _sample_shape(self.x_names, self.column_shape)
+        """Shape of one row of x: ``(Fx,)``, ``(C, L)`` for C stacked array columns of length L,
+        or the shape of x's one tensor column."""
+        return _sample_shape(self.x_names, self.column_shape, self.x_stacked)
 
     @functools.cached_property
     def y_shape(self) -> Shape:
-        """Shape of one row of y: ``(Fy,)``, or the shape of y's one tensor column."""
-        return _sample_shape(self.y_names, self.column_shape)
+        """Shape of one row of y, as :attr:`x_shape`."""
+        return _sample_shape(self.y_names, self.column_shape, self.y_stacked)
 
     @property
     def x_features(self) -> int:
@@ -113,8 +121,10 @@ class ColumnLayout:
         return self.x_features * self.x_dtype.itemsize + self.y_features * self.y_dtype.itemsize
 
 
-def _sample_shape(names: Sequence[str], shape_of: Any) -> Shape:
+def _sample_shape(names: Sequence[str], shape_of: Any, stacked: bool) -> Shape:
     shapes = [shape_of(n) for n in names]
+    if stacked:
+        return (len(names), shapes[0][0])
     if len(names) == 1 and len(shapes[0]) >= 2:
         return tuple(shapes[0])
     return (sum(math.prod(s) for s in shapes),)
@@ -162,6 +172,7 @@ class ColumnType:
     shape: Shape
     text: str
     decimal: bool = False
+    variable_list: bool = False
 
 
 def arrow_column_type(data_type: pa.DataType) -> ColumnType:
@@ -196,6 +207,8 @@ def _column_type(data_type: pa.DataType) -> ColumnType:
         if inner.dtype is None:
             return ColumnType(None, (), text)
         return ColumnType(inner.dtype, (data_type.list_size, *inner.shape), text)
+    if pa.types.is_list(data_type) or pa.types.is_large_list(data_type):
+        return ColumnType(None, (), text, variable_list=True)
     return ColumnType(None, (), text)
 
 
@@ -297,6 +310,37 @@ def nullable_candidates(schema: pa.Schema, names: Collection[str]) -> list[str]:
     return _columns_where(schema, names, lambda t: pa.types.is_integer(t) or pa.types.is_boolean(t))
 
 
+_LIST_HINT = (
+    "; it holds variable-length lists: cast it to a fixed-size array of its length L, "
+    "e.g. CAST({name} AS DOUBLE[L]) in DuckDB, so that x is [B, C, L]"
+)
+
+
+def _stacked(parameter: str, chosen: Sequence[str], types: Mapping[str, ColumnType]) -> bool:
+    """True when ``chosen`` are array columns of one length (DolphinDB's ArrayVector shape).
+
+    Raises:
+        ValueError: array and scalar columns mixed, or arrays of different lengths.
+    """
+    arrays = [n for n in chosen if len(types[n].shape) == 1]
+    if not arrays:
+        return False
+    scalars = [n for n in chosen if not types[n].shape]
+    if scalars:
+        raise ValueError(
+            f"{parameter} mixes array columns {arrays} with scalar columns {scalars}; as in DolphinDB, "
+            f"the columns of {parameter} are all arrays (one row: [columns, length]) or all scalars: "
+            f"choose one kind with input_col / exclude_col / target_col"
+        )
+    lengths = {n: types[n].shape[0] for n in arrays}
+    if len(set(lengths.values())) > 1:
+        raise ValueError(
+            f"{parameter} stacks array columns of different lengths {lengths}; "
+            f"they must have one length to form [columns, length]"
+        )
+    return True
+
+
 def _check_named(
     names: Sequence[str], parameter: str, columns: Sequence[tuple[str, ColumnType]], origin: str
 ) -> None:
@@ -314,7 +358,18 @@ def _check_named(
                 f"{parameter} names {name!r} of type {types[name].text}, which is not numeric; "
                 f"cast it in the query or leave it out"
                 + ("" if origin == "the query" else ", or convert it in the transform")
+                + (_LIST_HINT.format(name=name) if types[name].variable_list else "")
             )
+
+
+def _warn_target_in_x(x_names: Sequence[str], config: LoaderConfig) -> None:
+    """Without windows, a target left in x (DolphinDB's rule) hands the model its own answer."""
+    leaked = [n for n in config.target_col if n in x_names]
+    if leaked and config.input_col is None and not config.windowed:
+        warn_caller(
+            f"target_col {leaked} stays in x (DolphinDB's rule), so without windows each sample's x "
+            f"holds its own y; leave it out with exclude_col={[*config.exclude_col, *leaked]}"
+        )
 
 
 def _resolve(
@@ -348,6 +403,7 @@ def _resolve(
         _check_named(x_names, "the query" if transform is None else "the transform", columns, origin)
     if not x_names:
         raise ValueError("x has no columns: input_col/exclude_col leave nothing to feed the model")
+    _warn_target_in_x(x_names, config)
     for parameter, chosen in (("x", x_names), ("y", config.target_col)):
         wide = [n for n in chosen if len(types[n].shape) >= 2]
         if wide and len(chosen) > 1:
@@ -356,6 +412,9 @@ def _resolve(
                 f"row, with other columns {[n for n in chosen if n != wide[0]]}; a column with two or "
                 f"more dimensions per row must be the only column of {parameter}"
             )
+    # DolphinDB's ArrayVector shape applies to the query's own columns; a transform shapes its own.
+    x_stacked = transform is None and _stacked("x", x_names, types)
+    y_stacked = transform is None and _stacked("y", config.target_col, types)
     as_float64 = frozenset(
         n for n in {*x_names, *config.target_col} if n in columns_with_nulls or types[n].decimal
     )
@@ -382,6 +441,8 @@ def _resolve(
         shapes,
         transform,
         tuple(result.types),
+        x_stacked,
+        y_stacked,
     )
 
 

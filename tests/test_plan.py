@@ -23,7 +23,11 @@ from ddbloader.batch import batch_count
 from ddbloader.plan import QueryPlan
 from tests.conftest import SERIES_SQL, make_series
 
-pytestmark = pytest.mark.filterwarnings("error")
+pytestmark = [
+    pytest.mark.filterwarnings("error"),
+    # Most loaders here keep y in x without windows; tests/test_source.py checks that warning.
+    pytest.mark.filterwarnings("ignore:target_col .* stays in x:UserWarning"),
+]
 
 PARTS = [[10, 7, 12], [15, 6], [8, 9, 11, 10], [3]]
 
@@ -365,7 +369,7 @@ def test_null_values_of_both_keys_warn_separately(nulls: duckdb.DuckDBPyConnecti
     copies = 2 if "UNION" in sql else 1
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        loader = DDBDataLoader(nulls, sql, target_col="v", group_col="g", repartition_col="r")
+        loader = DDBDataLoader(nulls, sql, target_col="v", group_col="g", repartition_col="r", window_size=1)
     messages = sorted(str(w.message) for w in caught)
     assert len(messages) == 2, messages
     assert messages[0].startswith(f"{6 * copies} rows have NULL repartition_col 'r'")

@@ -164,9 +164,32 @@ def test_unnamed_non_numeric_columns_are_left_out_with_one_warning(db: duckdb.Du
 
 @pytest.mark.filterwarnings("error")
 def test_excluding_the_non_numeric_columns_silences_the_warning(db: duckdb.DuckDBPyConnection) -> None:
-    loader = load(db, "SELECT i32, txt, f64, day FROM d", target_col="f64", exclude_col=["txt", "day"])
+    loader = load(
+        db, "SELECT i32, txt, f64, day FROM d", target_col="f64", exclude_col=["txt", "day"], window_size=2
+    )
     assert loader.plan.layout.x_names == ("i32", "f64")
     loader.close()
+
+
+def test_without_windows_a_target_left_in_x_is_warned_about_once(db: duckdb.DuckDBPyConnection) -> None:
+    with pytest.warns(UserWarning, match=r"target_col \['f64'\] stays in x") as caught:
+        loader = load(db, "SELECT i32, f64 FROM d", target_col="f64")
+    assert len(caught) == 1
+    assert "exclude_col=['f64']" in str(caught[0].message)
+    x, y = first_batch(loader)
+    assert torch.equal(x[:, 1:], y)  # DolphinDB's rule: it stays
+
+
+@pytest.mark.filterwarnings("error")
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"exclude_col": "f64"}, {"input_col": ["i32", "f64"]}, {"window_size": 2}],
+    ids=["excluded", "named", "windowed"],
+)
+def test_no_target_warning_when_excluded_named_or_windowed(
+    db: duckdb.DuckDBPyConnection, kwargs: dict[str, Any]
+) -> None:
+    load(db, "SELECT i32, f64 FROM d", target_col="f64", **kwargs).close()
 
 
 @pytest.mark.parametrize("parameter", ["input_col", "target_col"])
@@ -225,10 +248,11 @@ def test_target_stays_in_x_unless_excluded(db: duckdb.DuckDBPyConnection) -> Non
     assert dropped.plan.layout.x_names == ("i32",)
     assert x.tolist() == [[i] for i in range(ROWS)]
     assert y.tolist() == [[i * 0.5] for i in range(ROWS)]
-    named = load(
-        db, "SELECT i32, f64 FROM d", target_col="f64", input_col=["f64", "i32"], exclude_col=["f64"]
-    )
-    assert named.plan.layout.x_names == ("i32",)
+    with pytest.warns(UserWarning, match="exclude_col=\\['f64'\\] is ignored because input_col is given"):
+        named = load(
+            db, "SELECT i32, f64 FROM d", target_col="f64", input_col=["f64", "i32"], exclude_col=["f64"]
+        )
+    assert named.plan.layout.x_names == ("f64", "i32")  # as in DolphinDB: input_col wins
     named.close()
 
 
@@ -280,22 +304,58 @@ ARRAYS_SQL = (
 )
 
 
-def test_array_columns_concatenate_their_features(db: duckdb.DuckDBPyConnection) -> None:
-    loader = load(db, ARRAYS_SQL, target_col="f", input_col=["v", "f"])
-    assert loader.plan.layout.x_shape == (3,)
-    x, _ = first_batch(loader)
-    assert x.dtype == torch.float64
-    assert x.tolist() == [[i, 10 * i, i * 0.5] for i in range(ROWS)]
+STACK_SQL = (
+    "SELECT i, [i, i + 0.5, i + 0.25]::DOUBLE[3] AS bid, [-i, -i - 0.5, -i - 0.25]::DOUBLE[3] AS ask, "
+    "[10 * i, 10 * i + 1]::DOUBLE[2] AS two, [i, 2 * i, 3 * i]::DOUBLE[3] AS label, i * 0.5 AS f "
+    "FROM range(6) r(i) ORDER BY i"
+)
+
+
+def test_array_columns_stack_into_columns_by_length_as_dolphindb_shapes_them(
+    db: duckdb.DuckDBPyConnection,
+) -> None:
+    """C array columns of length L: x [B, C, L] without windows, [B, W, C, L] with; y likewise."""
+    plain = load(db, STACK_SQL, target_col="label", input_col=["bid", "ask"])
+    assert (plain.plan.layout.x_shape, plain.plan.layout.y_shape) == ((2, 3), (1, 3))
+    x, y = first_batch(plain)
+    assert x.shape == (ROWS, 2, 3) and y.shape == (ROWS, 1, 3)
+    assert x[4].tolist() == [[4, 4.5, 4.25], [-4, -4.5, -4.25]]
+    assert y[4, 0].tolist() == [4, 8, 12]
+    windowed = load(db, STACK_SQL, target_col="label", input_col=["ask", "bid"], window_size=2)
+    x, y = first_batch(windowed)
+    assert x.shape == (ROWS - 2, 2, 2, 3) and y.shape == (ROWS - 2, 1, 1, 3)
+    assert x[1, 1].tolist() == [[-2, -2.5, -2.25], [2, 2.5, 2.25]]  # column order follows input_col
+    assert y[1, 0, 0].tolist() == [3, 6, 9]
+    assert "x: [6, 2, 2, 3] float64" in repr(windowed)
+
+
+def test_array_and_scalar_columns_do_not_mix(db: duckdb.DuckDBPyConnection) -> None:
+    with pytest.raises(ValueError, match=r"x mixes array columns \['bid'\] with scalar columns \['f'\]"):
+        load(db, STACK_SQL, target_col="label", input_col=["bid", "f"])
+    with pytest.raises(ValueError, match=r"y mixes array columns \['label'\] with scalar columns \['f'\]"):
+        load(db, STACK_SQL, target_col=["label", "f"], input_col=["bid"])
+
+
+def test_array_columns_of_different_lengths_do_not_stack(db: duckdb.DuckDBPyConnection) -> None:
+    with pytest.raises(ValueError, match=r"different lengths \{'bid': 3, 'two': 2\}"):
+        load(db, STACK_SQL, target_col="label", input_col=["bid", "two"])
+
+
+def test_a_variable_length_list_column_is_refused_with_the_cast_that_fixes_it(
+    db: duckdb.DuckDBPyConnection,
+) -> None:
+    with pytest.raises(TypeError, match=r"variable-length lists.*CAST\(pair AS DOUBLE\[L\]\)"):
+        load(db, target_col="f64", input_col=["pair"])
 
 
 def test_a_matrix_column_keeps_its_shape_per_sample(db: duckdb.DuckDBPyConnection) -> None:
     loader = load(db, ARRAYS_SQL, target_col="v", input_col="m", window_size=[2, 1])
-    assert (loader.plan.layout.x_shape, loader.plan.layout.y_shape) == ((3, 2), (2,))
+    assert (loader.plan.layout.x_shape, loader.plan.layout.y_shape) == ((3, 2), (1, 2))
     with loader:
         x, y = next(iter(loader))
-    assert x.shape == (4, 2, 3, 2) and y.shape == (4, 1, 2)
+    assert x.shape == (4, 2, 3, 2) and y.shape == (4, 1, 1, 2)
     assert x[1, 1].tolist() == [[2, 3], [4, 5], [6, 7]]  # row 2 of the second sample's window
-    assert y[1, 0].tolist() == [3, 30]
+    assert y[1, 0, 0].tolist() == [3, 30]
 
 
 def test_a_matrix_column_must_be_the_only_column_of_its_tensor(db: duckdb.DuckDBPyConnection) -> None:
