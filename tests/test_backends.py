@@ -39,6 +39,7 @@ from ddbloader.backends import (
     redact_uri,
 )
 from ddbloader.backends.dbapi import bind_parameters
+from tests.conftest import make_series
 
 ENGINES = ("duckdb", "postgres", "sqlite", "spark")
 SERIES_SQL = "SELECT gid, part, pos, rid, f0, f1, y FROM series ORDER BY gid, pos"
@@ -1116,3 +1117,31 @@ def test_a_duckdb_database_the_loader_opens_has_a_capped_buffer_pool(tmp_path: P
     DuckDBBackend(mine).close()
     assert _memory_limit(mine) == default  # a connection passed in keeps its settings
     mine.close()
+
+
+# --- DuckDB errors that point the way -------------------------------------------------------------
+
+
+def test_a_path_this_process_holds_read_write_says_to_pass_the_connection(tmp_path: Path) -> None:
+    path = tmp_path / "held.duckdb"
+    with duckdb.connect(str(path)) as writer:
+        make_series(writer, [[4]])
+        with pytest.raises(duckdb.ConnectionException, match="pass that connection as source instead"):
+            DDBDataLoader(str(path), SERIES_SQL, "y")
+        with DDBDataLoader(writer, SERIES_SQL, "y", exclude_col="y") as loader:
+            assert len(loader) == 4
+
+
+def notes_of(error: BaseException) -> list[str]:
+    return list(getattr(error, "__notes__", []))
+
+
+def test_the_temp_table_hint_comes_only_with_a_missing_table(con: duckdb.DuckDBPyConnection) -> None:
+    con.execute("CREATE TEMP TABLE scratch AS SELECT 1.0 AS y")
+    with pytest.raises(duckdb.CatalogException, match="scratch") as missing:
+        DDBDataLoader(con, "SELECT y FROM scratch", "y")
+    assert any("TEMP tables" in note for note in notes_of(missing.value))
+    con.execute("CREATE TABLE t AS SELECT 1.0 AS y")
+    with pytest.raises(duckdb.CatalogException, match="no_such_function") as other:
+        DDBDataLoader(con, "SELECT no_such_function(y) AS y FROM t", "y")
+    assert not any("TEMP tables" in note for note in notes_of(other.value))

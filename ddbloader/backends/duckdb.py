@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -120,6 +121,10 @@ def _apply(cursor: duckdb.DuckDBPyConnection, settings: tuple[tuple[str, str], .
             ) from error
 
 
+#: DuckDB's wording for a table or view the catalog does not have (not a missing function, type, ...).
+_MISSING_RELATION = re.compile(r"\b(Table|View) with name .* does not exist")
+
+
 class _DuckDBCursor:
     def __init__(self, connection: duckdb.DuckDBPyConnection) -> None:
         self._connection = connection
@@ -128,7 +133,8 @@ class _DuckDBCursor:
         try:
             return self._connection.sql(sql, params=list(params)).to_arrow_table()
         except duckdb.CatalogException as exc:
-            add_note(exc, _CURSOR_HINT)
+            if _MISSING_RELATION.search(str(exc)):
+                add_note(exc, _CURSOR_HINT)
             raise
 
     def interrupt(self) -> None:
@@ -186,7 +192,16 @@ class DuckDBBackend:
             path = Path(source)
             if not path.exists():
                 raise FileNotFoundError(f"DuckDB database file {str(path)!r} does not exist")
-            self._connection = _cap_memory(duckdb.connect(str(path), read_only=True), memory_limit)
+            try:
+                self._connection = _cap_memory(duckdb.connect(str(path), read_only=True), memory_limit)
+            except duckdb.ConnectionException as exc:
+                if "different configuration" not in str(exc):
+                    raise
+                raise duckdb.ConnectionException(
+                    f"{exc}. This process already holds a read-write connection to {str(path)!r}, so "
+                    f"ddbloader cannot open it again read-only: pass that connection as source instead "
+                    f"of the path (or close it first)"
+                ) from exc
             self._owned = True
             self.engine = f"duckdb ({path.name}, read-only)"
 
