@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from .loader import DDBDataLoader, _EpochIterator
+from .loader import _NO_SOURCE, DDBDataLoader, _EpochIterator
 
 __all__ = ["DDBIterableDataset"]
 
@@ -20,7 +20,10 @@ class DDBIterableDataset(IterableDataset[tuple[torch.Tensor, torch.Tensor]]):
     worker serves a disjoint, contiguous share of this rank's samples and opens its own
     connection from ``source``, which must then be a database path, a URI or a factory (a
     connection object cannot cross processes). The set of samples of an epoch is the same for
-    every ``num_workers``; the batch count is :meth:`batches` (``len()`` assumes one worker).
+    every ``num_workers``. Give the DataLoader's worker count as ``num_workers=`` here too: each
+    worker cuts its own share into batches, so ``len()`` (:meth:`batches` of that count) then
+    equals the batches an epoch delivers, and a DataLoader with another count is refused.
+    Without it, ``len()`` counts the batches of one worker.
 
     Workers iterate copies of the dataset, so call :meth:`set_epoch` before every epoch (as with
     ``DistributedSampler``) unless workers are persistent. ``state_dict``/``load_state_dict``
@@ -29,17 +32,37 @@ class DDBIterableDataset(IterableDataset[tuple[torch.Tensor, torch.Tensor]]):
     epochs after it are built from this one.
     """
 
-    def __init__(self, source: Any, sql: str, target_col: Any = None, *args: Any, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        source: Any = _NO_SOURCE,
+        sql: str = "",
+        target_col: Any = None,
+        *args: Any,
+        num_workers: int | None = None,
+        **kwargs: Any,
+    ) -> None:
+        if num_workers is not None and (
+            isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0
+        ):
+            raise ValueError(f"num_workers must be an int >= 0 (the DataLoader's), got {num_workers!r}")
+        self.num_workers = num_workers
         self.loader = DDBDataLoader(source, sql, target_col, *args, **kwargs)
 
     def __iter__(self) -> _EpochIterator:
         info = get_worker_info()
+        workers = 0 if info is None else info.num_workers
+        if self.num_workers is not None and workers != self.num_workers:
+            raise ValueError(
+                f"DDBIterableDataset(num_workers={self.num_workers}) is served by a DataLoader with "
+                f"num_workers={workers}: give both the same count, so that len() is the batches delivered"
+            )
         if info is None:
             return self.loader.iterate()
         return self.loader.iterate(info.id, info.num_workers)
 
     def __len__(self) -> int:
-        return len(self.loader)
+        """Batches per epoch under a DataLoader with this dataset's ``num_workers`` (default 1)."""
+        return self.batches(self.num_workers or 1)
 
     def batches(self, num_workers: int) -> int:
         """Batches per epoch on this rank when served by ``num_workers`` workers (0 counts as 1)."""

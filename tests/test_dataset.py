@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import multiprocessing
 import pickle
+import warnings
 from collections import Counter
 from collections.abc import Iterable
 from typing import Any
@@ -74,6 +75,29 @@ def test_any_worker_count_serves_every_sample_once(
     assert flat(batches) == every_sample
     assert len(batches) == data.batches(num_workers)
     assert all(0 < len(b) <= ARGS["batch_size"] for b in batches)
+
+
+def test_len_with_the_worker_count_is_the_batches_delivered_without_torchs_warning(
+    db_path: str, every_sample: Counter[int]
+) -> None:
+    data = dataset(db_path, num_workers=3, batch_size=10)
+    assert len(data) == data.batches(3) > data.batches(1)  # three partial last batches
+    loader = DataLoader(data, batch_size=None, num_workers=3)
+    assert len(loader) == len(data)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        served = names(loader)
+    assert len(served) == len(data)
+    assert flat(served) == every_sample
+    assert not [w for w in caught if "Length of IterableDataset" in str(w.message)]
+
+
+def test_a_dataloader_with_another_worker_count_is_refused(db_path: str) -> None:
+    data = dataset(db_path, num_workers=2)
+    with pytest.raises(ValueError, match=r"num_workers=2\) is served by a DataLoader with num_workers=0"):
+        next(iter(DataLoader(data, batch_size=None, num_workers=0)))
+    with pytest.raises(ValueError, match="num_workers must be an int >= 0"):
+        dataset(db_path, num_workers=-1)
 
 
 def test_set_epoch_reaches_the_workers(db_path: str, every_sample: Counter[int]) -> None:
