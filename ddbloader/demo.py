@@ -15,7 +15,7 @@ from tqdm import tqdm
 
 from .loader import DDBDataLoader
 
-__all__ = ["build_factor_table", "main"]
+__all__ = ["add_arguments", "build_factor_table", "main", "run"]
 
 
 def build_factor_table(
@@ -24,8 +24,12 @@ def build_factor_table(
     """Create ``factors(symbol, ts, f0..f{F-1}, target)``: ``rows`` per symbol-day, 1 s apart.
 
     ``target`` at row t is ``0.6·f0[t-1] − 0.4·f1[t-2] + 0.2·f2[t-3]`` plus noise, within a symbol.
+    The values are the same on every run: they are drawn in one DuckDB thread from a fixed seed.
     """
     columns = ", ".join(f"random() * 2 - 1 AS f{k}" for k in range(factors))
+    # random() is reproducible after setseed only in one thread: each thread has its own generator
+    (threads,) = con.execute("SELECT current_setting('threads')").fetchone() or (1,)
+    con.execute("SET threads = 1")
     con.execute("SELECT setseed(0.42)")
     con.execute(
         f"""
@@ -46,6 +50,7 @@ def build_factor_table(
         """
     )
     con.execute("DROP TABLE raw")
+    con.execute(f"SET threads = {int(threads)}")
 
 
 class _Forecaster(torch.nn.Module):
@@ -63,17 +68,30 @@ class _Forecaster(torch.nn.Module):
         return output
 
 
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The demo's options (``python -m ddbloader --help`` lists them)."""
+    parser.add_argument("--symbols", type=int, default=8, help="symbols (groups) in the table (default 8)")
+    parser.add_argument("--days", type=int, default=5, help="days (repartitions) per symbol (default 5)")
+    parser.add_argument("--rows", type=int, default=240, help="rows per symbol-day (default 240)")
+    parser.add_argument("--factors", type=int, default=16, help="factor columns, the features (default 16)")
+    parser.add_argument("--window", type=int, default=32, help="rows of x per sample (default 32)")
+    parser.add_argument("--steps", type=int, default=300, help="training steps (default 300)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the loader and the model (default 0)")
+
+
 def main(argv: list[str] | None = None) -> None:
-    """Build the table, train for ``--steps`` steps, print windows/s and the loss."""
-    parser = argparse.ArgumentParser(prog="python -m ddbloader demo", description=__doc__)
-    parser.add_argument("--symbols", type=int, default=8)
-    parser.add_argument("--days", type=int, default=5)
-    parser.add_argument("--rows", type=int, default=240, help="rows per symbol-day")
-    parser.add_argument("--factors", type=int, default=16)
-    parser.add_argument("--window", type=int, default=32)
-    parser.add_argument("--steps", type=int, default=300)
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
+    """``ddbloader-demo [options]``: parse the options and :func:`run` the demo."""
+    parser = argparse.ArgumentParser(prog="ddbloader-demo", description=__doc__)
+    add_arguments(parser)
+    run(parser.parse_args(argv))
+
+
+def run(args: argparse.Namespace) -> float:
+    """Build the table, train for ``args.steps`` steps, print windows/s and the loss; return the loss.
+
+    The loss is the same on every run with the same options: the table, the batch order and the
+    model's initial weights all follow ``args.seed``.
+    """
     torch.manual_seed(args.seed)
     con = duckdb.connect()
     started = time.perf_counter()
@@ -121,3 +139,4 @@ def main(argv: list[str] | None = None) -> None:
         f"trained {args.steps} steps on {windows} windows in {elapsed:.2f} s: "
         f"{windows / elapsed:,.0f} windows/s; loss {first_loss:.4f} → {last_loss:.4f}"
     )
+    return last_loss

@@ -71,13 +71,18 @@ def _shape(batch: int, window: int | None, sample: tuple[int, ...]) -> str:
 
 
 def _split(plan: QueryPlan, config: LoaderConfig) -> str:
-    """``'5 groups × 12 repartitions = 60 partitions'``; a range when groups differ."""
+    """``'5 groups × 12 repartitions = 60 partitions'``; a range when groups differ; ``'whole group'``
+    without a repartition column (each group is one partition)."""
     groups = len(plan.groups)
     per_group = sorted({len(g.partitions) for g in plan.groups}) or [0]
     spread = str(per_group[0]) if len(per_group) == 1 else f"{per_group[0]}–{per_group[-1]}"
-    label = "repartition" if per_group[-1] == 1 and config.repartition_col is None else "repartitions"
+    split = (
+        "whole group"
+        if config.repartition_col is None
+        else f"{spread} repartition{'' if spread == '1' else 's'}"
+    )
     return (
-        f"{groups:,} group{'' if groups == 1 else 's'} × {spread} {label} = "
+        f"{groups:,} group{'' if groups == 1 else 's'} × {split} = "
         f"{plan.partitions:,} partition{'' if plan.partitions == 1 else 's'}"
     )
 

@@ -55,10 +55,26 @@ def test_repr_shows_the_plan(series: duckdb.DuckDBPyConnection) -> None:
     assert "shuffle=False, seed=3" in text
 
 
+@pytest.mark.parametrize(
+    ("split", "expected"),
+    [
+        ({"group_col": "gid"}, "3 groups × whole group = 3 partitions"),
+        ({"group_col": "gid", "repartition_col": "gid"}, "3 groups × 1 repartition = 3 partitions"),
+        ({"repartition_col": "part", "repartition_scheme": [1]}, "1 group × 1 repartition = 1 partition"),
+    ],
+    ids=["no-repartition-column", "one-per-group", "one-scheme-value"],
+)
+def test_repr_names_one_repartition_in_the_singular_and_an_unsplit_group_whole(
+    series: duckdb.DuckDBPyConnection, split: dict[str, Any], expected: str
+) -> None:
+    with DDBDataLoader(series, SERIES_SQL, "y", input_col=["f0"], **split) as loader:
+        assert f"groups × repartitions: {expected}," in repr(loader)
+
+
 def test_repr_of_an_unsplit_query_without_windows(series: duckdb.DuckDBPyConnection) -> None:
     with DDBDataLoader(series, SERIES_SQL, "y", batch_size=10, input_col=["f0"], drop_last=True) as loader:
         text = repr(loader)
-    assert "1 group × 1 repartition = 1 partition" in text
+    assert "1 group × whole group = 1 partition" in text
     assert "grouped by" not in text and "repartitioned by" not in text
     assert "windows per epoch: 88," in text
     assert "batches per epoch: 8 (drop_last)" in text
