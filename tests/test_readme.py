@@ -7,6 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import duckdb
+
+from ddbloader import DDBDataLoader
+
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text(encoding="utf-8")
 
@@ -44,3 +48,13 @@ def test_the_constructors_are_on_the_first_screen() -> None:
     first_screen = "\n".join(README.splitlines()[:100])
     for constructor in ("from_pandas", "from_arrow", "from_parquet"):
         assert constructor in first_screen
+
+
+def test_the_resuming_section_names_everything_the_state_records() -> None:
+    section = README.split("\n## Resuming\n", 1)[1].split("\n## ", 1)[0]
+    with duckdb.connect() as con:
+        con.execute("CREATE TABLE t AS SELECT i * 1.0 AS y FROM range(4) r(i)")
+        with DDBDataLoader(con, "SELECT y, y AS f FROM t", "y", exclude_col="y") as loader:
+            state = loader.state_dict()
+    for key in state:
+        assert (f"`{key}`" if key != "version" else "a version") in section, key
