@@ -235,7 +235,9 @@ def test_non_groupable_queries_count_like_sql(
         schemes = {"group_scheme": [3, 2, 1, 0], "repartition_scheme": [3, 2, 1, 0]}
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        loader = DDBDataLoader(db, sql, target_col="y", group_col="gid", repartition_col="part", **schemes)
+        loader = DDBDataLoader(
+            db, sql, target_col="y", group_col="gid", repartition_col="part", exclude_col="y", **schemes
+        )
     expected = []
     for position, name in enumerate(("group", "repartition")):
         absent = [
@@ -423,7 +425,7 @@ def test_a_query_without_rows_yields_zero_batches(
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         loader = DDBDataLoader(
-            db, "SELECT gid, part, f0, y FROM series WHERE f0 < 0", target_col="y", **kwargs
+            db, "SELECT gid, part, f0, y FROM series WHERE f0 < 0", target_col="y", exclude_col="y", **kwargs
         )
     assert str(caught[-1].message).startswith("the plan has 0 samples (0 rows in 0 partitions")
     if "group_scheme" in kwargs:
