@@ -8,9 +8,13 @@ Spark's own — sessions and their settings, cancelling, quiet errors, transient
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -24,6 +28,8 @@ from ddbloader.backends import SparkBackend, connect
 from ddbloader.backends.spark import MAX_FIELDS
 
 pytestmark = pytest.mark.timeout(300)
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
@@ -116,3 +122,16 @@ def test_a_loader_over_a_passed_session_resumes_exactly(spark: SparkEngine) -> N
         "repartition_col": "part",
     }
     assert_resumes_exactly(lambda: DDBDataLoader(spark.admin, SERIES_SQL, "y", **options), epochs=1)
+
+
+def test_a_classic_session_reads_and_cancels(spark_server: sparkserver.SparkServer, tmp_path: Path) -> None:
+    """In a subprocess (tests/spark_classic.py): a classic session runs its JVM in the process.
+
+    ``spark_server`` is here for its check that pyspark and Java are installed (skip or fail).
+    """
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")])}
+    done = subprocess.run(
+        [sys.executable, str(REPO / "tests" / "spark_classic.py"), str(tmp_path / "warehouse")],
+        check=False, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert done.returncode == 0, f"spark_classic.py failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"

@@ -11,8 +11,9 @@ sent as literals in the protocol), never formatted into the text. Rows come back
 (``DataFrame.toArrow()``).
 
 Cancelling: every cursor tags its queries with its own tag (``addTag``, thread-local in
-PySpark); ``interrupt()`` calls ``interruptTag`` from any thread. A query that has not reached
-the server when ``interrupt()`` is called is not cancelled: it runs to its end.
+PySpark; job tags on a classic session); ``interrupt()`` cancels that tag from any thread. A
+query that has not reached the server when ``interrupt()`` is called is not cancelled: it runs
+to its end.
 
 Sessions opened from a URI get three settings:
 
@@ -137,27 +138,37 @@ def _describe(uri: str) -> str:
 
 
 class _SparkCursor:
-    """Runs queries tagged with its own tag, so that ``interrupt`` cancels only its own."""
+    """Runs queries tagged with its own tag, so that ``interrupt`` cancels only its own.
+
+    A Connect session tags operations (``addTag`` / ``interruptTag``). A classic session's tags
+    do not reach the JVM thread that serves ``toArrow()``, so there the SparkContext's job tags
+    (inherited by that thread) mark the jobs, and ``cancelJobsWithTag`` cancels them.
+    """
 
     def __init__(self, session: Any) -> None:
         self._session = session
         self._tag = f"ddbloader-{uuid.uuid4().hex}"
+        if type(session).__module__.startswith("pyspark.sql.connect"):
+            self._add, self._remove, self._cancel = session.addTag, session.removeTag, session.interruptTag
+        else:
+            context = session.sparkContext
+            self._add, self._remove = context.addJobTag, context.removeJobTag
+            self._cancel = context.cancelJobsWithTag
 
     def fetch(self, sql: str, params: Sequence[Any]) -> pa.Table:
         text, bound = bind_parameters(sql, params, "spark", "named")
-        session = self._session
-        session.addTag(self._tag)
+        self._add(self._tag)
         try:
             with _QUIET.quiet():
-                table: pa.Table = session.sql(text, args=bound or None).toArrow()
+                table: pa.Table = self._session.sql(text, args=bound or None).toArrow()
         finally:
-            session.removeTag(self._tag)
+            self._remove(self._tag)
         return table
 
     def interrupt(self) -> None:
         # Nothing running under the tag (idle, or a stopped session) means nothing to stop.
         with contextlib.suppress(Exception):
-            self._session.interruptTag(self._tag)
+            self._cancel(self._tag)
 
     def close(self) -> None:
         """Nothing to release: the session belongs to the backend."""
