@@ -188,6 +188,7 @@ def render(meta: dict[str, Any], latency: dict[str, list[float]], rows: list[dic
         "# Spark benchmark",
         "",
         f"Produced by `python benchmarks/spark.py {meta['argv']}` against {meta['server']}. "
+        f"ddbloader from {meta['version']}. "
         f"Machine: {meta['machine']}. Load average at the start: {meta['load']}.",
         "",
         f"Data: {meta['shape']}; {meta['samples']:,} windows per epoch; "
@@ -245,10 +246,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--repeat", type=int, default=2, help="epochs per loader row")
     parser.add_argument("--queries", type=int, default=20, help="runs per latency query")
     parser.add_argument("--write", action="store_true", help=f"write {RESULTS.name}")
+    parser.add_argument(
+        "--ddbloader-from", type=Path, help="import ddbloader from this directory (another version)"
+    )
     args = parser.parse_args(argv)
 
-    sys.path.insert(0, str(HERE.parent))
     sys.path.insert(0, str(HERE.parent / "tests"))
+    sys.path.insert(0, str(args.ddbloader_from or HERE.parent))
     from ddbloader.backends import SparkBackend
 
     with open("/proc/loadavg") as load:
@@ -291,6 +295,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         rows = loader_rows(backend, sql, args.window, args.threads, args.repeat, modes)
         meta = {
             "argv": " ".join(sys.argv[1:]),
+            "version": str(args.ddbloader_from or "this checkout"),
             "server": "a local Spark Connect server (local[2], tests/sparkserver.py)"
             if server
             else "the server at --uri",
