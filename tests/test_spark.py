@@ -129,7 +129,11 @@ def test_a_classic_session_reads_and_cancels(spark_server: sparkserver.SparkServ
 
     ``spark_server`` is here for its check that pyspark and Java are installed (skip or fail).
     """
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")])}
+    # Connect sessions made in this process set SPARK_CONNECT_MODE_ENABLED (and maybe SPARK_REMOTE),
+    # which would make the child's builder ask for a Connect URL.
+    connect_mode = {"SPARK_CONNECT_MODE_ENABLED", "SPARK_REMOTE", "SPARK_LOCAL_REMOTE"}
+    env = {k: v for k, v in os.environ.items() if k not in connect_mode}
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(REPO / "tests")])
     done = subprocess.run(
         [sys.executable, str(REPO / "tests" / "spark_classic.py"), str(tmp_path / "warehouse")],
         check=False, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=240,
