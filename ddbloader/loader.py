@@ -58,7 +58,14 @@ class _EpochBatches:
             config.fetch_threads,
             run.recorder.fetched,
             retry=RetryPolicy(config.retries, config.retry_backoff),
-            units=fetch_units(run.plan, run.units, config, run.epoch, config.fetch_bytes),
+            units=fetch_units(
+                run.plan,
+                run.units,
+                config,
+                run.epoch,
+                config.fetch_bytes,
+                lists=bool(getattr(backend, "binds_lists", False)),
+            ),
         )
         self._batches = self._assemble(run, stop)
 

@@ -181,6 +181,11 @@ def _parameter_in(expression: exp.Expr, first: int, count: int) -> exp.Expr:
     return exp.In(this=_operand(expression), expressions=[_parameter(first + n) for n in range(count)])
 
 
+def _parameter_any(expression: exp.Expr, number: int) -> exp.Expr:
+    """``expression = ANY($number)``: the values bound as one list parameter."""
+    return exp.EQ(this=_operand(expression), expression=exp.Any(this=exp.Paren(this=_parameter(number))))
+
+
 def _subquery(tree: exp.Expr, alias: str) -> exp.Subquery:
     return exp.Subquery(this=tree, alias=exp.TableAlias(this=exp.to_identifier(alias)))
 
@@ -202,7 +207,9 @@ class Query(Protocol):
 
     def column(self, text: str, parameter: str) -> Any: ...
     def filtered(self, columns: Sequence[Any]) -> str: ...
-    def filtered_many(self, columns: Sequence[Any], counts: Sequence[int | None]) -> str | None: ...
+    def filtered_many(
+        self, columns: Sequence[Any], counts: Sequence[int | None], *, lists: bool = False
+    ) -> str | None: ...
     def null_rows(self, columns: Sequence[Any]) -> str: ...
     def count(self, sql: str) -> str: ...
     def schema(self) -> str: ...
@@ -275,14 +282,18 @@ class UserQuery:
         predicate = exp.and_(*(_parameter_equals(c, n) for n, c in enumerate(columns, start=1)))
         return self.render(self._filter(columns, predicate))
 
-    def filtered_many(self, columns: Sequence[exp.Expr], counts: Sequence[int | None]) -> str | None:
+    def filtered_many(
+        self, columns: Sequence[exp.Expr], counts: Sequence[int | None], *, lists: bool = False
+    ) -> str | None:
         """The rows of many subqueries in one query, each row tagged with its key values.
 
         ``column_i IN ($k, ..., $k+n_i-1)`` for each of ``columns`` whose count ``n_i`` is not None
         is AND-ed into the WHERE as :meth:`filtered` does it (parameters numbered on across the
-        columns, in order), and every one of ``columns`` is selected after the query's own columns
-        as :data:`KEY_ALIASES`, so the client can split the result by key
-        (:func:`~ddbloader.units.split_by_key`). Rows of one key keep the query's order, since
+        columns, in order); with ``lists``, ``column_i = ANY($k)`` binds the values as one list
+        parameter instead (an engine that binds lists compares them as a set, where a long IN
+        list of parameters is compared one by one). Every one of ``columns`` is selected after
+        the query's own columns as :data:`KEY_ALIASES`, so the client can split the result by
+        key (:func:`~ddbloader.units.split_by_key`). Rows of one key keep the query's order, since
         the predicate and the added columns change no row's place.
 
         Returns None where selecting the keys would change what the query returns (grouping,
@@ -305,7 +316,10 @@ class UserQuery:
         terms = []
         number = 1
         for column, count in zip(columns, counts, strict=True):
-            if count is not None:
+            if count is not None and lists:
+                terms.append(_parameter_any(column, number))
+                number += 1
+            elif count is not None:
                 terms.append(_parameter_in(column, number, count))
                 number += count
         return self.render(_inject(tree, exp.and_(*terms)) if terms else tree)

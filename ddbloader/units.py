@@ -18,6 +18,8 @@ counts, and a result that does not split exactly is fetched again one partition 
 
 from __future__ import annotations
 
+import itertools
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -108,11 +110,14 @@ def fetch_units(
     config: LoaderConfig,
     epoch: int,
     budget: int,
+    *,
+    lists: bool = False,
 ) -> list[FetchUnit]:
     """The epoch's fetch units, in the order the epoch's streams ask for their partitions.
 
     Whole groups (all their partitions: the query restricts the group key only) join a unit while
-    its planned bytes stay within ``budget`` and its values within :data:`MAX_VALUES`; a group
+    its planned bytes stay within ``budget`` and its values within :data:`MAX_VALUES` (unbounded
+    with ``lists``: the backend binds each key's values as one list parameter); a group
     larger than ``budget`` becomes runs of its partitions in visit order (the query restricts
     the group to one value and the repartition key to the run's values). A partition asked for
     twice (a padded shard) is in the first unit only; a unit of one partition is left out (the
@@ -123,7 +128,8 @@ def fetch_units(
         return []
     group_key = plan.keys[0][0] == "group_col"
     row_bytes = max(plan.layout.row_bytes, 1)
-    cutter = _Cutter(plan, group_key)
+    max_values = sys.maxsize if lists else MAX_VALUES
+    cutter = _Cutter(plan, group_key, max_values, lists)
     seen: set[PartitionKey] = set()
     for unit in work_units:
         group = unit.group
@@ -141,7 +147,7 @@ def fetch_units(
         run_bytes = 0
         for position in visits:
             size = group.partitions[position].rows * row_bytes
-            if run and (run_bytes + size > budget or len(run) >= MAX_VALUES):
+            if run and (run_bytes + size > budget or len(run) >= max_values):
                 cutter.add_run(group, run)
                 run, run_bytes = [], 0
             run.append(position)
@@ -154,15 +160,17 @@ def fetch_units(
 class _Cutter:
     """Accumulates whole groups into one unit until the budget is spent."""
 
-    def __init__(self, plan: QueryPlan, group_key: bool) -> None:
+    def __init__(self, plan: QueryPlan, group_key: bool, max_values: int, lists: bool) -> None:
         self._plan = plan
         self._group_key = group_key
+        self._max_values = max_values
+        self._lists = lists
         self._groups: list[tuple[GroupPlan, list[int]]] = []
         self._bytes = 0
         self.units: list[FetchUnit] = []
 
     def add_group(self, group: GroupPlan, visits: list[int], size: int, budget: int) -> None:
-        full = self._bytes + size > budget or len(self._groups) >= MAX_VALUES
+        full = self._bytes + size > budget or len(self._groups) >= self._max_values
         if self._groups and (full or not self._group_key):
             self.flush()
         self._groups.append((group, visits))
@@ -180,7 +188,7 @@ class _Cutter:
             values = list(dict.fromkeys(c.params[k] for c in cells))
             # The group key is always bound; another key when its values fit too, so the query
             # leaves out rows outside the scheme (and rows with a NULL key) on the engine's side.
-            bound = (k == 0 and self._group_key) or len(params) + len(values) <= MAX_VALUES
+            bound = (k == 0 and self._group_key) or len(params) + len(values) <= self._max_values
             counts.append(len(values) if bound else None)
             params += values if bound else []
         self._add(counts, tuple(params), cells, wanted)
@@ -204,9 +212,14 @@ class _Cutter:
         wanted: Sequence[PartitionKey],
     ) -> None:
         assert self._plan.query is not None
-        sql = self._plan.query.filtered_many([expression for _, expression in self._plan.keys], counts)
-        if sql is not None:
-            self.units.append(FetchUnit(sql, params, cells, frozenset(wanted)))
+        keys = [expression for _, expression in self._plan.keys]
+        sql = self._plan.query.filtered_many(keys, counts, lists=self._lists)
+        if sql is None:
+            return
+        if self._lists:  # one list parameter per bound key
+            bounds = np.cumsum([0, *(c for c in counts if c is not None)]).tolist()
+            params = tuple(list(params[a:b]) for a, b in itertools.pairwise(bounds))
+        self.units.append(FetchUnit(sql, params, cells, frozenset(wanted)))
 
 
 def _codes(column: pa.ChunkedArray, values: Sequence[Any]) -> np.ndarray[Any, Any] | None:

@@ -575,3 +575,11 @@ def test_filtered_many_selects_the_keys_in_every_branch_of_a_union(db: duckdb.Du
 )
 def test_filtered_many_declines_queries_whose_rows_the_keys_would_change(sql: str) -> None:
     assert UserQuery(sql, DIALECT).filtered_many([key("g")], [2]) is None
+
+
+def test_filtered_many_binds_each_keys_values_as_one_list(db: duckdb.DuckDBPyConnection) -> None:
+    query = UserQuery("SELECT id FROM t ORDER BY id", DIALECT)
+    statement = query.filtered_many([key("g"), key("k")], [2, None], lists=True)
+    assert statement is not None
+    assert parameters(top_where(statement)) == ["$1"]
+    assert rows(db, statement, [0, 2]) == rows(db, "SELECT id, g, k FROM t WHERE g IN (0, 2) ORDER BY id")

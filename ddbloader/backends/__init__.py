@@ -134,6 +134,7 @@ class _Owning:
         self._lock = threading.Lock()
         self.dialect = inner.dialect
         self.engine = inner.engine
+        self.binds_lists = inner.binds_lists
 
     def cursor(self) -> Cursor:
         with self._lock:

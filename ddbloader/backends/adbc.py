@@ -102,12 +102,13 @@ def _floats_for_numeric(table: pa.Table) -> pa.Table:
 
 
 def _check_postgres_values(params: Sequence[Any]) -> None:
-    for number, value in enumerate(params, start=1):
-        if isinstance(value, str) and "\x00" in value:
-            raise ValueError(
-                f"parameter ${number} {value!r} contains a NUL character, which PostgreSQL text "
-                f"cannot hold (so no row could equal it); remove it from the scheme"
-            )
+    for number, param in enumerate(params, start=1):
+        for value in param if isinstance(param, list) else [param]:
+            if isinstance(value, str) and "\x00" in value:
+                raise ValueError(
+                    f"parameter ${number} {value!r} contains a NUL character, which PostgreSQL text "
+                    f"cannot hold (so no row could equal it); remove it from the scheme"
+                )
 
 
 class _ADBCCursor:
@@ -128,7 +129,11 @@ class _ADBCCursor:
         if backend.dialect == "postgres":
             _check_postgres_values(params)
         bound: Sequence[Any] | dict[str, Any]
-        if backend.dialect in _NUMBERED or not params:
+        if any(isinstance(p, list) for p in params):
+            # A list parameter (a fetch unit's key values) goes as an Arrow list column.
+            columns = [pa.array([p]) for p in params]
+            text, bound = sql, pa.record_batch(columns, names=[f"p{n}" for n in range(len(params))])
+        elif backend.dialect in _NUMBERED or not params:
             text, bound = sql, list(params)
         else:
             text, bound = bind_parameters(sql, params, backend.dialect, "qmark")
@@ -195,6 +200,8 @@ class ADBCBackend:
             self.close()
             raise TypeError(f"cannot tell the SQL dialect of ADBC vendor {vendor!r}: pass dialect=")
         self.dialect: str = found
+        #: PostgreSQL binds a fetch unit's key values as one array parameter (``key = ANY($1)``).
+        self.binds_lists = found == "postgres"
         if self.engine.startswith("adbc"):
             self.engine = f"{vendor or 'adbc'} {self.engine.removeprefix('adbc ')}"
         self.read_only_sql = read_only_statement(found)

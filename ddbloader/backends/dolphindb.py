@@ -305,15 +305,18 @@ class DolphinDBQuery:
                     f"`context by` (or `group by`) with the key's columns"
                 )
 
-    def filtered_many(self, columns: Sequence[str], counts: Sequence[int | None]) -> str | None:
+    def filtered_many(
+        self, columns: Sequence[str], counts: Sequence[int | None], *, lists: bool = False
+    ) -> str | None:
         """Many subqueries in one: ``column_i in [markers]`` for each column with a count (markers
         numbered on across the columns), every column selected after the query's own as
         ``_ddb_group`` / ``_ddb_repartition``, as :meth:`ddbloader.query.UserQuery.filtered_many`.
 
         Returns None unless the query is a plain ``select`` of columns (see
         :meth:`counts_are_groupable`): selecting the keys next to a ``group by``, ``context by``
-        or ``pivot by`` would change its result.
+        or ``pivot by`` would change its result. ``lists`` is ignored: values become literals.
         """
+        del lists
         if not self.counts_are_groupable():
             return None
         aliases = ("_ddb_group", "_ddb_repartition")[: len(columns)]

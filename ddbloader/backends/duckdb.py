@@ -164,6 +164,8 @@ class DuckDBBackend:
 
     dialect = "duckdb"
     engine = "duckdb"
+    #: Fetch units bind each key's values as one list parameter (``key = ANY($1)``).
+    binds_lists = True
 
     def __init__(
         self,
