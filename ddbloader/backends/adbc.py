@@ -111,6 +111,30 @@ def _check_postgres_values(params: Sequence[Any]) -> None:
                 )
 
 
+def _typed_parameters(cursor: Any, sql: str, params: Sequence[Any]) -> pa.RecordBatch:
+    """``params``, one of them a list (a fetch unit's key values), as one Arrow row typed as the
+    engine infers its parameters when it prepares ``sql``.
+
+    The types matter: PostgreSQL compares ``int4_column = ANY(int8[])`` element by element,
+    about ten times slower than the same types (a hashed lookup). A value that does not convert
+    to the inferred type keeps the type Arrow infers, and the engine reports the mismatch.
+    """
+    import adbc_driver_manager
+
+    try:
+        schema = cursor.adbc_prepare(sql)
+    except adbc_driver_manager.Error:
+        schema = None  # the driver does not describe parameters; execute reports a bad query
+    columns = []
+    for number, value in enumerate(params):
+        inferred = schema.field(number).type if schema is not None and number < len(schema) else None
+        try:
+            columns.append(pa.array([value], type=inferred))
+        except (pa.ArrowException, TypeError, ValueError, OverflowError):
+            columns.append(pa.array([value]))
+    return pa.record_batch(columns, names=[f"p{n}" for n in range(len(params))])
+
+
 class _ADBCCursor:
     def __init__(self, backend: ADBCBackend) -> None:
         self._backend = backend
@@ -129,11 +153,8 @@ class _ADBCCursor:
         if backend.dialect == "postgres":
             _check_postgres_values(params)
         bound: Sequence[Any] | dict[str, Any]
-        if any(isinstance(p, list) for p in params):
-            # A list parameter (a fetch unit's key values) goes as an Arrow list column.
-            columns = [pa.array([p]) for p in params]
-            text, bound = sql, pa.record_batch(columns, names=[f"p{n}" for n in range(len(params))])
-        elif backend.dialect in _NUMBERED or not params:
+        lists = any(isinstance(p, list) for p in params)
+        if lists or backend.dialect in _NUMBERED or not params:
             text, bound = sql, list(params)
         else:
             text, bound = bind_parameters(sql, params, backend.dialect, "qmark")
@@ -142,6 +163,8 @@ class _ADBCCursor:
             self._connect()
         if backend.read_only_sql is not None:
             self._cursor.execute(backend.read_only_sql)
+        if lists:
+            bound = _typed_parameters(self._cursor, text, params)
         self._cursor.execute(text, bound or None)
         return _floats_for_numeric(self._cursor.fetch_arrow_table())
 
