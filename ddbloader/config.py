@@ -100,7 +100,7 @@ class LoaderConfig:
     transform: Pipeline | None = None
     collate: Collate | None = None
     window_on_device: bool = False
-    fetch_bytes: int = 64 * 2**20
+    fetch_bytes: int = 8 * 2**20
     cache_bytes: int | None = None
 
     @property

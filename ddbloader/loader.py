@@ -351,7 +351,7 @@ class DDBDataLoader:
         transform: Any = None,
         collate: Callable[[Batch], Batch] | None = None,
         window_on_device: bool = False,
-        fetch_bytes: int = 64 * 2**20,
+        fetch_bytes: int = 8 * 2**20,
         cache_bytes: int | None = None,
         mode: str = "pytorch",
         verbose: bool = False,

@@ -1,0 +1,374 @@
+"""Scale benchmark (issue 13): an epoch costs what its rows cost, however many groups, however big one.
+
+Usage::
+
+    python benchmarks/scale.py groups      # 10 x 40,000 vs 4,000 x 100 rows, DuckDB and PostgreSQL
+    python benchmarks/scale.py big-group   # 2M rows x 32 float32 as one group, with/without repartitions
+    python benchmarks/scale.py memory      # whole-process peak RSS at 1x and 4x the table
+    python benchmarks/scale.py all         # everything; the tables go to stdout and RESULTS.md
+
+Every measurement runs in its own interpreter, so its peak RSS (VmHWM: engine, Arrow and torch
+included) is its own; the ratios of a table come from one run of this script, side by side.
+
+* ``groups``: the same 400,000 rows (8 float64 factors and a target, stored in random order, no
+  index) as 10 groups of 40,000 rows and as 4,000 groups of 100; window 20, batch 256, shuffled.
+  Windows/s of the second epoch of one loader (the first pays for cold caches). ``fetch_bytes=0``
+  (one query per partition, the code before fetch units) is run on the small shape too, unless
+  ``--skip-before``.
+* ``big-group``: 2,000,000 rows x 32 float32 columns as one group, without a repartition column
+  and with a 20-value one; wall time of one epoch and peak RSS.
+* ``memory``: the default throughput shape (``benchmarks/throughput.py``: symbols x days x 2,000
+  rows x 100 factors, grouped by symbol, repartitioned by day) at ``--days`` and 4x the days, the
+  loader opening the DuckDB file itself; peak RSS of the whole process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+WORK = HERE / "_work"
+RESULTS_MD = HERE / "RESULTS.md"
+MARKER = "RESULT-JSON:"
+SECTION = "## Scale (issue 13)"
+FACTORS = 8
+WINDOW = 20
+BATCH = 256
+TOTAL_ROWS = 400_000
+SHAPES = ((10, 40_000), (4_000, 100))
+
+
+def _hwm_mb() -> float:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    raise RuntimeError("no VmHWM in /proc/self/status")
+
+
+# ----------------------------------------------------------------------------------------- data
+
+
+def _groups_table(groups: int, rows: int) -> Any:
+    """``groups`` x ``rows`` rows in random order: g, pos (row within the group), f0..f7, target."""
+    import numpy as np
+    import pyarrow as pa
+
+    rng = np.random.default_rng(0)
+    order = rng.permutation(groups * rows)
+    columns: dict[str, Any] = {
+        "g": pa.array((np.arange(groups * rows) // rows)[order].astype(np.int32)),
+        "pos": pa.array((np.arange(groups * rows) % rows)[order].astype(np.int32)),
+    }
+    for i in range(FACTORS):
+        columns[f"f{i}"] = pa.array(rng.random(groups * rows))
+    columns["target"] = pa.array(rng.random(groups * rows))
+    return pa.table(columns)
+
+
+def _duckdb_file(name: str, make: Callable[[], Any]) -> Path:
+    import duckdb
+
+    path = WORK / f"{name}.duckdb"
+    if path.exists():
+        return path
+    WORK.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(".partial")
+    partial.unlink(missing_ok=True)
+    data = make()  # noqa: F841 -- read by DuckDB's replacement scan
+    with duckdb.connect(str(partial)) as con:
+        con.execute("CREATE TABLE t AS SELECT * FROM data")
+    partial.rename(path)
+    return path
+
+
+# --------------------------------------------------------------------------------- measurements
+
+
+def _epoch(loader: Any) -> tuple[float, int]:
+    started = time.perf_counter()
+    windows = 0
+    for x, _ in loader:
+        windows += x.shape[0]
+    return time.perf_counter() - started, windows
+
+
+def measure_groups(
+    source: str, table: str, groups: int, rows: int, fetch_bytes: int | None
+) -> dict[str, Any]:
+    from ddbloader import DDBDataLoader
+
+    columns = ", ".join(f"f{i}" for i in range(FACTORS))
+    options: dict[str, Any] = {} if fetch_bytes is None else {"fetch_bytes": fetch_bytes}
+    started = time.perf_counter()
+    loader = DDBDataLoader(
+        source,
+        f"SELECT g, {columns}, target FROM {table} ORDER BY pos",
+        "target",
+        batch_size=BATCH,
+        shuffle=True,
+        window_size=WINDOW,
+        input_col=[f"f{i}" for i in range(FACTORS)],
+        group_col="g",
+        seed=0,
+        **options,
+    )
+    plan_s = time.perf_counter() - started
+    with loader:
+        first_s, _ = _epoch(loader)
+        wall_s, windows = _epoch(loader)
+        stats = loader.stats()
+    assert windows == groups * (rows - WINDOW), windows
+    return {
+        "plan_s": plan_s,
+        "first_epoch_s": first_s,
+        "wall_s": wall_s,
+        "windows": windows,
+        "windows_per_s": windows / wall_s,
+        "queries": stats.queries,
+        "rows_per_query": stats.rows_per_query,
+    }
+
+
+def measure_big_group(path: str, repartitioned: bool) -> dict[str, Any]:
+    from ddbloader import DDBDataLoader
+
+    started = time.perf_counter()
+    loader = DDBDataLoader(
+        path,
+        "SELECT * FROM t ORDER BY pos",
+        "c0",
+        batch_size=256,
+        shuffle=True,
+        exclude_col=["pos", "part"],
+        repartition_col="part" if repartitioned else None,
+        seed=0,
+    )
+    plan_s = time.perf_counter() - started
+    with loader:
+        wall_s, windows = _epoch(loader)
+        stats = loader.stats()
+    return {
+        "plan_s": plan_s,
+        "wall_s": wall_s,
+        "windows": windows,
+        "queries": stats.queries,
+        "peak_rss_mb": _hwm_mb(),
+    }
+
+
+def measure_memory(path: str, options: dict[str, Any], memory_limit: str | None) -> dict[str, Any]:
+    """One epoch over the DuckDB file at ``path`` opened by the loader; ``memory_limit`` "default"
+    is the loader's own cap, anything else is given to ``DuckDBBackend``."""
+    from ddbloader import DDBDataLoader
+    from ddbloader.backends import DuckDBBackend
+
+    factors = [f"f{i}" for i in range(100)]
+    started = time.perf_counter()
+    source = path if memory_limit == "default" else DuckDBBackend(path, memory_limit=memory_limit)
+    loader = DDBDataLoader(
+        source,
+        f"SELECT {', '.join(factors)}, target FROM bench ORDER BY ts",
+        "target",
+        batch_size=64,
+        shuffle=True,
+        window_size=50,
+        group_col="symbol",
+        repartition_col="CAST(ts AS DATE)",
+        exclude_col=["target"],
+        seed=0,
+        **options,
+    )
+    plan_s = time.perf_counter() - started
+    cpu = os.times()
+    with loader:
+        wall_s, windows = _epoch(loader)
+        stats = loader.stats()
+    after = os.times()
+    return {
+        "plan_s": plan_s,
+        "wall_s": wall_s,
+        "cpu_s": after.user + after.system - cpu.user - cpu.system,
+        "windows": windows,
+        "queries": stats.queries,
+        "peak_rss_mb": _hwm_mb(),
+    }
+
+
+MEASUREMENTS: dict[str, Callable[..., dict[str, Any]]] = {
+    "groups": measure_groups,
+    "big-group": measure_big_group,
+    "memory": measure_memory,
+}
+
+
+def spawn(kind: str, *args: Any) -> dict[str, Any]:
+    """Run one measurement in a fresh interpreter."""
+    command = [sys.executable, str(Path(__file__).resolve()), "--child", json.dumps([kind, *args])]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run(command, capture_output=True, text=True, timeout=1800, check=False, env=env)
+    lines = [line for line in done.stdout.splitlines() if line.startswith(MARKER)]
+    if done.returncode != 0 or not lines:
+        raise RuntimeError(f"{kind} {args} failed (rc {done.returncode}):\n{done.stdout}\n{done.stderr}")
+    result: dict[str, Any] = json.loads(lines[-1][len(MARKER) :])
+    print(f"  {kind} {args[1:]}: {result}", file=sys.stderr, flush=True)
+    return result
+
+
+# ---------------------------------------------------------------------------------------- runs
+
+
+def run_groups(skip_before: bool) -> str:
+    sys.path.insert(0, str(REPO / "tests"))
+    import pgserver
+
+    sources: dict[str, str] = {}
+    for groups, rows in SHAPES:
+        sources[f"duckdb {groups}"] = str(
+            _duckdb_file(f"groups_{groups}x{rows}", lambda g=groups, r=rows: _groups_table(g, r))
+        )
+    server = pgserver.start()
+    try:
+        from adbc_driver_postgresql import dbapi
+
+        with dbapi.connect(server.uri, autocommit=True) as admin, admin.cursor() as cursor:
+            for groups, rows in SHAPES:
+                cursor.adbc_ingest(f"t_{groups}", _groups_table(groups, rows), mode="replace")
+                cursor.execute(f"ANALYZE t_{groups}")
+        lines = [
+            "| engine | shape | fetch_bytes | plan s | windows/s | queries/epoch | rows/query | "
+            "ratio to 10 groups |",
+            "|---|---|---|---:|---:|---:|---:|---:|",
+        ]
+        for engine in ("duckdb", "postgres"):
+            results = {}
+            for groups, rows in SHAPES:
+                source = sources[f"duckdb {groups}"] if engine == "duckdb" else server.uri
+                table = "t" if engine == "duckdb" else f"t_{groups}"
+                variants: list[int | None] = [None]
+                if groups > 10 and not skip_before:
+                    variants.append(0)
+                for fetch_bytes in variants:
+                    results[(groups, fetch_bytes)] = spawn("groups", source, table, groups, rows, fetch_bytes)
+            reference = results[(10, None)]["windows_per_s"]
+            for (groups, fetch_bytes), r in results.items():
+                rows = TOTAL_ROWS // groups
+                budget = "default" if fetch_bytes is None else fetch_bytes
+                lines.append(
+                    f"| {engine} | {groups:,} x {rows:,} | {budget} "
+                    f"| {r['plan_s']:.2f} | {r['windows_per_s']:,.0f} | {r['queries']} | "
+                    f"{r['rows_per_query']:,.0f} | {r['windows_per_s'] / reference:.2f}x |"
+                )
+    finally:
+        server.stop()
+    return "\n".join(lines)
+
+
+def run_big_group() -> str:
+    def table() -> Any:
+        import numpy as np
+        import pyarrow as pa
+
+        rows = 2_000_000
+        rng = np.random.default_rng(1)
+        columns: dict[str, Any] = {
+            "pos": pa.array(np.arange(rows, dtype=np.int64)),
+            "part": pa.array((np.arange(rows) * 20 // rows).astype(np.int32)),
+        }
+        for i in range(32):
+            columns[f"c{i}"] = pa.array(rng.random(rows, dtype=np.float32))
+        return pa.table(columns)
+
+    path = str(_duckdb_file("big_group_2m_x32", table))
+    without = spawn("big-group", path, False)
+    with_ = spawn("big-group", path, True)
+    return "\n".join(
+        [
+            "| 2M rows x 32 float32, one group | wall s | peak RSS MB | queries |",
+            "|---|---:|---:|---:|",
+            f"| no repartition column | {without['wall_s']:.2f} | {without['peak_rss_mb']:.0f} | "
+            f"{without['queries']} |",
+            f"| 20-value repartition column | {with_['wall_s']:.2f} | {with_['peak_rss_mb']:.0f} | "
+            f"{with_['queries']} |",
+            f"| ratio (none / 20 values) | {without['wall_s'] / with_['wall_s']:.2f}x | "
+            f"{without['peak_rss_mb'] / with_['peak_rss_mb']:.2f}x | |",
+        ]
+    )
+
+
+def run_memory(symbols: int, days: int, variants: list[tuple[str, dict[str, Any], str | None]]) -> str:
+    sys.path.insert(0, str(HERE))
+    import throughput
+
+    lines = [
+        "| settings | rows x1 | peak RSS x1 MB | peak RSS x4 MB | growth | wall x1 s | wall x4 s | "
+        "CPU x4 s |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    shapes = [throughput.Shape(symbols, days * k, 2000, 100, 50) for k in (1, 4)]
+    for shape in shapes:
+        throughput.ensure_data(shape)
+    for label, options, memory_limit in variants:
+        one, four = (spawn("memory", str(s.db_path), options, memory_limit) for s in shapes)
+        growth = 100 * (four["peak_rss_mb"] - one["peak_rss_mb"]) / one["peak_rss_mb"]
+        lines.append(
+            f"| {label} | {shapes[0].total_rows:,} | {one['peak_rss_mb']:.0f} | {four['peak_rss_mb']:.0f} | "
+            f"{growth:+.0f} % | {one['wall_s']:.2f} | {four['wall_s']:.2f} | {four['cpu_s']:.1f} |"
+        )
+    return "\n".join(lines)
+
+
+def _child(raw: str) -> None:
+    kind, *args = json.loads(raw)
+    print(MARKER + json.dumps(MEASUREMENTS[kind](*args)), flush=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("what", nargs="?", choices=["groups", "big-group", "memory", "all"], default="all")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--skip-before", action="store_true", help="skip fetch_bytes=0 at 4,000 groups")
+    parser.add_argument("--symbols", type=int, default=10)
+    parser.add_argument("--days", type=int, default=5)
+    args = parser.parse_args(argv)
+    if args.child:
+        _child(args.child)
+        return
+    sections = []
+    if args.what in ("groups", "all"):
+        sections.append(
+            ("Groups: the same 400,000 rows, few big groups vs many small", run_groups(args.skip_before))
+        )
+    if args.what in ("big-group", "all"):
+        sections.append(("One big group", run_big_group()))
+    if args.what in ("memory", "all"):
+        variants: list[tuple[str, dict[str, Any], str | None]] = [
+            ("defaults (fetch_bytes 8 MiB, DuckDB memory_limit 256MB)", {}, "default"),
+            ("fetch_bytes 8 MiB, no DuckDB cap", {}, None),
+            ("fetch_bytes 64 MiB, memory_limit 256MB", {"fetch_bytes": 64 * 2**20}, "default"),
+            ("fetch_bytes 0 (a query per partition), no cap: as before", {"fetch_bytes": 0}, None),
+        ]
+        sections.append(("Peak RSS as the table grows 4x", run_memory(args.symbols, args.days, variants)))
+    header = (
+        f"{SECTION}\n\n`python benchmarks/scale.py {args.what}` on {platform.node()} "
+        f"({os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f} before the last section), "
+        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.\n"
+    )
+    text = header + "\n".join(f"\n### {title}\n\n{table}\n" for title, table in sections)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
