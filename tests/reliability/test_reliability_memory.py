@@ -21,7 +21,8 @@ pytestmark = pytest.mark.timeout(180)
 
 GROUPS, ROWS_PER_PARTITION, FEATURES = 8, 4096, 16
 #: DuckDB caches the blocks it reads up to its memory_limit (default: 80% of RAM), whatever
-#: reads them; the bound under test is the loader's, so the engine's cache is capped.
+#: reads them; the bound under test is the loader's, so the engine's cache is capped. A fetch unit
+#: is sorted by the engine (ORDER BY) in that memory: units stay well below it (fetch_bytes).
 ENGINE_MEMORY = "16MB"
 
 MEASURE = """
@@ -38,7 +39,7 @@ MEASURE = """
         with DDBDataLoader(source, sql, "y", batch_size=1024, window_size=4, group_col="gid",
                            repartition_col="part", exclude_col=["gid", "part"], shuffle=True,
                            seed=1, group_pool_size=2, prepartition_num=2, fetch_threads=2,
-                           dtype=torch.float32) as loader:
+                           dtype=torch.float32, fetch_bytes=2 * 2**20) as loader:
             for x, y in loader:
                 samples += len(x)
     else:  # the control: what holding the whole table costs
