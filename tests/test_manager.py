@@ -217,8 +217,11 @@ def test_every_window_exactly_once_aligned_and_within_its_group(case: Case) -> N
         assert starts == expected[: len(starts)]
 
     # Each partition is fetched at most once, and every one an emitted sample needs is fetched;
-    # fetch units bring several in one query.
-    assert stats.queries == backend.fetches <= stats.partitions_fetched <= partitions
+    # fetch units bring several in one query. A query still running when the epoch ends (the
+    # next unit, fetched ahead, when drop_last leaves its samples out) is counted by the engine
+    # but not by the stats.
+    assert stats.queries <= backend.fetches <= partitions
+    assert stats.partitions_fetched <= partitions
     if len(starts) == len(expected):
         assert stats.partitions_fetched >= touched_partitions(case)
         if case.fetch_bytes == 0:
