@@ -138,43 +138,31 @@ def _epochs(
     }
 
 
-def _default_loader(**kwargs: Any) -> Any:
+def _default_loader(sql: str | None = None, **kwargs: Any) -> Any:
+    """The default shape's shuffled, windowed loader; ``kwargs`` add or replace its arguments."""
     from ddbloader import DDBDataLoader
 
     shape = DEFAULT
+    options: dict[str, Any] = {"exclude_col": ["target"]} if "input_col" not in kwargs else {}
     return DDBDataLoader(
         str(shape.db_path),
-        shape.loader_sql,
+        sql or shape.loader_sql,
         "target",
         batch_size=throughput.BATCH,
         shuffle=True,
         window_size=shape.window,
         group_col="symbol",
         repartition_col="CAST(ts AS DATE)",
-        exclude_col=["target"],
         seed=throughput.SEED,
+        **options,
         **kwargs,
     )
 
 
 def _default_mixing() -> float:
     """Distinct groups per batch of the default loader's first epoch (x = the symbol's number)."""
-    from ddbloader import DDBDataLoader
-
-    shape = DEFAULT
     sql = "SELECT CAST(substr(symbol, 2) AS DOUBLE) AS g, target FROM bench ORDER BY ts"
-    with DDBDataLoader(
-        str(shape.db_path),
-        sql,
-        "target",
-        batch_size=throughput.BATCH,
-        shuffle=True,
-        window_size=shape.window,
-        group_col="symbol",
-        repartition_col="CAST(ts AS DATE)",
-        input_col=["g"],
-        seed=throughput.SEED,
-    ) as loader:
+    with _default_loader(sql, input_col=["g"]) as loader:
         return _distinct_per_batch(x[:, 0, 0] for x, _ in loader)
 
 
