@@ -102,6 +102,7 @@ class LoaderConfig:
     window_on_device: bool = False
     fetch_bytes: int = 8 * 2**20
     cache_bytes: int | None = None
+    key_col: tuple[str, ...] = ()
 
     @property
     def span(self) -> int:
@@ -358,6 +359,7 @@ def normalise_config(args: Mapping[str, Any]) -> LoaderConfig:
         cache_bytes=None
         if args.get("cache_bytes") is None
         else _positive_int(args["cache_bytes"], "cache_bytes", minimum=0),
+        key_col=_names(args["key_col"], "key_col", allow_none=True) or (),
     )
 
 

@@ -5,15 +5,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from .loader import _NO_SOURCE, DDBDataLoader, _EpochIterator
+from .loader import _NO_SOURCE, DDBDataLoader, Delivered, _EpochIterator
 
 __all__ = ["DDBIterableDataset"]
 
 
-class DDBIterableDataset(IterableDataset[tuple[torch.Tensor, torch.Tensor]]):
+class DDBIterableDataset(IterableDataset[Delivered]):
     """``DDBDataLoader``'s arguments, served through ``torch.utils.data.DataLoader``.
 
     Use ``DataLoader(dataset, batch_size=None, num_workers=N)``: batching happens here. Each

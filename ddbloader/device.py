@@ -34,6 +34,7 @@ import torch
 from .batch import gather, gather_on_device
 from .config import Collate
 from .errors import add_note
+from .keys import Keys, gather_keys
 from .manager import Piece, Segment
 from .source import ColumnLayout
 from .transforms import step_name
@@ -52,6 +53,7 @@ class Staged:
     x: torch.Tensor
     y: torch.Tensor
     ready: torch.cuda.Event | None
+    keys: Keys | None = None
 
 
 class DeviceStage:
@@ -105,16 +107,19 @@ class DeviceStage:
             if self._stream is not None:
                 ready = torch.cuda.Event()  # type: ignore[no-untyped-call]
                 ready.record(self._stream)
-        return Staged(x, y, ready)
+        keys = gather_keys(pieces, layout.key_names, geometry.offset) if layout.key_names else None
+        return Staged(x, y, ready, keys)
 
-    def deliver(self, staged: Staged) -> Batch:
-        """The batch, safe to use on the consumer's current stream."""
+    def deliver(self, staged: Staged) -> Batch | tuple[torch.Tensor, torch.Tensor, Keys]:
+        """The batch, safe to use on the consumer's current stream; ``(x, y, keys)`` with keys."""
         if staged.ready is not None:
             consumer = torch.cuda.current_stream(self.device)
             consumer.wait_event(staged.ready)
             for tensor in (staged.x, staged.y):
                 if tensor.is_cuda:
                     tensor.record_stream(consumer)
+        if staged.keys is not None:
+            return staged.x, staged.y, staged.keys
         return staged.x, staged.y
 
     def _collate(self, x: torch.Tensor, y: torch.Tensor) -> Batch:

@@ -119,6 +119,8 @@ def plan_rows(
         ("bytes per batch", human_bytes(batch_bytes)),
         ("order", f"shuffle={config.shuffle}, seed={config.seed}"),
     ]
+    if layout.key_names:
+        rows.append(("keys", ", ".join(layout.key_names)))
     if sharding.world_size > 1:
         rows.append(
             ("rank", f"{sharding.rank} of {sharding.world_size} (even_batches={sharding.even_batches})")

@@ -38,6 +38,9 @@ __all__ = ["DDBDataLoader"]
 _log = logging.getLogger("ddbloader")
 
 Batch = tuple[torch.Tensor, torch.Tensor]
+#: What an iteration yields: ``(x, y)``, or ``(x, y, keys)`` with ``key_col`` (a
+#: :data:`~ddbloader.keys.Keys` dict); typed loosely so that ``for x, y in loader`` type-checks.
+Delivered = tuple[Any, ...]
 
 
 class _EpochBatches:
@@ -169,7 +172,7 @@ class _EpochIterator:
         owner = self._owner
         return owner if owner is not threading.current_thread() and owner.is_alive() else None
 
-    def __next__(self) -> Batch:
+    def __next__(self) -> Delivered:
         if not self._stepping.acquire(blocking=False):
             raise RuntimeError(
                 "two threads are stepping the same DDBDataLoader iterator at once; "
@@ -180,13 +183,13 @@ class _EpochIterator:
         finally:
             self._stepping.release()
 
-    def _step(self) -> Batch:
+    def _step(self) -> Delivered:
         if self._stopped_because is not None:
             raise RuntimeError(self._stopped_because)
         waiting = time.perf_counter()
         ready = self._prefetcher.ready()
         try:
-            x, y = self._run.stage.deliver(next(self._prefetcher))
+            batch = self._run.stage.deliver(next(self._prefetcher))
         except StopIteration:
             if self._stopped_because is not None:  # stopped from another thread during this step
                 raise RuntimeError(self._stopped_because) from None
@@ -209,8 +212,9 @@ class _EpochIterator:
             raise
         self.yielded += 1
         self._loader._progress = (self.epoch, self.yielded, False)
+        x, y = batch[0], batch[1]
         self._run.recorder.delivered(len(x), x.nbytes + y.nbytes, time.perf_counter() - waiting, ready)
-        return x, y
+        return batch
 
     def stop(self, reason: str) -> None:
         """Stop the threads; unless the epoch had ended, every later step raises RuntimeError(reason).
@@ -306,6 +310,10 @@ class DDBDataLoader:
             epochs from there, without querying again, when the planned partitions (rows ×
             bytes per row of x and y) fit in this many bytes; else a warning, and no cache.
             ``None`` (the default) never caches: the data may change between epochs.
+        key_col: column(s) of any type whose values at each sample's first y row (its row
+            without windows) come with the batch as a third element, a dict name → tensor (numbers;
+            temporal values as int64 since the epoch) or list (strings and other types), so
+            predictions can be joined back (see ddbloader.keys). Left out of a derived x.
         mode: DolphinDB's framework switch; only ``"pytorch"`` exists here.
         verbose: accepted for DolphinDB code and ignored: ddbloader reports through the
             ``"ddbloader"`` logger (INFO per epoch, DEBUG per partition).
@@ -353,6 +361,7 @@ class DDBDataLoader:
         window_on_device: bool = False,
         fetch_bytes: int = 8 * 2**20,
         cache_bytes: int | None = None,
+        key_col: str | Sequence[str] | None = None,
         mode: str = "pytorch",
         verbose: bool = False,
         **aliases: Any,

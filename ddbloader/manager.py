@@ -115,25 +115,23 @@ class Arena:
         if not self._free or rows > self.region_rows or not all(b.fetched for b in blocks):
             return Segment(Block.concatenate(blocks))
         base = self._base or self._allocate(blocks[0])
-        if not all(b.x.dtype == base.x.dtype and b.y.dtype == base.y.dtype for b in blocks) or not self._free:
+        if not all(base.same_layout(b) for b in blocks) or not self._free:
             return Segment(Block.concatenate(blocks))
         first = heapq.heappop(self._free) * self.region_rows
         at = first
         for block in blocks:
-            base.x[at : at + block.rows] = block.x
-            base.y[at : at + block.rows] = block.y
+            base.write(at, block)
             at += block.rows
-        return Segment(Block(base.x[first:at], base.y[first:at]), base, first)
+        return Segment(base.view(first, at), base, first)
 
     def _allocate(self, like: Block) -> Block:
         """The arrays, shaped after ``like`` (address space only: pages are mapped when written)."""
-        x, y = like.x, like.y
-        row_bytes = max(x.shape[1] * x.itemsize + y.shape[1] * y.itemsize, 1)
+        key_bytes = sum(v.itemsize for v in (like.keys or {}).values())
+        row_bytes = max(like.x.shape[1] * like.x.itemsize + like.y.shape[1] * like.y.itemsize + key_bytes, 1)
         regions = min(self.regions, ARENA_MAX_BYTES // max(self.region_rows * row_bytes, 1))
         self.regions = regions
         self._free = [r for r in self._free if r < regions]
-        total = regions * self.region_rows
-        self._base = Block(np.empty((total, x.shape[1]), x.dtype), np.empty((total, y.shape[1]), y.dtype))
+        self._base = like.empty_like(regions * self.region_rows)
         self.whole = Segment(self._base)
         return self._base
 
@@ -395,9 +393,9 @@ class GroupStream:
         block = self._fetch_now(step.position)
         self._keep_edges(step.position, block)
         reach_left, reach_right = self._edge_sides(step)
-        left = self._gather_edges(step.position, -1, step.left) if reach_left else [_zeros(block, step.left)]
+        left = self._gather_edges(step.position, -1, step.left) if reach_left else [block.zeros(step.left)]
         right = (
-            self._gather_edges(step.position, +1, step.right) if reach_right else [_zeros(block, step.right)]
+            self._gather_edges(step.position, +1, step.right) if reach_right else [block.zeros(step.right)]
         )
         return self._segment([*left, block, *right])
 
@@ -442,21 +440,11 @@ class GroupStream:
                 head, tail = self._edges[neighbour]
             kept = tail if direction < 0 else head
             take = min(rows, kept.rows)
-            part = (
-                Block(kept.x[kept.rows - take :], kept.y[kept.rows - take :], kept.fetched)
-                if direction < 0
-                else Block(kept.x[:take], kept.y[:take], kept.fetched)
-            )
+            part = kept.view(kept.rows - take, kept.rows) if direction < 0 else kept.view(0, take)
             pieces.append(part)
             rows -= take
             neighbour += direction
         return pieces[::-1] if direction < 0 else pieces
-
-
-def _zeros(like: Block, rows: int) -> Block:
-    return Block(
-        np.zeros((rows, like.x.shape[1]), like.x.dtype), np.zeros((rows, like.y.shape[1]), like.y.dtype)
-    )
 
 
 class _Serving:

@@ -33,6 +33,7 @@ import pyarrow.compute as pc
 import torch
 
 from .errors import add_note, warn_caller
+from .keys import KeyArrays, key_arrays
 
 if TYPE_CHECKING:
     from .config import LoaderConfig
@@ -89,6 +90,7 @@ class ColumnLayout:
     result_types: tuple[pa.DataType, ...] = ()
     x_stacked: bool = False
     y_stacked: bool = False
+    key_names: tuple[str, ...] = ()
 
     def column_shape(self, name: str) -> Shape:
         """Shape of ``name``'s value in one row: ``()`` for a scalar column."""
@@ -142,6 +144,7 @@ class Block:
     x: np.ndarray[Any, Any]
     y: np.ndarray[Any, Any]
     fetched: bool = True
+    keys: KeyArrays | None = None
 
     @staticmethod
     def unfetched(rows: int) -> Block:
@@ -151,9 +154,52 @@ class Block:
     def rows(self) -> int:
         return int(self.x.shape[0])
 
+    def view(self, start: int, stop: int) -> Block:
+        """Rows ``[start, stop)``, sharing this block's memory."""
+        keys = None if self.keys is None else {n: v[start:stop] for n, v in self.keys.items()}
+        return Block(self.x[start:stop], self.y[start:stop], self.fetched, keys)
+
     def rows_between(self, start: int, stop: int) -> Block:
         """Rows ``[start, stop)`` as a compact copy, so the full block can be freed."""
-        return Block(self.x[start:stop].copy(), self.y[start:stop].copy(), self.fetched)
+        keys = None if self.keys is None else {n: v[start:stop].copy() for n, v in self.keys.items()}
+        return Block(self.x[start:stop].copy(), self.y[start:stop].copy(), self.fetched, keys)
+
+    def empty_like(self, rows: int) -> Block:
+        """``rows`` uninitialised rows shaped like this block's (address space until written)."""
+        keys = None if self.keys is None else {n: np.empty(rows, v.dtype) for n, v in self.keys.items()}
+        return Block(
+            np.empty((rows, self.x.shape[1]), self.x.dtype),
+            np.empty((rows, self.y.shape[1]), self.y.dtype),
+            keys=keys,
+        )
+
+    def same_layout(self, other: Block) -> bool:
+        """Whether ``other``'s rows can be written into this block's (same dtypes and key columns)."""
+        if self.x.dtype != other.x.dtype or self.y.dtype != other.y.dtype:
+            return False
+        if self.keys is None or other.keys is None:
+            return self.keys is None and other.keys is None
+        return self.keys.keys() == other.keys.keys() and all(
+            self.keys[n].dtype == other.keys[n].dtype for n in self.keys
+        )
+
+    def write(self, at: int, rows: Block) -> None:
+        """Copy ``rows`` into rows ``[at, at + rows.rows)`` (of an arena's block; see :meth:`same_layout`)."""
+        stop = at + rows.rows
+        self.x[at:stop] = rows.x
+        self.y[at:stop] = rows.y
+        if self.keys is not None and rows.keys is not None:
+            for name, values in rows.keys.items():
+                self.keys[name][at:stop] = values
+
+    def zeros(self, rows: int) -> Block:
+        """``rows`` rows of zeros shaped like this block's (placeholders no sample reads)."""
+        keys = None if self.keys is None else {n: np.zeros(rows, v.dtype) for n, v in self.keys.items()}
+        return Block(
+            np.zeros((rows, self.x.shape[1]), self.x.dtype),
+            np.zeros((rows, self.y.shape[1]), self.y.dtype),
+            keys=keys,
+        )
 
     @staticmethod
     def concatenate(blocks: Sequence[Block]) -> Block:
@@ -161,7 +207,10 @@ class Block:
             return blocks[0]
         if not all(b.fetched for b in blocks):
             return Block.unfetched(sum(b.rows for b in blocks))
-        return Block(np.concatenate([b.x for b in blocks]), np.concatenate([b.y for b in blocks]))
+        keys = blocks[0].keys
+        if keys is not None:
+            keys = {n: np.concatenate([b.keys[n] for b in blocks if b.keys is not None]) for n in keys}
+        return Block(np.concatenate([b.x for b in blocks]), np.concatenate([b.y for b in blocks]), keys=keys)
 
 
 @dataclass(frozen=True)
@@ -392,7 +441,7 @@ def _resolve(
         _check_named(config.input_col, "input_col", columns, origin)
         x_names = [n for n in config.input_col if n not in config.exclude_col]
     else:
-        candidates = [n for n in names if n not in config.exclude_col]
+        candidates = [n for n in names if n not in config.exclude_col and n not in config.key_col]
         skipped = [n for n in candidates if types[n].dtype is None]
         if skipped:
             warn_caller(
@@ -443,7 +492,18 @@ def _resolve(
         tuple(result.types),
         x_stacked,
         y_stacked,
+        _key_names(config.key_col, tuple(result.names)),
     )
+
+
+def _key_names(key_col: tuple[str, ...], result_names: tuple[str, ...]) -> tuple[str, ...]:
+    """``key_col``, checked against the query's own columns (keys are read before any transform)."""
+    for name in key_col:
+        if name not in result_names:
+            raise ValueError(
+                f"key_col names {name!r}, which is not a column of the query; columns: {list(result_names)}"
+            )
+    return key_col
 
 
 def resolve_columns(
@@ -640,6 +700,7 @@ def to_block(table: pa.Table, layout: ColumnLayout) -> Block:
     """
     table = _renamed(table, layout.result_names)
     rows = table.num_rows
+    keys = key_arrays(table, layout.key_names) if layout.key_names else None
     frame = table if layout.transform is None else layout.transform(table)
     x = np.empty((rows, layout.x_features), dtype=layout.x_dtype)
     y = np.empty((rows, layout.y_features), dtype=layout.y_dtype)
@@ -650,4 +711,4 @@ def to_block(table: pa.Table, layout: ColumnLayout) -> Block:
         if layout.transform is not None:
             add_note(error, f"ddbloader was converting the output of transform {layout.transform.name}")
         raise
-    return Block(x, y)
+    return Block(x, y, keys=keys)

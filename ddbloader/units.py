@@ -309,6 +309,6 @@ def unit_blocks(
     blocks = []
     at = 0
     for spec, part in wanted:
-        blocks.append((spec, Block(whole.x[at : at + part.num_rows], whole.y[at : at + part.num_rows])))
+        blocks.append((spec, whole.view(at, at + part.num_rows)))
         at += part.num_rows
     return blocks

@@ -211,6 +211,7 @@ WRONG_TYPES: list[Case] = [
         TypeError,
         r"transform must be a callable or a list of callables, got 42",
     ),
+    Case("key_col=int", series(key_col=3), TypeError, r"key_col must be a column name or a list of names"),
     Case("collate=int", series(collate=42), TypeError, r"collate must be a callable .*got 42"),
     Case("mode=int", series(mode=1), ValueError, r"mode=1 is not supported: ddbloader feeds PyTorch only"),
     Case("verbose=str", series(verbose="yes"), TypeError, r"verbose must be a bool, got str 'yes'"),
