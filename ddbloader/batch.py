@@ -15,11 +15,12 @@ import numpy as np
 import torch
 
 from .dtypes import torch_dtype
+from .keys import KeyArrays, Keys
 from .manager import Piece, Segment
 from .source import Block, ColumnLayout
 from .window import WindowGeometry, window_view
 
-__all__ = ["RowSource", "batch_count", "gather", "gather_on_device"]
+__all__ = ["RowSource", "batch_count", "gather", "gather_keys", "gather_on_device"]
 
 #: A segment's ``(x_rows, y_rows)`` (``[rows, F]`` each) on the device the batch is built on.
 RowSource = Callable[[Segment], tuple[torch.Tensor, torch.Tensor]]
@@ -155,3 +156,20 @@ def gather_on_device(
         torch.index_select(window_view(y_rows, y_window), 0, starts + geometry.offset, out=y[filled:stop])
         filled = stop
     return x.view(x_shape), y.view(y_shape)
+
+
+def _keys_of(piece: Piece) -> KeyArrays:
+    keys = piece.segment.block.keys
+    if keys is None:
+        raise RuntimeError("internal error: a block without keys reached a batch that needs them")
+    return keys
+
+
+def gather_keys(pieces: Sequence[Piece], names: Sequence[str], offset: int) -> Keys:
+    """The keys of a batch's samples: each sample's first y row (``start + offset``), in batch order."""
+    keys: Keys = {}
+    for name in names:
+        parts = [_keys_of(p)[name].take(p.starts + offset) for p in pieces]
+        values = np.concatenate(parts) if len(parts) != 1 else parts[0]
+        keys[name] = values.tolist() if values.dtype == object else torch.from_numpy(values)
+    return keys

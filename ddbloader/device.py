@@ -31,10 +31,10 @@ from typing import Any
 
 import torch
 
-from .batch import gather, gather_on_device
+from .batch import gather, gather_keys, gather_on_device
 from .config import Collate
 from .errors import add_note
-from .keys import Keys, gather_keys
+from .keys import Keys
 from .manager import Piece, Segment
 from .source import ColumnLayout
 from .transforms import step_name

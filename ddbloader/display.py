@@ -1,7 +1,8 @@
-"""What a loader shows a person: its plan as text and HTML, progress bars, and readable errors.
+"""What a loader shows a person: tables as text and HTML, progress bars, and readable errors.
 
-Rendering a plan reads only the cached plan (counts, layout, config): it never queries the engine,
-so ``repr(loader)`` is instant and free whatever the table size. Errors raised out of the
+It knows no loader type (a plan's rows come from :mod:`ddbloader.summary`), so every module may
+use it. Rendering a plan reads only the cached plan (counts, layout, config): it never queries the
+engine, so ``repr(loader)`` is instant and free whatever the table size. Errors raised out of the
 loader's background threads get a compact rendering in IPython/Jupyter (the message, the notes
 naming the subquery and the thread, the two frames that matter), because the default rendering
 is a wall of thread frames with the cause at the very end; plain Python's traceback is unchanged.
@@ -22,10 +23,6 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from tqdm import tqdm
 
-    from .config import LoaderConfig
-    from .plan import QueryPlan
-    from .shard import Sharding
-
 __all__ = [
     "CELL_STYLE",
     "LABEL_STYLE",
@@ -35,7 +32,6 @@ __all__ = [
     "html_table",
     "human_bytes",
     "plan_html",
-    "plan_rows",
     "plan_text",
     "progress_bar",
     "readable_in_notebooks",
@@ -64,68 +60,6 @@ def human_bytes(n: float) -> str:
         return f"{value:.0f} B"
     digits = 2 if value < 10 else 1 if value < 100 else 0
     return f"{value:.{digits}f} {units[index]}"
-
-
-def _shape(batch: int, window: int | None, sample: tuple[int, ...]) -> str:
-    return "[" + ", ".join(str(d) for d in (batch, window, *sample) if d is not None) + "]"
-
-
-def _split(plan: QueryPlan, config: LoaderConfig) -> str:
-    """``'5 groups × 12 repartitions = 60 partitions'``; a range when groups differ; ``'whole group'``
-    without a repartition column (each group is one partition)."""
-    groups = len(plan.groups)
-    per_group = sorted({len(g.partitions) for g in plan.groups}) or [0]
-    spread = str(per_group[0]) if len(per_group) == 1 else f"{per_group[0]}–{per_group[-1]}"
-    split = (
-        "whole group"
-        if config.repartition_col is None
-        else f"{spread} repartition{'' if spread == '1' else 's'}"
-    )
-    return (
-        f"{groups:,} group{'' if groups == 1 else 's'} × {split} = "
-        f"{plan.partitions:,} partition{'' if plan.partitions == 1 else 's'}"
-    )
-
-
-def plan_rows(
-    plan: QueryPlan, config: LoaderConfig, sharding: Sharding, batches: int
-) -> list[tuple[str, str]]:
-    """(label, value) pairs describing the plan, from the cached plan only.
-
-    Credentials never appear: the engine is named by its short name, and the query text is not
-    shown (a connection string may hide in it).
-    """
-    layout = plan.layout
-    x_window = config.x_window if config.windowed else None
-    y_window = config.y_window if config.windowed else None
-    batch_bytes = config.batch_size * (
-        config.x_window * layout.x_features * layout.x_dtype.itemsize
-        + config.y_window * layout.y_features * layout.y_dtype.itemsize
-    )
-    rows: list[tuple[str, str]] = [
-        ("engine", plan.engine),
-        ("groups × repartitions", _split(plan, config)),
-    ]
-    if config.group_col is not None:
-        rows.append(("grouped by", config.group_col))
-    if config.repartition_col is not None:
-        rows.append(("repartitioned by", config.repartition_col))
-    rows += [
-        ("rows", f"{plan.rows:,}"),
-        ("windows per epoch", f"{plan.samples:,}"),
-        ("batches per epoch", f"{batches:,}" + (" (drop_last)" if config.drop_last else "")),
-        ("x", f"{_shape(config.batch_size, x_window, layout.x_shape)} {layout.x_dtype}"),
-        ("y", f"{_shape(config.batch_size, y_window, layout.y_shape)} {layout.y_dtype}"),
-        ("bytes per batch", human_bytes(batch_bytes)),
-        ("order", f"shuffle={config.shuffle}, seed={config.seed}"),
-    ]
-    if layout.key_names:
-        rows.append(("keys", ", ".join(layout.key_names)))
-    if sharding.world_size > 1:
-        rows.append(
-            ("rank", f"{sharding.rank} of {sharding.world_size} (even_batches={sharding.even_batches})")
-        )
-    return rows
 
 
 def plan_text(rows: list[tuple[str, str]]) -> str:

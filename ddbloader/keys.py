@@ -3,7 +3,8 @@
 A batch then carries a third element, a dict ``{name: values}``, so predictions can be joined
 back to the rows they predict. The keys are read from the query's own columns (before any
 transform) when a partition is converted, ride along with the partition's rows (edges and
-segments included), and are gathered with the same row numbers as y. Without ``key_col`` none
+segments included), and are gathered with the same row numbers as y
+(:func:`ddbloader.batch.gather_keys`, with the batch's other tensors). Without ``key_col`` none
 of this runs: blocks carry no keys and the batch stays ``(x, y)``.
 
 Representation, per column: numbers and booleans become a tensor ``[B]`` of their dtype
@@ -16,17 +17,14 @@ Keys stay on the host (they are for joining predictions back, not for the model)
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
-if TYPE_CHECKING:
-    from .manager import Piece
-
-__all__ = ["KeyArrays", "Keys", "gather_keys", "key_arrays"]
+__all__ = ["KeyArrays", "Keys", "key_arrays"]
 
 #: A block's key columns: name → numpy array ``[rows]`` (object dtype for non-numeric columns).
 KeyArrays = Mapping[str, np.ndarray[Any, Any]]
@@ -60,20 +58,3 @@ def key_arrays(table: pa.Table, names: Sequence[str]) -> dict[str, np.ndarray[An
     """
     columns = dict(zip(table.column_names, table.columns, strict=True))
     return {name: _key_array(columns[name], name) for name in names}
-
-
-def _keys_of(piece: Piece) -> KeyArrays:
-    keys = piece.segment.block.keys
-    if keys is None:
-        raise RuntimeError("internal error: a block without keys reached a batch that needs them")
-    return keys
-
-
-def gather_keys(pieces: Sequence[Piece], names: Sequence[str], offset: int) -> Keys:
-    """The keys of a batch's samples: each sample's first y row (``start + offset``), in batch order."""
-    keys: Keys = {}
-    for name in names:
-        parts = [_keys_of(p)[name].take(p.starts + offset) for p in pieces]
-        values = np.concatenate(parts) if len(parts) != 1 else parts[0]
-        keys[name] = values.tolist() if values.dtype == object else torch.from_numpy(values)
-    return keys

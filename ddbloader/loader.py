@@ -23,7 +23,7 @@ from .batch import batch_count
 from .cache import PartitionCache
 from .config import LoaderConfig, normalise_config, resolve_aliases
 from .device import DeviceStage, Staged
-from .display import plan_html, plan_rows, plan_text, readable_in_notebooks
+from .display import plan_html, plan_text, readable_in_notebooks
 from .errors import warn_caller
 from .fetch import Fetcher, RetryPolicy
 from .manager import Arena, GroupPool, arena_for, epoch_units
@@ -31,6 +31,7 @@ from .plan import QueryPlan, build_plan
 from .prefetch import Prefetcher
 from .shard import WorkUnit, agree_seed, part_range, resolve_sharding, shard_samples
 from .stats import LoaderStats, StatsRecorder
+from .summary import plan_rows
 from .units import fetch_units
 
 __all__ = ["DDBDataLoader"]

@@ -25,7 +25,7 @@ import functools
 import math
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal, Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -34,10 +34,6 @@ import torch
 
 from .errors import add_note, warn_caller
 from .keys import KeyArrays, key_arrays
-
-if TYPE_CHECKING:
-    from .config import LoaderConfig
-    from .transforms import Pipeline
 
 __all__ = [
     "PROBE_ROWS",
@@ -53,6 +49,45 @@ __all__ = [
     "resolve_layout_on_rows",
     "to_block",
 ]
+
+
+class PartitionTransform(Protocol):
+    """What runs on every fetched partition (:class:`ddbloader.transforms.Pipeline` is one): an
+    Arrow table in, the same rows out as a table or a mapping of columns; named for messages.
+
+    A protocol, so that this module needs nothing from :mod:`ddbloader.transforms`, which builds
+    on its Arrow conversions.
+    """
+
+    @property
+    def name(self) -> str: ...
+
+    def __call__(self, table: pa.Table) -> Any: ...
+
+
+class ColumnChoice(Protocol):
+    """The arguments that choose x and y (:class:`ddbloader.config.LoaderConfig` has them).
+
+    A protocol, so that this module needs nothing from :mod:`ddbloader.config`, which sits above it.
+    """
+
+    @property
+    def target_col(self) -> tuple[str, ...]: ...
+    @property
+    def input_col(self) -> tuple[str, ...] | None: ...
+    @property
+    def exclude_col(self) -> tuple[str, ...]: ...
+    @property
+    def key_col(self) -> tuple[str, ...]: ...
+    @property
+    def windowed(self) -> bool: ...
+    @property
+    def x_dtype(self) -> np.dtype[Any] | None: ...
+    @property
+    def y_dtype(self) -> np.dtype[Any] | None: ...
+    @property
+    def transform(self) -> PartitionTransform | None: ...
+
 
 #: Rows of a partition a transform is probed on at planning time when it cannot run on zero rows.
 PROBE_ROWS = 64
@@ -86,7 +121,7 @@ class ColumnLayout:
     as_float64: frozenset[str]
     result_names: tuple[str, ...] = ()
     shapes: tuple[tuple[str, Shape], ...] = ()
-    transform: Pipeline | None = None
+    transform: PartitionTransform | None = None
     result_types: tuple[pa.DataType, ...] = ()
     x_stacked: bool = False
     y_stacked: bool = False
@@ -411,7 +446,7 @@ def _check_named(
             )
 
 
-def _warn_target_in_x(x_names: Sequence[str], config: LoaderConfig) -> None:
+def _warn_target_in_x(x_names: Sequence[str], config: ColumnChoice) -> None:
     """Without windows, a target left in x (DolphinDB's rule) hands the model its own answer."""
     leaked = [n for n in config.target_col if n in x_names]
     if leaked and config.input_col is None and not config.windowed:
@@ -423,10 +458,10 @@ def _warn_target_in_x(x_names: Sequence[str], config: LoaderConfig) -> None:
 
 def _resolve(
     columns: Sequence[tuple[str, ColumnType]],
-    config: LoaderConfig,
+    config: ColumnChoice,
     columns_with_nulls: Collection[str],
     result: pa.Schema,
-    transform: Pipeline | None,
+    transform: PartitionTransform | None,
 ) -> ColumnLayout:
     origin = "the query" if transform is None else f"the output of transform {transform.name}"
     names = [n for n, _ in columns]
@@ -507,7 +542,7 @@ def _key_names(key_col: tuple[str, ...], result_names: tuple[str, ...]) -> tuple
 
 
 def resolve_columns(
-    schema: pa.Schema, config: LoaderConfig, columns_with_nulls: Collection[str]
+    schema: pa.Schema, config: ColumnChoice, columns_with_nulls: Collection[str]
 ) -> ColumnLayout:
     """Pick x and y from the query's result schema (no transform).
 
@@ -530,7 +565,7 @@ def _describe(output: Any) -> list[tuple[str, ColumnType]]:
 
 
 def resolve_layout(
-    probe: pa.Table, config: LoaderConfig, columns_with_nulls: Collection[str]
+    probe: pa.Table, config: ColumnChoice, columns_with_nulls: Collection[str]
 ) -> ColumnLayout | None:
     """The layout of the query's result (``probe``: its empty result), after the transform if any.
 
@@ -555,7 +590,7 @@ def resolve_layout_on_rows(
     probe: pa.Table,
     rows: pa.Table | None,
     where: str,
-    config: LoaderConfig,
+    config: ColumnChoice,
     columns_with_nulls: Collection[str],
 ) -> ColumnLayout:
     """The layout after a transform that needs rows, probed on the first :data:`PROBE_ROWS` of ``rows``.
