@@ -205,7 +205,8 @@ def build_plan(backend: Backend, sql: str, config: LoaderConfig, progress: bool 
                 _refuse_all_null(cursor, query, counts)
         planned = resolve_layout(probe, config, with_nulls)
         partition_sql = query.filtered([k.expression for k in keys])
-        cells = _cells(cursor, query, keys, partition_sql, lost)
+        lists = bool(getattr(backend, "binds_lists", False))
+        cells = _cells(cursor, query, keys, partition_sql, lost, lists)
         if planned is None:  # the transform needs rows to show its output
             rows, where = _probe_partition(cursor, partition_sql, cells)
             planned = resolve_layout_on_rows(probe, rows, where, config, with_nulls)
@@ -311,15 +312,18 @@ def _discover(cursor: Cursor, query: Query, key: _Key, lost: _Lost) -> list[Any]
 
 
 def _cells(
-    cursor: _TickingCursor, query: Query, keys: list[_Key], partition_sql: str, lost: _Lost
+    cursor: _TickingCursor, query: Query, keys: list[_Key], partition_sql: str, lost: _Lost, lists: bool
 ) -> list[tuple[Any, list[_Cell]]]:
-    """Per group: its value and its (repartition value, parameters, rows) in scheme order."""
+    """Per group: its value and its (repartition value, parameters, rows) in scheme order.
+
+    ``lists``: the backend binds a list as one parameter (explicit schemes are bound that way).
+    """
     if not keys:
         table = _run(cursor, query.count(partition_sql), "counting rows")
         return [(None, [(None, (), int(table.column(ROWS_ALIAS)[0].as_py()))])]
     if isinstance(query, UserQuery):
         cursor.expect(1)
-        return _counted_cells(cursor, query, keys, lost)
+        return _counted_cells(cursor, query, keys, lost, lists)
     discovered = all(k.scheme is None for k in keys)
     if discovered and query.counts_are_groupable():
         return _grouped_counts(cursor, query, keys, lost)
@@ -367,15 +371,16 @@ def _grouped_counts(
 
 
 def _counted_cells(
-    cursor: Cursor, query: UserQuery, keys: list[_Key], lost: _Lost
+    cursor: Cursor, query: UserQuery, keys: list[_Key], lost: _Lost, lists: bool
 ) -> list[tuple[Any, list[_Cell]]]:
-    """Every cell's row count from one query, with the scheme values compared by the engine.
+    """Every cell's row count from one query, with the scheme values compared by the engine
+    (bound as lists when the backend ``lists`` them).
 
     Raises:
         ValueError: two values of an explicit scheme equal the same rows in SQL (``1`` and
             ``'1'``, ``'a'`` and ``'A'`` under NOCASE): their rows would load twice.
     """
-    sql, params = query.key_counts([k.expression for k in keys], [k.scheme for k in keys])
+    sql, params = query.key_counts([k.expression for k in keys], [k.scheme for k in keys], lists=lists)
     try:
         table = _run(cursor, sql, "counting the rows of every subquery", params)
     except Exception as error:

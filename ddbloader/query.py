@@ -367,7 +367,11 @@ class UserQuery:
         return self.render(outer)
 
     def key_counts(
-        self, columns: Sequence[exp.Expr], schemes: Sequence[Sequence[Any] | None]
+        self,
+        columns: Sequence[exp.Expr],
+        schemes: Sequence[Sequence[Any] | None],
+        *,
+        lists: bool = False,
     ) -> tuple[str, tuple[Any, ...]]:
         """One query counting the rows of every subquery, and its parameters.
 
@@ -376,10 +380,11 @@ class UserQuery:
         key with an explicit scheme, the position in that scheme of each value that equals it in
         SQL (``_ddb_group_index`` / ``_ddb_repartition_index``; a combination is returned once per
         matching scheme value, and not at all when none matches). The scheme values are bound as
-        parameters (see :meth:`_scheme_list`) joined to the keys, so the engine compares them as
-        a subquery's ``key = $1`` does; one list per Python type, because a list column takes
-        one type and an engine may refuse to unify, say, text with integers where it compares
-        each with the key just fine. Rows are sorted by the key values, NULL last.
+        parameters (see :func:`_scheme_list`; ``lists``: the backend binds a list as one
+        parameter) joined to the keys, so the engine compares them as a subquery's ``key = $1``
+        does; one list per Python type, because a list column takes one type and an engine may
+        refuse to unify, say, text with integers where it compares each with the key just fine.
+        Rows are sorted by the key values, NULL last.
         """
         aliases = (GROUP_ALIAS, REPARTITION_ALIAS)[: len(columns)]
         counted = (
@@ -388,7 +393,7 @@ class UserQuery:
             .group_by(*aliases)
         )
         values: list[Any] = []
-        lists: list[tuple[str, exp.Expr]] = []
+        scheme_tables: list[tuple[str, exp.Expr]] = []
         tables: list[list[str | None]] = []
         for alias, scheme in zip(aliases, schemes, strict=True):
             if scheme is None:
@@ -399,9 +404,9 @@ class UserQuery:
                 by_type.setdefault(type(value), []).append(position)
             names = []
             for positions in by_type.values():
-                names.append(f"{alias}_scheme{len(lists)}")
-                lists.append(
-                    (names[-1], self._scheme_list(positions, [scheme[p] for p in positions], values))
+                names.append(f"{alias}_scheme{len(scheme_tables)}")
+                scheme_tables.append(
+                    (names[-1], _scheme_list(positions, [scheme[p] for p in positions], values, lists))
                 )
             tables.append(list(names))
         branches: list[exp.Query] = [_matched_keys(aliases, c) for c in itertools.product(*tables)]
@@ -411,7 +416,7 @@ class UserQuery:
             .from_(_subquery(matched, "_ddb_matched"), copy=False)
             .with_("_ddb_keys", as_=counted, copy=False)
         )
-        for name, rows_ in lists:
+        for name, rows_ in scheme_tables:
             alias_ = exp.TableAlias(
                 this=exp.to_identifier(name),
                 columns=[exp.to_identifier("_ddb_index"), exp.to_identifier("_ddb_value")],
@@ -422,24 +427,6 @@ class UserQuery:
             exp.Order(expressions=[exp.Ordered(this=exp.column(a), nulls_first=False) for a in aliases]),
         )
         return self.render(outer), tuple(values)
-
-    def _scheme_list(self, positions: list[int], listed: list[Any], values: list[Any]) -> exp.Expr:
-        """Rows (position, value) of one scheme's values of one type; their parameters go to ``values``.
-
-        DuckDB binds two lists and unnests them (one statement of constant size: thousands of
-        markers cost it more to parse than the count costs to run); other engines get a VALUES
-        list with a parameter per value.
-        """
-        if self.dialect == "duckdb":
-            values.extend([positions, listed])
-            first, second = (exp.Parameter(this=exp.Literal.number(len(values) - n)) for n in (1, 0))
-            return exp.select(exp.Unnest(expressions=[first]), exp.Unnest(expressions=[second]))
-        rows = []
-        for position, value in zip(positions, listed, strict=True):
-            values.append(value)
-            parameter = exp.Parameter(this=exp.Literal.number(len(values)))
-            rows.append(exp.Tuple(expressions=[exp.Literal.number(position), parameter]))
-        return exp.Values(expressions=rows)
 
     def counts_are_groupable(self) -> bool:
         """True: :meth:`distinct_values` counts every subquery's rows exactly (see there)."""
@@ -790,6 +777,25 @@ def _select_obstacle(select: exp.Select, names: set[str], dialect: str) -> str |
     if select.args.get("having"):
         return "HAVING"
     return None
+
+
+def _scheme_list(positions: list[int], listed: list[Any], values: list[Any], lists: bool) -> exp.Expr:
+    """Rows (position, value) of one scheme's values of one type; their parameters go to ``values``.
+
+    With ``lists`` (DuckDB, PostgreSQL) two list parameters are bound and unnested side by side:
+    one statement of constant size, where thousands of markers cost more to build, parse and
+    bind than the count costs to run. Other engines get a VALUES list with a parameter per value.
+    """
+    if lists:
+        values.extend([positions, listed])
+        first, second = (exp.Parameter(this=exp.Literal.number(len(values) - n)) for n in (1, 0))
+        return exp.select(exp.Unnest(expressions=[first]), exp.Unnest(expressions=[second]))
+    rows = []
+    for position, value in zip(positions, listed, strict=True):
+        values.append(value)
+        parameter = exp.Parameter(this=exp.Literal.number(len(values)))
+        rows.append(exp.Tuple(expressions=[exp.Literal.number(position), parameter]))
+    return exp.Values(expressions=rows)
 
 
 def _matched_keys(aliases: Sequence[str], tables: Sequence[str | None]) -> exp.Select:

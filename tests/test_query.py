@@ -583,3 +583,20 @@ def test_filtered_many_binds_each_keys_values_as_one_list(db: duckdb.DuckDBPyCon
     assert statement is not None
     assert parameters(top_where(statement)) == ["$1"]
     assert rows(db, statement, [0, 2]) == rows(db, "SELECT id, g, k FROM t WHERE g IN (0, 2) ORDER BY id")
+
+
+@pytest.mark.parametrize("lists", [True, False], ids=["two-lists", "values-list"])
+def test_key_counts_count_an_explicit_scheme_bound_as_lists_or_values(
+    db: duckdb.DuckDBPyConnection, lists: bool
+) -> None:
+    scheme = [2, 0, 7, *range(100, 1100)]  # 7 and 100.. match no row
+    sql, params = UserQuery("SELECT id, g FROM t ORDER BY id", DIALECT).key_counts(
+        [key("g")], [scheme], lists=lists
+    )
+    # A list-binding engine gets a statement of constant size, however long the scheme.
+    assert len(params) == (2 if lists else len(scheme))
+    got = {
+        (r["_ddb_group_index"], r["_ddb_group"], r["_ddb_rows"])
+        for r in db.sql(sql, params=list(params)).to_arrow_table().to_pylist()
+    }
+    assert got == {(0, 2, 8), (1, 0, 8)}
