@@ -56,12 +56,23 @@ def partition_key(spec: PartitionSpec) -> PartitionKey:
 
 
 def touched_partitions(unit: WorkUnit, geometry: WindowGeometry) -> list[int]:
-    """Positions of the partitions of ``unit.group`` whose rows ``unit``'s samples touch."""
-    partitions = unit.group.partitions
-    bounds = np.concatenate([[0], np.cumsum([p.rows for p in partitions])]).tolist()
+    """Positions of the partitions of ``unit.group`` whose rows ``unit``'s samples touch.
+
+    A plain loop, not numpy: it runs once per group per epoch, and most groups have a handful of
+    partitions, where building an array cost 100 µs a group (1 s an epoch at 10,000 groups).
+    """
     first_row = unit.first * geometry.stride
     stop_row = (unit.stop - 1) * geometry.stride + geometry.span
-    return [p for p in range(len(partitions)) if bounds[p] < stop_row and bounds[p + 1] > first_row]
+    touched = []
+    start = 0
+    for position, partition in enumerate(unit.group.partitions):
+        if start >= stop_row:
+            break
+        stop = start + partition.rows
+        if stop > first_row:
+            touched.append(position)
+        start = stop
+    return touched
 
 
 def partition_visits(unit: WorkUnit, config: LoaderConfig, geometry: WindowGeometry, epoch: int) -> list[int]:
@@ -305,7 +316,9 @@ def unit_blocks(
     ]
     if layout.transform is not None:
         return [(spec, to_block(part, layout)) for spec, part in wanted]
-    whole = to_block(pa.concat_tables([part for _, part in wanted]), layout)
+    # One chunk, not one per partition: converting 2,000 one-partition chunks column by column
+    # cost 10x the copy that joins them.
+    whole = to_block(pa.concat_tables([part for _, part in wanted]).combine_chunks(), layout)
     blocks = []
     at = 0
     for spec, part in wanted:
