@@ -11,6 +11,7 @@ from enum import IntEnum
 from typing import Any
 
 import numpy as np
+import numpy.random  # imported with ddbloader, not in the first epoch (~20 ms)
 
 __all__ = ["Purpose", "SourceDraws", "generator", "sample_order", "visit_order"]
 

@@ -32,7 +32,7 @@ from .config import LoaderConfig
 from .plan import GroupPlan, PartitionSpec, QueryPlan
 from .shard import WorkUnit
 from .shuffle import Purpose, visit_order
-from .source import Block, ColumnLayout, to_block
+from .source import Block, ColumnLayout, arrow_values, to_block
 from .window import WindowGeometry
 
 __all__ = [
@@ -179,6 +179,8 @@ class _Cutter:
         self._groups: list[tuple[GroupPlan, list[int]]] = []
         self._bytes = 0
         self.units: list[FetchUnit] = []
+        # rendering a query costs milliseconds, and units of one shape share their SQL
+        self._sql: dict[tuple[int | bool | None, ...], str | None] = {}
 
     def add_group(self, group: GroupPlan, visits: list[int], size: int, budget: int) -> None:
         full = self._bytes + size > budget or len(self._groups) >= self._max_values
@@ -223,8 +225,12 @@ class _Cutter:
         wanted: Sequence[PartitionKey],
     ) -> None:
         assert self._plan.query is not None
-        keys = [expression for _, expression in self._plan.keys]
-        sql = self._plan.query.filtered_many(keys, counts, lists=self._lists)
+        # with lists the SQL says only which keys are bound, not how many values each has
+        shape = tuple(c is not None if self._lists else c for c in counts)
+        if shape not in self._sql:
+            keys = [expression for _, expression in self._plan.keys]
+            self._sql[shape] = self._plan.query.filtered_many(keys, counts, lists=self._lists)
+        sql = self._sql[shape]
         if sql is None:
             return
         if self._lists:  # one list parameter per bound key
@@ -235,7 +241,16 @@ class _Cutter:
 
 def _codes(column: pa.ChunkedArray, values: Sequence[Any]) -> np.ndarray[Any, Any] | None:
     """Per row, the index of its value in ``values`` (-1 for none), compared as Arrow values of
-    the column's type; None when ``values`` do not convert to that type."""
+    the column's type; None when ``values`` do not convert to that type.
+
+    When every distinct value of the column equals one of ``values`` (or is NULL) as a Python
+    value, the codes come from the column's own distinct values, without converting ``values`` to
+    Arrow: ``pa.array`` and ``to_numpy`` import pandas on their first call (a second or more, in a
+    fetch thread, while the first batch waits).
+    """
+    codes = _codes_by_distinct(column, values)
+    if codes is not None:
+        return codes
     try:
         value_set = pa.array(values, type=column.type)
     except (pa.ArrowException, TypeError, ValueError, OverflowError):
@@ -245,6 +260,24 @@ def _codes(column: pa.ChunkedArray, values: Sequence[Any]) -> np.ndarray[Any, An
             return None
     codes = pc.index_in(column, value_set=value_set)
     return np.asarray(codes.fill_null(-1).to_numpy(), dtype=np.int64)
+
+
+def _codes_by_distinct(column: pa.ChunkedArray, values: Sequence[Any]) -> np.ndarray[Any, Any] | None:
+    """:func:`_codes` from the column's distinct values, or None when one of them is not among
+    ``values`` (a row outside them, or a value that Python and Arrow may compare differently)."""
+    distinct = column.unique()
+    index = {value: i for i, value in enumerate(values)}
+    try:
+        found = [index.get(value, -1 if value is None else None) for value in distinct.to_pylist()]
+    except TypeError:  # an unhashable value (a list column): compare as Arrow values
+        return None
+    if None in found:
+        return None
+    rows = pc.index_in(column, value_set=distinct)
+    if rows.null_count:
+        return None
+    codes: np.ndarray[Any, Any] = np.asarray(found, dtype=np.int64)[arrow_values(rows, "key codes", "error")]
+    return codes
 
 
 def _cell_of_rows(table: pa.Table, cells: Sequence[PartitionSpec]) -> np.ndarray[Any, Any] | None:
@@ -293,7 +326,9 @@ def split_by_key(table: pa.Table, cells: Sequence[PartitionSpec]) -> list[pa.Tab
         return None
     data = table.select(range(table.num_columns - len(cells[0].params)))
     if len(cell_of_row) and (np.diff(cell_of_row) < 0).any():
-        data = data.take(pa.array(np.argsort(cell_of_row, kind="stable")))
+        order = np.argsort(cell_of_row, kind="stable").astype(np.int64, copy=False)
+        # from the buffer, as pa.array(order) would import pandas (see _codes)
+        data = data.take(pa.Array.from_buffers(pa.int64(), len(order), [None, pa.py_buffer(order)]))
     bounds = np.concatenate([[0], np.cumsum(counts)]).tolist()[1:]
     return [data.slice(bounds[i], bounds[i + 1] - bounds[i]) for i in range(len(cells))]
 

@@ -5,6 +5,9 @@ from __future__ import annotations
 import datetime as dt
 import decimal
 import logging
+import subprocess
+import sys
+import textwrap
 from typing import Any
 
 import duckdb
@@ -98,6 +101,38 @@ def test_split_refuses_counts_that_differ_from_planning_and_values_of_another_ty
     assert split_by_key(table, cells(("a",), ("b",), rows=[1, 1])) is not None
     dates = pa.table({"v": pa.array([0]), "_ddb_group": pa.array([dt.date(2024, 1, 2)])})
     assert split_by_key(dates, cells(("not a date",), rows=[1])) is None
+
+
+def test_split_compares_values_of_another_type_as_arrow_converts_them() -> None:
+    # not equal as Python values, so the split converts them to the column's type, as Arrow does
+    table = pa.table({"v": pa.array(range(4)), "_ddb_group": pa.array([7, 8, 7, None], pa.int64())})
+    parts = split_by_key(table, cells(("7",), ("8",), rows=[2, 1]))
+    assert parts is not None
+    assert [p.column("v").to_pylist() for p in parts] == [[0, 2], [1]]
+
+
+def test_split_imports_no_pandas() -> None:
+    # pyarrow's pa.array and to_numpy import pandas on their first call: a second or more of the
+    # first epoch, spent in a fetch thread while the first batch waits for it
+    script = textwrap.dedent(
+        """
+        import sys, duckdb
+        from ddbloader.plan import PartitionSpec
+        from ddbloader.units import split_by_key
+        table = duckdb.sql(
+            "SELECT i AS v, 'g' || (i % 2) AS _ddb_group, DATE '2024-01-01' + (i % 3)::INT "
+            "AS _ddb_repartition FROM range(12) t(i)"
+        ).to_arrow_table()
+        keys = sorted(set(zip(table.column(1).to_pylist(), table.column(2).to_pylist())))
+        specs = [PartitionSpec(n, 0, g, d, "", (g, d), 2) for n, (g, d) in enumerate(keys)]
+        assert split_by_key(table, specs) is not None
+        print("pandas" in sys.modules)
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert done.stdout.strip() == "False", done.stderr
 
 
 # --- fetch_units --------------------------------------------------------------------------------
