@@ -34,6 +34,10 @@ class PartitionCache:
         """``fetcher`` behind this cache, for one epoch."""
         return CachedFetcher(self, fetcher)
 
+    def holds(self, partitions: int) -> bool:
+        """Whether the cache holds ``partitions`` partitions (all of a plan's: nothing to fetch)."""
+        return len(self._blocks) >= partitions
+
     def get(self, spec: PartitionSpec) -> Block | None:
         return self._blocks.get((spec.group, spec.position))
 

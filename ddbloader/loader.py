@@ -56,13 +56,17 @@ class _EpochBatches:
 
     def __init__(self, run: _EpochRun, backend: Backend, stop: threading.Event) -> None:
         config = run.config
+        # an epoch served from the cache alone fetches nothing: no units to cut
+        cached = run.cache is not None and run.cache.holds(run.plan.partitions)
         self._fetcher = Fetcher(
             backend,
             run.plan.layout,
             config.fetch_threads,
             run.recorder.fetched,
             retry=RetryPolicy(config.retries, config.retry_backoff),
-            units=fetch_units(
+            units=()
+            if cached
+            else fetch_units(
                 run.plan,
                 run.units,
                 config,
