@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import warnings
 
 import duckdb
@@ -72,6 +73,23 @@ def test_resume_from_the_cache_serves_the_rest_of_the_epoch(series: duckdb.DuckD
         loader.load_state_dict(state)
         assert identical(head + list(loader), reference)
         assert backend.fetches == before
+
+
+def test_an_epoch_from_the_cache_is_assembled_in_the_consumers_thread(
+    series: duckdb.DuckDBPyConnection,
+) -> None:
+    def assembler_threads() -> int:
+        return sum(t.name == "ddbloader-assemble" and t.is_alive() for t in threading.enumerate())
+
+    with series_loader(series, **SHUFFLED, cache_bytes=1 << 20) as loader:
+        first = iter(loader)
+        next(first)
+        assert assembler_threads() == 1  # the first epoch fetches: batches are assembled ahead
+        rest = list(first)
+        second = iter(loader)
+        batch = next(second)
+        assert assembler_threads() == 0
+        assert len(rest) + 1 == len(loader) == len([batch, *second])
 
 
 @pytest.mark.parametrize(("value", "error"), [(-1, ValueError), (1.5, TypeError), ("1GB", TypeError)])
