@@ -4,6 +4,12 @@ Usage::
 
     python benchmarks/profile_stages.py [--epochs 3] [--noop-gather] [--ddbloader-from DIR]
 
+The first epoch is reported with its constructor (planning), so it reads against the warm ones
+as ``benchmarks/epochs.py`` times it: per epoch the wall and CPU seconds of the process, the
+time to the first batch, the minor page faults (fresh memory: a cold engine's buffer pool, the
+arena, first-touch batch buffers) and the modules imported while it ran (an import in a fetch
+thread delays the first batch by its whole duration).
+
 Wraps the loader's internal stages (engine fetch, Arrow -> block conversion, the assembler's
 waits for a partition, the pool's sample draw, the batch gather) with timers, and prints for each
 epoch their call count, summed wall time and summed CPU time of the calling thread. Stages that a
@@ -23,6 +29,7 @@ import argparse
 import collections
 import functools
 import importlib
+import resource
 import sys
 import threading
 import time
@@ -34,6 +41,8 @@ HERE = Path(__file__).resolve().parent
 # (module, attribute path, label): the hot path of one epoch.
 _STAGES = [
     ("ddbloader.backends.duckdb", "_DuckDBCursor.fetch", "engine fetch (SQL -> Arrow)"),
+    ("ddbloader.loader", "fetch_units", "cut the epoch's fetch units"),
+    ("ddbloader.fetch", "unit_blocks", "split a unit's result by key"),
     ("ddbloader.fetch", "to_block", "Arrow -> row-major block"),
     ("ddbloader.manager", "Pending.wait", "assembler waits for a partition"),
     ("ddbloader.manager", "GroupPool.take", "pool draws a batch's samples"),
@@ -70,6 +79,11 @@ def _wrap(module: str, path: str, label: str, totals: dict[str, list[float]], lo
     return True
 
 
+def _faults() -> int:
+    """Minor page faults of this process so far (a fresh page touched for the first time)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -93,16 +107,30 @@ def main() -> None:
             print(f"(this ddbloader has no {module}.{path}; not timed)")
     shape = throughput.Shape(10, 5, 2000, 100, 50)
     throughput.ensure_data(shape)
+    started, cpu, faults, modules = time.perf_counter(), time.process_time(), _faults(), set(sys.modules)
     loader = throughput._make_loader(shape)
+    print(
+        f"constructor: wall {time.perf_counter() - started:.3f} s, CPU {time.process_time() - cpu:.3f} s, "
+        f"{_faults() - faults} page faults"
+    )
     with loader:
         for epoch in range(args.epochs):
-            totals.clear()
-            started, cpu = time.perf_counter(), time.process_time()
-            windows = sum(len(x) for x, _ in loader) if not args.noop_gather else sum(1 for _ in loader)
+            if epoch:
+                totals.clear()
+                started, cpu, faults = time.perf_counter(), time.process_time(), _faults()
+                modules = set(sys.modules)
+            windows, first = 0, None
+            for x, _ in loader:
+                first = time.perf_counter() - started if first is None else first
+                windows += len(x)
             wall = time.perf_counter() - started
+            imported = sorted({m.split(".")[0] for m in set(sys.modules) - modules})
             print(
-                f"epoch {epoch}: wall {wall:.3f} s, process CPU {time.process_time() - cpu:.2f} s"
+                f"epoch {epoch}{' (with the constructor)' if epoch == 0 else ''}: wall {wall:.3f} s, "
+                f"first batch {first:.3f} s, process CPU {time.process_time() - cpu:.2f} s, "
+                f"{_faults() - faults} page faults"
                 + ("" if args.noop_gather else f", {windows / wall:,.0f} windows/s")
+                + (f"; imported {', '.join(imported)}" if imported else "")
             )
             for label, (calls, stage_wall, stage_cpu) in sorted(totals.items(), key=lambda kv: -kv[1][1]):
                 print(
