@@ -312,7 +312,8 @@ class DDBDataLoader:
         fetch_bytes: byte budget of one fetch unit: partitions whose planned rows (times the
             width of a converted row) fit in it together are fetched by one query, with their
             group values bound as an IN list, and split by key on arrival (see ddbloader.units).
-            At most two units' rows wait to be served. 0 fetches every partition on its own.
+            An epoch's first unit gets an eighth of it (its first batch waits for a small
+            query). At most two units' rows wait to be served. 0 fetches every partition on its own.
         cache_bytes: keep the partitions fetched in the first epoch in memory and serve later
             epochs from there, without querying again, when the planned partitions (rows ×
             bytes per row of x and y) fit in this many bytes; else a warning, and no cache.

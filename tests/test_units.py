@@ -23,7 +23,7 @@ from ddbloader import DDBDataLoader
 from ddbloader.backends import DuckDBBackend
 from ddbloader.manager import epoch_units
 from ddbloader.plan import PartitionSpec
-from ddbloader.units import MAX_VALUES, fetch_units, split_by_key
+from ddbloader.units import FIRST_UNIT_SHARE, MAX_VALUES, fetch_units, split_by_key
 
 UTC = dt.timezone.utc
 
@@ -145,18 +145,21 @@ def _loader(con: duckdb.DuckDBPyConnection, **kwargs: Any) -> DDBDataLoader:
 
 
 def test_units_follow_the_epoch_group_order_within_the_budget(con: duckdb.DuckDBPyConnection) -> None:
-    make_series(con, [[10]] * 12)  # 12 groups of 10 rows x 16 bytes (f0, y)
+    make_series(con, [[10]] * 20)  # 20 groups of 10 rows x 16 bytes (f0, y)
+    budget = 480 * FIRST_UNIT_SHARE
     with _loader(con, seed=5) as loader:
         plan, config = loader.plan, loader.config
         work = epoch_units(plan, config, 0)
-        units = fetch_units(plan, work, config, 0, budget=480)
+        units = fetch_units(plan, work, config, 0, budget=budget)
+        # The first unit holds a share of the budget (3 groups), the next ones the budget (24 would fit).
         assert [sorted(g for g, _ in u.wanted) for u in units] == [
-            sorted(w.group.index for w in work[i : i + 3]) for i in range(0, 12, 3)
+            sorted(w.group.index for w in work[i:j]) for i, j in ((0, 3), (3, 20))
         ]
-        assert all(u.rows * plan.layout.row_bytes <= 480 for u in units)
-        assert all(len(u.params) == 3 and "IN" in u.sql for u in units)
-        assert fetch_units(plan, work, config, 0, budget=480) == units  # a function of (plan, seed, epoch)
-        assert fetch_units(plan, epoch_units(plan, config, 1), config, 1, budget=480) != units
+        assert units[0].rows * plan.layout.row_bytes <= budget // FIRST_UNIT_SHARE
+        assert all(u.rows * plan.layout.row_bytes <= budget for u in units)
+        assert all(len(u.params) == len(u.wanted) and "IN" in u.sql for u in units)
+        assert fetch_units(plan, work, config, 0, budget=budget) == units  # a function of (plan, seed, epoch)
+        assert fetch_units(plan, epoch_units(plan, config, 1), config, 1, budget=budget) != units
         assert fetch_units(plan, work, config, 0, budget=0) == []
         assert fetch_units(plan, work, config, 0, budget=100) == []  # a group per query anyway
 
