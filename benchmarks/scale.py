@@ -5,6 +5,7 @@ Usage::
     python benchmarks/scale.py groups      # 10 x 40,000 vs 4,000 x 100 rows, DuckDB and PostgreSQL
     python benchmarks/scale.py big-group   # 2M rows x 32 float32 as one group, with/without repartitions
     python benchmarks/scale.py memory      # whole-process peak RSS at 1x and 4x the table
+    python benchmarks/scale.py planning    # constructor -> first batch at 10,000 groups x 50 rows
     python benchmarks/scale.py all         # everything; the tables go to stdout and RESULTS.md
 
 Every measurement runs in its own interpreter, so its peak RSS (VmHWM: engine, Arrow and torch
@@ -20,6 +21,14 @@ included) is its own; the ratios of a table come from one run of this script, si
 * ``memory``: the default throughput shape (``benchmarks/throughput.py``: symbols x days x 2,000
   rows x 100 factors, grouped by symbol, repartitioned by day) at ``--days`` and 4x the days, the
   loader opening the DuckDB file itself; peak RSS of the whole process.
+* ``planning``: 10,000 groups x 50 rows (the ``groups`` table's columns, random order, no index),
+  grouped by ``g`` with the values discovered and with all 10,000 listed in ``group_scheme``;
+  seconds from the constructor's call to its return (the plan) and on to the first batch, window
+  20, batch 256, shuffled. Each child times ``--rounds`` loaders one after another, ddbloader
+  imported before the first (which still pays the process's first queries, cold caches and lazy
+  imports); the table gives the medians and the first loader's total, and the client's CPU
+  seconds (all its threads, DuckDB's included), steadier than walls on a shared machine.
+  ``--compare DIR`` measures the ddbloader in DIR (another checkout) right after each row.
 """
 
 from __future__ import annotations
@@ -46,6 +55,7 @@ WINDOW = 20
 BATCH = 256
 TOTAL_ROWS = 400_000
 SHAPES = ((10, 40_000), (4_000, 100))
+PLANNING_SHAPE = (10_000, 50)
 
 
 def _hwm_mb() -> float:
@@ -103,15 +113,12 @@ def _epoch(loader: Any) -> tuple[float, int]:
     return time.perf_counter() - started, windows
 
 
-def measure_groups(
-    source: str, table: str, groups: int, rows: int, fetch_bytes: int | None
-) -> dict[str, Any]:
+def _groups_loader(source: str, table: str, **options: Any) -> Any:
+    """The loader of the ``groups`` and ``planning`` measurements: windows of every group of g."""
     from ddbloader import DDBDataLoader
 
     columns = ", ".join(f"f{i}" for i in range(FACTORS))
-    options: dict[str, Any] = {} if fetch_bytes is None else {"fetch_bytes": fetch_bytes}
-    started = time.perf_counter()
-    loader = DDBDataLoader(
+    return DDBDataLoader(
         source,
         f"SELECT g, {columns}, target FROM {table} ORDER BY pos",
         "target",
@@ -123,6 +130,14 @@ def measure_groups(
         seed=0,
         **options,
     )
+
+
+def measure_groups(
+    source: str, table: str, groups: int, rows: int, fetch_bytes: int | None
+) -> dict[str, Any]:
+    options: dict[str, Any] = {} if fetch_bytes is None else {"fetch_bytes": fetch_bytes}
+    started = time.perf_counter()
+    loader = _groups_loader(source, table, **options)
     plan_s = time.perf_counter() - started
     with loader:
         first_s, _ = _epoch(loader)
@@ -137,6 +152,42 @@ def measure_groups(
         "windows_per_s": windows / wall_s,
         "queries": stats.queries,
         "rows_per_query": stats.rows_per_query,
+    }
+
+
+def measure_planning(source: str, table: str, groups: int, explicit: bool, rounds: int) -> dict[str, Any]:
+    """``rounds`` loaders one after another: seconds to plan and on to the first batch, each."""
+    import statistics
+
+    import ddbloader  # noqa: F401 -- imported before the clock starts, as a training script has
+
+    def cpu() -> float:
+        times = os.times()
+        return times.user + times.system
+
+    options: dict[str, Any] = {"group_scheme": list(range(groups))} if explicit else {}
+    plans, firsts, cpus = [], [], []
+    for _ in range(rounds):
+        started, cpu_started = time.perf_counter(), cpu()
+        loader = _groups_loader(source, table, **options)
+        planned = time.perf_counter()
+        with loader:
+            x, _ = next(iter(loader))
+            plans.append(planned - started)
+            firsts.append(time.perf_counter() - planned)
+            cpus.append(cpu() - cpu_started)
+            assert x.shape[0] == BATCH, x.shape
+            assert len(loader.plan.groups) == groups, len(loader.plan.groups)
+    totals = [p + f for p, f in zip(plans, firsts, strict=True)]
+    return {
+        "plan_s": plans,
+        "first_batch_s": firsts,
+        "cpu_s": cpus,
+        "first_total_s": totals[0],
+        "median_total_s": statistics.median(totals),
+        "median_plan_s": statistics.median(plans),
+        "median_first_batch_s": statistics.median(firsts),
+        "median_cpu_s": statistics.median(cpus),
     }
 
 
@@ -209,19 +260,20 @@ MEASUREMENTS: dict[str, Callable[..., dict[str, Any]]] = {
     "groups": measure_groups,
     "big-group": measure_big_group,
     "memory": measure_memory,
+    "planning": measure_planning,
 }
 
 
-def spawn(kind: str, *args: Any) -> dict[str, Any]:
-    """Run one measurement in a fresh interpreter."""
+def spawn(kind: str, *args: Any, tree: Path = REPO) -> dict[str, Any]:
+    """Run one measurement in a fresh interpreter, importing ddbloader from ``tree``."""
     command = [sys.executable, str(Path(__file__).resolve()), "--child", json.dumps([kind, *args])]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tree), os.environ.get("PYTHONPATH", "")])}
     done = subprocess.run(command, capture_output=True, text=True, timeout=1800, check=False, env=env)
     lines = [line for line in done.stdout.splitlines() if line.startswith(MARKER)]
     if done.returncode != 0 or not lines:
         raise RuntimeError(f"{kind} {args} failed (rc {done.returncode}):\n{done.stdout}\n{done.stderr}")
     result: dict[str, Any] = json.loads(lines[-1][len(MARKER) :])
-    print(f"  {kind} {args[1:]}: {result}", file=sys.stderr, flush=True)
+    print(f"  {kind} {args[1:]} ({tree}): {result}", file=sys.stderr, flush=True)
     return result
 
 
@@ -269,6 +321,41 @@ def run_groups(skip_before: bool) -> str:
                     f"| {r['plan_s']:.2f} | {r['windows_per_s']:,.0f} | {r['queries']} | "
                     f"{r['rows_per_query']:,.0f} | {r['windows_per_s'] / reference:.2f}x |"
                 )
+    finally:
+        server.stop()
+    return "\n".join(lines)
+
+
+def run_planning(rounds: int, compare: Path | None) -> str:
+    """The planning table; with ``compare``, each row measured for that tree too, right after."""
+    sys.path.insert(0, str(REPO / "tests"))
+    import pgserver
+
+    groups, rows = PLANNING_SHAPE
+    path = str(_duckdb_file(f"groups_{groups}x{rows}", lambda: _groups_table(groups, rows)))
+    trees = [("this checkout", REPO)] + ([(f"`{compare}`", compare)] if compare is not None else [])
+    server = pgserver.start()
+    try:
+        from adbc_driver_postgresql import dbapi
+
+        with dbapi.connect(server.uri, autocommit=True) as admin, admin.cursor() as cursor:
+            cursor.adbc_ingest("t_planning", _groups_table(groups, rows), mode="replace")
+            cursor.execute("ANALYZE t_planning")
+        lines = [
+            f"| engine | group values | ddbloader | plan s | first batch s | total s (median of {rounds}) "
+            f"| total s (first loader) | client CPU s |",
+            "|---|---|---|---:|---:|---:|---:|---:|",
+        ]
+        for engine, source, table in (("duckdb", path, "t"), ("postgres", server.uri, "t_planning")):
+            for explicit in (False, True):
+                values = f"{groups:,} listed (group_scheme)" if explicit else "discovered"
+                for label, tree in trees:
+                    r = spawn("planning", source, table, groups, explicit, rounds, tree=tree)
+                    lines.append(
+                        f"| {engine} | {values} | {label} | {r['median_plan_s']:.3f} | "
+                        f"{r['median_first_batch_s']:.3f} | {r['median_total_s']:.3f} | "
+                        f"{r['first_total_s']:.3f} | {r['median_cpu_s']:.3f} |"
+                    )
     finally:
         server.stop()
     return "\n".join(lines)
@@ -337,11 +424,17 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("what", nargs="?", choices=["groups", "big-group", "memory", "all"], default="all")
+    parser.add_argument(
+        "what", nargs="?", choices=["groups", "big-group", "memory", "planning", "all"], default="all"
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--skip-before", action="store_true", help="skip fetch_bytes=0 at 4,000 groups")
     parser.add_argument("--symbols", type=int, default=10)
     parser.add_argument("--days", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=5, help="loaders per planning measurement")
+    parser.add_argument(
+        "--compare", type=Path, help="planning: also measure the ddbloader in this directory (a checkout)"
+    )
     args = parser.parse_args(argv)
     if args.child:
         _child(args.child)
@@ -361,6 +454,10 @@ def main(argv: list[str] | None = None) -> None:
             ("fetch_bytes 0 (a query per partition), no cap: as before", {"fetch_bytes": 0}, None),
         ]
         sections.append(("Peak RSS as the table grows 4x", run_memory(args.symbols, args.days, variants)))
+    if args.what in ("planning", "all"):
+        groups, rows = PLANNING_SHAPE
+        title = f"Planning + first batch at {groups:,} groups x {rows} rows"
+        sections.append((title, run_planning(args.rounds, args.compare)))
     header = (
         f"{SECTION}\n\n`python benchmarks/scale.py {args.what}` on {platform.node()} "
         f"({os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f} before the last section), "
