@@ -14,6 +14,7 @@ never changes what a partition holds, so the emitted sequence is the same with o
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import math
 import queue
@@ -28,6 +29,7 @@ from .errors import add_note
 from .plan import PartitionSpec
 from .prefetch import POLL_SECONDS, Pending, Stopped, ThreadFailure, join_all, start_thread
 from .source import Block, ColumnLayout, check_result_schema, to_block
+from .streams import Reading, Streams
 from .units import FetchUnit, PartitionKey, partition_key, unit_blocks
 
 __all__ = ["MAX_BACKOFF_SECONDS", "Fetcher", "RetryPolicy", "is_transient"]
@@ -470,6 +472,10 @@ class Fetcher:
         # None is close()'s wake-up call: one per thread, so none waits out its poll.
         self._tasks: queue.Queue[_Job | None] = queue.Queue()
         self._cursors = _Cursors(threading.Event())
+        self._streams = Streams(
+            lambda: _CursorSlot(backend, self._cursors),
+            Reading(layout, self._cursors.stop, retry, functools.partial(is_transient, backend), on_fetched),
+        )
         self._threads = [
             start_thread(
                 _fetch_worker,
@@ -487,8 +493,11 @@ class Fetcher:
         """Queue a fetch of ``spec``; the result arrives as a :class:`~ddbloader.source.Block`.
 
         A partition of a fetch unit comes from its unit's query the first time it is asked for
-        (starting that unit and the next if they have not started), else from its own subquery.
+        (starting that unit and the next if they have not started), else from its own subquery;
+        a piece of a streamed subquery comes from that subquery's streaming query.
         """
+        if spec.streamed:
+            return self._streams.claim(spec)
         pending, start = self._units.claim(spec)
         for index in start:
             self._tasks.put(_UnitJob(index, self._units, self._layout, self._backend, self._cursors.stop))
@@ -499,8 +508,11 @@ class Fetcher:
         return job.result
 
     def release(self, keys: Iterable[PartitionKey]) -> None:
-        """The manager will not ask for ``keys`` again: drop their rows if a unit brought them."""
+        """The manager will not ask for ``keys`` again: drop their rows if a unit brought them,
+        and end their streams once these delivered what was asked for."""
+        keys = list(keys)
         self._units.release(keys)
+        self._streams.release(keys)
 
     def close(self) -> None:
         """Stop the threads, interrupt running queries, join, and cancel the fetches never started.
@@ -513,6 +525,7 @@ class Fetcher:
         for _ in self._threads:
             self._tasks.put(None)
         join_all(self._threads)
+        self._streams.close()
         while True:
             try:
                 task = self._tasks.get_nowait()

@@ -313,7 +313,10 @@ class DDBDataLoader:
             width of a converted row) fit in it together are fetched by one query, with their
             group values bound as an IN list, and split by key on arrival (see ddbloader.units).
             An epoch's first unit gets an eighth of it (its first batch waits for a small
-            query). At most two units' rows wait to be served. 0 fetches every partition on its own.
+            query). At most two units' rows wait to be served. A partition larger than the
+            budget is streamed: planned as consecutive pieces of at most ``fetch_bytes`` (or 64
+            rows if more) read by one query as they are served (see ddbloader.streams). 0
+            fetches every partition on its own and whole.
         cache_bytes: keep the partitions fetched in the first epoch in memory and serve later
             epochs from there, without querying again, when the planned partitions (rows ×
             bytes per row of x and y) fit in this many bytes; else a warning, and no cache.

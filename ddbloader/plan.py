@@ -34,12 +34,23 @@ from .window import WindowGeometry
 if TYPE_CHECKING:
     from tqdm import tqdm
 
-__all__ = ["GroupPlan", "PartitionSpec", "QueryPlan", "build_plan"]
+__all__ = ["MIN_PIECE_ROWS", "GroupPlan", "PartitionSpec", "QueryPlan", "build_plan"]
+
+#: The fewest rows a piece of a streamed subquery has (see :func:`pieces`): however small
+#: ``fetch_bytes`` is, a plan never holds more than ``rows / MIN_PIECE_ROWS`` pieces.
+MIN_PIECE_ROWS = 64
 
 
 @dataclass(frozen=True)
 class PartitionSpec:
-    """One subquery: the rows of one group in one repartition, in the query's order."""
+    """One subquery: the rows of one group in one repartition, in the query's order.
+
+    A subquery whose planned bytes exceed ``fetch_bytes`` is streamed: it becomes ``pieces``
+    consecutive partitions of its group, piece ``piece`` holding its result's rows
+    ``[first_row, first_row + rows)``; all pieces share ``sql`` and ``params``, and are read by
+    one query (see :mod:`ddbloader.streams`). Invariants: ``0 <= piece < pieces``; the pieces of
+    one subquery sit at positions ``position - piece`` to ``position - piece + pieces - 1``.
+    """
 
     group: int
     position: int
@@ -48,13 +59,48 @@ class PartitionSpec:
     sql: str
     params: tuple[Any, ...]
     rows: int
+    piece: int = 0
+    pieces: int = 1
+    first_row: int = 0
+
+    @property
+    def streamed(self) -> bool:
+        """Whether this partition is a piece of a subquery read by one streaming query."""
+        return self.pieces > 1
+
+    @property
+    def head(self) -> int:
+        """The position of the first piece of this partition's subquery (its own if not streamed)."""
+        return self.position - self.piece
 
     def describe(self) -> str:
         """Name the subquery for messages: its values, its SQL and its parameters."""
+        rows = (
+            f"rows {self.first_row}-{self.first_row + self.rows - 1} (piece {self.piece + 1} of "
+            f"{self.pieces}) of "
+            if self.streamed
+            else ""
+        )
         return (
             f"partition {self.position} of group {self.group} "
-            f"(subquery {self.sql!r} with parameters {list(self.params)!r})"
+            f"({rows}subquery {self.sql!r} with parameters {list(self.params)!r})"
         )
+
+
+def pieces(rows: int, row_bytes: int, budget: int) -> list[tuple[int, int]]:
+    """The pieces of a subquery of ``rows`` rows of ``row_bytes`` bytes as ``(first_row, rows)``.
+
+    One piece when the rows fit in ``budget`` bytes (or ``budget <= 0``: nothing is streamed);
+    else as few near-equal consecutive pieces as keep each within the budget, but none shorter
+    than :data:`MIN_PIECE_ROWS` rows (that floor wins over a budget smaller than so many rows).
+    """
+    if budget <= 0 or rows * row_bytes <= budget:
+        return [(0, rows)]
+    per_piece = budget // max(row_bytes, 1)
+    count = -(-rows // per_piece) if per_piece >= MIN_PIECE_ROWS else max(1, rows // MIN_PIECE_ROWS)
+    sizes = [rows // count + (1 if i < rows % count else 0) for i in range(count)]
+    firsts = [sum(sizes[:i]) for i in range(count)]
+    return list(zip(firsts, sizes, strict=True))
 
 
 @dataclass(frozen=True)
@@ -222,6 +268,12 @@ def build_plan(backend: Backend, sql: str, config: LoaderConfig, progress: bool 
     group_params = any(k.parameter == "group_col" for k in keys)
     groups: list[GroupPlan] = []
     for index, (group_value, row) in enumerate(cells):
+        cut = [
+            (repartition_value, params, piece)
+            for repartition_value, params, rows in row
+            if rows > 0
+            for piece in _cut(rows, layout.row_bytes, config.fetch_bytes)
+        ]
         partitions = tuple(
             PartitionSpec(
                 group=index,
@@ -231,8 +283,11 @@ def build_plan(backend: Backend, sql: str, config: LoaderConfig, progress: bool 
                 sql=partition_sql,
                 params=params,
                 rows=rows,
+                piece=piece,
+                pieces=count,
+                first_row=first_row,
             )
-            for position, (repartition_value, params, rows) in enumerate(r for r in row if r[2] > 0)
+            for position, (repartition_value, params, (piece, count, first_row, rows)) in enumerate(cut)
         )
         total = sum(p.rows for p in partitions)
         groups.append(
@@ -264,6 +319,12 @@ def build_plan(backend: Backend, sql: str, config: LoaderConfig, progress: bool 
             f"the loader yields nothing; check the query, the schemes and window_size"
         )
     return plan
+
+
+def _cut(rows: int, row_bytes: int, budget: int) -> list[tuple[int, int, int, int]]:
+    """A subquery's :func:`pieces` as ``(piece, pieces, first_row, rows)``."""
+    cut = pieces(rows, row_bytes, budget)
+    return [(piece, len(cut), first, size) for piece, (first, size) in enumerate(cut)]
 
 
 def _probe_partition(

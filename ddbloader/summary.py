@@ -19,9 +19,14 @@ def _shape(batch: int, window: int | None, sample: tuple[int, ...]) -> str:
 
 def _split(plan: QueryPlan, config: LoaderConfig) -> str:
     """``'5 groups × 12 repartitions = 60 partitions'``; a range when groups differ; ``'whole group'``
-    without a repartition column (each group is one partition)."""
+    without a repartition column (each group is one partition); the subqueries larger than
+    ``fetch_bytes`` and the pieces they are streamed in, when there are any."""
     groups = len(plan.groups)
-    per_group = sorted({len(g.partitions) for g in plan.groups}) or [0]
+    per_group = sorted({sum(p.piece == 0 for p in g.partitions) for g in plan.groups}) or [0]
+    subqueries = sum(p.piece == 0 for g in plan.groups for p in g.partitions)
+    streamed = [p for g in plan.groups for p in g.partitions if p.streamed]
+    heads = sum(p.piece == 0 for p in streamed)
+    pieces = f" ({heads:,} streamed in {len(streamed):,} pieces)" if streamed else ""
     spread = str(per_group[0]) if len(per_group) == 1 else f"{per_group[0]}–{per_group[-1]}"
     split = (
         "whole group"
@@ -30,7 +35,7 @@ def _split(plan: QueryPlan, config: LoaderConfig) -> str:
     )
     return (
         f"{groups:,} group{'' if groups == 1 else 's'} × {split} = "
-        f"{plan.partitions:,} partition{'' if plan.partitions == 1 else 's'}"
+        f"{subqueries:,} partition{'' if subqueries == 1 else 's'}{pieces}"
     )
 
 

@@ -81,12 +81,23 @@ def touched_partitions(unit: WorkUnit, geometry: WindowGeometry) -> list[int]:
 
 
 def partition_visits(unit: WorkUnit, config: LoaderConfig, geometry: WindowGeometry, epoch: int) -> list[int]:
-    """The positions of the partitions ``unit`` needs, in the order its stream loads them."""
+    """The positions of the partitions ``unit`` needs, in the order its stream loads them.
+
+    The needed pieces of one streamed subquery are visited together and in row order (its
+    query reads them in that order): the subqueries are shuffled, then expanded into pieces.
+    """
     needed = touched_partitions(unit, geometry)
+    partitions = unit.group.partitions
+    runs: list[list[int]] = []
+    for position in needed:
+        if runs and partitions[position].piece and partitions[runs[-1][-1]].head == partitions[position].head:
+            runs[-1].append(position)
+        else:
+            runs.append([position])
     order = visit_order(
-        len(needed), config.shuffle, config.seed, epoch, Purpose.PARTITION_ORDER, unit.group.index, unit.first
+        len(runs), config.shuffle, config.seed, epoch, Purpose.PARTITION_ORDER, unit.group.index, unit.first
     )
-    return [needed[int(i)] for i in order]
+    return [position for i in order for position in runs[int(i)]]
 
 
 @dataclass(frozen=True)
@@ -137,7 +148,8 @@ def fetch_units(
     against 2.1 s at 10,000 groups on PostgreSQL) and its values within :data:`MAX_VALUES` (unbounded
     with ``lists``: the backend binds each key's values as one list parameter); a group
     larger than ``budget`` becomes runs of its partitions in visit order (the query restricts
-    the group to one value and the repartition key to the run's values). A partition asked for
+    the group to one value and the repartition key to the run's values); the pieces of a
+    streamed subquery (see :mod:`ddbloader.streams`) join no unit. A partition asked for
     twice (a padded shard) is in the first unit only; a unit of one partition is left out (the
     partition's own subquery fetches it). No units at all when ``budget <= 0``, when the plan
     has no keys, or when the query cannot select its keys (see ``filtered_many``).
@@ -165,6 +177,10 @@ def fetch_units(
         run: list[int] = []
         run_bytes = 0
         for position in visits:
+            if group.partitions[position].streamed:  # read by its own streaming query
+                cutter.add_run(group, run)
+                run, run_bytes = [], 0
+                continue
             size = group.partitions[position].rows * row_bytes
             if run and (run_bytes + size > budget or len(run) >= max_values):
                 cutter.add_run(group, run)

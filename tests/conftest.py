@@ -17,6 +17,7 @@ import sparkserver
 
 from ddbloader import DDBDataLoader
 from ddbloader.backends import Backend, Cursor, DuckDBBackend
+from ddbloader.streams import read_batches
 
 SERIES_SQL = "SELECT gid, part, pos, rid, f0, f1, y FROM series ORDER BY gid, part, pos"
 
@@ -111,6 +112,11 @@ class _FaultyCursor:
     def fetch(self, sql: str, params: Sequence[Any]) -> pa.Table:
         self._backend.before_fetch(sql, params)
         return self._inner.fetch(sql, params)
+
+    def batches(self, sql: str, params: Sequence[Any], rows: int) -> Iterator[pa.Table]:
+        """A streamed subquery's query: one fetch for the faults, read through the inner reader."""
+        self._backend.before_fetch(sql, params)
+        return read_batches(self._inner, sql, params, rows)
 
     def interrupt(self) -> None:
         self._inner.interrupt()

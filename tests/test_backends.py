@@ -428,6 +428,46 @@ def test_fetch_units_fetch_every_group_in_one_query(engine: Engine) -> None:
     assert_resumes_exactly(lambda: DDBDataLoader(engine.source(), SERIES_SQL, **options), epochs=2)
 
 
+# --- streamed partitions: one query read in pieces ---------------------------------------------
+
+#: Rows of f0 and y are 16 bytes: 100 rows fit fetch_bytes, so 300, 200 and 450 rows are streamed.
+STREAMED_PARTS = [[300, 5, 200], [450]]
+
+
+@pytest.mark.parametrize("engine", ["duckdb", "postgres", "sqlite"], indirect=True)
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_streamed_partitions_cover_every_window_once_and_resume_exactly(
+    engine: Engine, shuffle: bool
+) -> None:
+    data = series_table(STREAMED_PARTS)
+    engine.create("series", data)
+    options: dict[str, Any] = {
+        "target_col": "y",
+        "input_col": ["f0"],
+        "batch_size": 16,
+        "shuffle": shuffle,
+        "seed": 5,
+        "window_size": 7,
+        "group_col": "gid",
+        "repartition_col": "part",
+        "fetch_bytes": 100 * 16,
+    }
+    with DDBDataLoader(engine.source(), SERIES_SQL, **options) as loader:
+        assert [len(g.partitions) for g in loader.plan.groups] == [3 + 1 + 2, 5]
+        got = list(loader)
+        stats = loader.stats()
+    assert stats.queries == 4  # one per streamed subquery, one for the 5-row partition
+    starts = [int(r) for x, _ in got for r in x[:, 0, 0].tolist()]
+    expected = [g * 1_000_000 + s for g, sizes in enumerate(STREAMED_PARTS) for s in range(sum(sizes) - 7)]
+    assert sorted(starts) == expected  # every window once, across piece boundaries too
+    if not shuffle:
+        assert starts == expected
+    for x, y in got:  # y anchored to x: row s+7
+        assert torch.equal(y[:, 0, 0], x[:, 0, 0] + 7.5)
+    assert_same(got, reference(SERIES_SQL, data, **options))
+    assert_resumes_exactly(lambda: DDBDataLoader(engine.source(), SERIES_SQL, **options), epochs=2)
+
+
 # --- dtypes and nulls ---------------------------------------------------------------------------
 
 _TYPED_DDL = {

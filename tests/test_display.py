@@ -14,7 +14,7 @@ from typing import Any
 import duckdb
 import pytest
 import torch
-from conftest import SERIES_SQL, FaultyBackend, series_loader
+from conftest import SERIES_SQL, FaultyBackend, make_series, series_loader
 
 from ddbloader import DDBDataLoader
 from ddbloader.display import compact_traceback, human_bytes, readable_in_notebooks
@@ -68,6 +68,14 @@ def test_repr_names_one_repartition_in_the_singular_and_an_unsplit_group_whole(
     series: duckdb.DuckDBPyConnection, split: dict[str, Any], expected: str
 ) -> None:
     with DDBDataLoader(series, SERIES_SQL, "y", input_col=["f0"], **split) as loader:
+        assert f"groups × repartitions: {expected}," in repr(loader)
+
+
+def test_repr_counts_subqueries_and_the_pieces_of_those_streamed(con: duckdb.DuckDBPyConnection) -> None:
+    make_series(con, [[300, 5], [10]])  # 16-byte rows: 300 of them are 3 pieces of 100 rows
+    options: dict[str, Any] = {"group_col": "gid", "repartition_col": "part", "fetch_bytes": 1600}
+    with DDBDataLoader(con, SERIES_SQL, "y", input_col=["f0"], **options) as loader:
+        expected = "2 groups × 1–2 repartitions = 3 partitions (1 streamed in 3 pieces)"
         assert f"groups × repartitions: {expected}," in repr(loader)
 
 

@@ -12,7 +12,7 @@ import threading
 import warnings
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import duckdb
@@ -28,7 +28,7 @@ from ddbloader.backends import DuckDBBackend
 from ddbloader.batch import gather
 from ddbloader.fetch import Fetcher
 from ddbloader.manager import Arena, GroupPool, epoch_units
-from ddbloader.plan import PartitionSpec
+from ddbloader.plan import MIN_PIECE_ROWS, PartitionSpec
 from ddbloader.prefetch import Pending
 from ddbloader.source import Block
 from ddbloader.stats import LoaderStats
@@ -147,6 +147,23 @@ def cases(draw: st.DrawFn) -> Case:
     )
 
 
+@st.composite
+def streamed_cases(draw: st.DrawFn) -> Case:
+    """Cases whose partitions are mostly larger than ``fetch_bytes``: streamed in pieces of at
+    least ``MIN_PIECE_ROWS`` rows, so windows cross piece boundaries (and, on a small budget,
+    several pieces share one window's rows only when the window spans them)."""
+    case = draw(cases())
+    size = st.one_of(st.integers(0, 12), st.integers(MIN_PIECE_ROWS, 4 * MIN_PIECE_ROWS))
+    parts = draw(st.lists(st.lists(size, min_size=1, max_size=3), min_size=1, max_size=3))
+    return replace(
+        case,
+        parts=parts,
+        grouped=len(parts) > 1 or case.grouped,
+        batch_size=draw(st.integers(1, 40)),
+        fetch_bytes=draw(st.sampled_from([16 * MIN_PIECE_ROWS, 40 * MIN_PIECE_ROWS, 16 * 2**20])),
+    )
+
+
 def as_windows(x: torch.Tensor, y: torch.Tensor, windowed: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """The rids of x ``[B, wx]`` and of y ``[B, wy]`` (y's ``+ 0.5`` removed)."""
     if not windowed:
@@ -181,6 +198,22 @@ def run_epoch(
 @settings(max_examples=60, deadline=None)
 @given(case=cases())
 def test_every_window_exactly_once_aligned_and_within_its_group(case: Case) -> None:
+    check_every_window_exactly_once(case)
+
+
+@settings(max_examples=30, deadline=None)
+@given(case=streamed_cases())
+def test_streamed_partitions_give_every_window_exactly_once(case: Case) -> None:
+    partitions = check_every_window_exactly_once(case)
+    subqueries = [rows for g in case.parts for rows in (g if case.repartitioned else [sum(g)]) if rows]
+    streamed = [rows for rows in subqueries if rows * 16 > case.fetch_bytes]  # rows: f0 and y
+    assert partitions >= len(subqueries) + len(streamed)
+
+
+def check_every_window_exactly_once(case: Case) -> int:
+    """One epoch of ``case`` emits exactly the expected windows, aligned, in order unshuffled;
+    each partition is fetched at most once and every partition a sample needs is fetched.
+    Returns the partitions planned."""
     batches, length, partitions, backend, stats = run_epoch(case)
     expected = expected_starts(case)
 
@@ -226,6 +259,7 @@ def test_every_window_exactly_once_aligned_and_within_its_group(case: Case) -> N
         assert stats.partitions_fetched >= touched_partitions(case)
         if case.fetch_bytes == 0:
             assert backend.fetches == stats.partitions_fetched
+    return partitions
 
 
 def test_unshuffled_order_example(con: duckdb.DuckDBPyConnection) -> None:
@@ -287,7 +321,7 @@ def held_partitions(con: duckdb.DuckDBPyConnection, case: Case) -> tuple[int, in
 
 
 @settings(max_examples=40, deadline=None)
-@given(case=cases())
+@given(case=cases() | streamed_cases())
 def test_partitions_held_never_exceed_pool_times_prepartition(case: Case) -> None:
     con = duckdb.connect()
     try:
@@ -327,7 +361,12 @@ def pool_batches(con: duckdb.DuckDBPyConnection, case: Case, arena: Arena | None
 
 
 @settings(max_examples=40, deadline=None)
-@given(case=cases(), region_rows=st.sampled_from([None, 4]), regions=st.integers(1, 9), whole=st.booleans())
+@given(
+    case=cases() | streamed_cases(),
+    region_rows=st.sampled_from([None, 4]),
+    regions=st.integers(1, 9),
+    whole=st.booleans(),
+)
 def test_an_arena_serves_the_same_batches(
     case: Case, region_rows: int | None, regions: int, whole: bool
 ) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import decimal
+import itertools
 import logging
 import subprocess
 import sys
@@ -23,7 +24,7 @@ from ddbloader import DDBDataLoader
 from ddbloader.backends import DuckDBBackend
 from ddbloader.manager import epoch_units
 from ddbloader.plan import PartitionSpec
-from ddbloader.units import FIRST_UNIT_SHARE, MAX_VALUES, fetch_units, split_by_key
+from ddbloader.units import FIRST_UNIT_SHARE, MAX_VALUES, fetch_units, partition_visits, split_by_key
 
 UTC = dt.timezone.utc
 
@@ -183,6 +184,35 @@ def test_a_unit_binds_at_most_max_values_parameters(con: duckdb.DuckDBPyConnecti
         plan, config = loader.plan, loader.config
         units = fetch_units(plan, epoch_units(plan, config, 0), config, 0, budget=2**30)
     assert [len(u.params) for u in units] == [MAX_VALUES, 5]
+
+
+def test_the_pieces_of_a_streamed_subquery_are_visited_together_in_order_and_join_no_unit(
+    con: duckdb.DuckDBPyConnection,
+) -> None:
+    # Partitions 0 and 3 exceed fetch_bytes (64 rows of 16 bytes): streamed in pieces; the small
+    # ones join units as before.
+    make_series(con, [[200, 4, 4, 150, 4, 4]])
+    with _loader(con, repartition_col="part", window_size=3, fetch_bytes=64 * 16) as loader:
+        plan, config = loader.plan, loader.config
+        group = plan.groups[0]
+        assert [p.pieces for p in group.partitions] == [4] * 4 + [1, 1] + [3] * 3 + [1, 1]
+        orders = set()
+        for epoch in range(6):
+            work = epoch_units(plan, config, epoch)
+            visits = partition_visits(work[0], config, plan.geometry, epoch)
+            assert sorted(visits) == list(range(len(group.partitions)))
+            heads = [group.partitions[p].head for p in visits]
+            runs = [h for n, h in enumerate(heads) if n == 0 or h != heads[n - 1]]
+            assert len(runs) == len(set(runs)), f"the pieces of a subquery are split up: {visits}"
+            assert all(
+                group.partitions[p].piece == group.partitions[q].piece + 1
+                for q, p in itertools.pairwise(visits)
+                if group.partitions[p].head == group.partitions[q].head
+            )
+            orders.add(tuple(runs))
+            units = fetch_units(plan, work, config, epoch, config.fetch_bytes)
+            assert units and not any(c.streamed for u in units for c in u.cells)
+        assert len(orders) > 1  # the subqueries themselves are still shuffled
 
 
 # --- the fetch path -----------------------------------------------------------------------------

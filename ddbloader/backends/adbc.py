@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -149,6 +149,19 @@ class _ADBCCursor:
             self._cursor = connection.cursor()
 
     def fetch(self, sql: str, params: Sequence[Any]) -> pa.Table:
+        self._execute(sql, params)
+        return _floats_for_numeric(self._cursor.fetch_arrow_table())
+
+    def batches(self, sql: str, params: Sequence[Any], rows: int) -> Iterator[pa.Table]:
+        """``sql``'s rows through the driver's Arrow record batch reader, read as the iterator
+        advances (the driver sizes the batches; ``rows`` is not passed on)."""
+        self._execute(sql, params)
+        reader = self._cursor.fetch_record_batch()
+        with contextlib.closing(reader):
+            for batch in reader:
+                yield _floats_for_numeric(pa.Table.from_batches([batch]))
+
+    def _execute(self, sql: str, params: Sequence[Any]) -> None:
         backend = self._backend
         if backend.dialect == "postgres":
             _check_postgres_values(params)
@@ -166,7 +179,6 @@ class _ADBCCursor:
         if lists:
             bound = _typed_parameters(self._cursor, text, params)
         self._cursor.execute(text, bound or None)
-        return _floats_for_numeric(self._cursor.fetch_arrow_table())
 
     def interrupt(self) -> None:
         with self._lock:

@@ -27,7 +27,7 @@ import functools
 import re
 import sys
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -182,7 +182,28 @@ class _DBAPICursor:
             return self._execute(probe, ()).schema.empty_table()
         return table
 
+    def batches(self, sql: str, params: Sequence[Any], rows: int) -> Iterator[pa.Table]:
+        """``sql``'s rows ``rows`` at a time (``fetchmany``), read as the iterator advances; on a
+        shared connection, whose lock a paused reader would hold, all at once."""
+        if self._shared:
+            yield self.fetch(sql, params)
+            return
+        text, bound = bind_parameters(sql, params, self._backend.dialect, self._backend.paramstyle)
+        with self._executed(text, bound) as cursor:
+            names = [d[0] for d in cursor.description or ()]
+            while chunk := cursor.fetchmany(rows):
+                yield rows_to_arrow(names, chunk)
+
     def _execute(self, sql: str, params: Sequence[Any] | dict[str, Any]) -> pa.Table:
+        with self._executed(sql, params) as cursor:
+            names = [d[0] for d in cursor.description or ()]
+            rows = cursor.fetchall()
+        return rows_to_arrow(names, rows)
+
+    @contextlib.contextmanager
+    def _executed(self, sql: str, params: Sequence[Any] | dict[str, Any]) -> Iterator[Any]:
+        """A driver cursor that ran ``sql``, under the shared connection's lock; afterwards the
+        cursor is closed and the implicit transaction ended."""
         lock = self._backend.lock if self._shared else contextlib.nullcontext()
         with lock:
             if self._connection is None:
@@ -198,8 +219,7 @@ class _DBAPICursor:
                         cursor.execute(sql, params)
                     else:
                         cursor.execute(sql)
-                    names = [d[0] for d in cursor.description or ()]
-                    rows = cursor.fetchall()
+                    yield cursor
                 finally:
                     cursor.close()
             except Exception as error:
@@ -209,7 +229,6 @@ class _DBAPICursor:
             finally:
                 self._running = False
                 self._end_transaction()
-        return rows_to_arrow(names, rows)
 
     def _end_transaction(self) -> None:
         # Drivers that open a transaction implicitly would otherwise keep one open between

@@ -23,7 +23,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -125,17 +125,33 @@ def _apply(cursor: duckdb.DuckDBPyConnection, settings: tuple[tuple[str, str], .
 _MISSING_RELATION = re.compile(r"\b(Table|View) with name .* does not exist")
 
 
+@contextlib.contextmanager
+def _hinted() -> Iterator[None]:
+    """Add :data:`_CURSOR_HINT` to DuckDB's error for a table its cursor does not see."""
+    try:
+        yield
+    except duckdb.CatalogException as exc:
+        if _MISSING_RELATION.search(str(exc)):
+            add_note(exc, _CURSOR_HINT)
+        raise
+
+
 class _DuckDBCursor:
     def __init__(self, connection: duckdb.DuckDBPyConnection) -> None:
         self._connection = connection
 
     def fetch(self, sql: str, params: Sequence[Any]) -> pa.Table:
-        try:
+        with _hinted():
             return self._connection.sql(sql, params=list(params)).to_arrow_table()
-        except duckdb.CatalogException as exc:
-            if _MISSING_RELATION.search(str(exc)):
-                add_note(exc, _CURSOR_HINT)
-            raise
+
+    def batches(self, sql: str, params: Sequence[Any], rows: int) -> Iterator[pa.Table]:
+        """``sql``'s rows through DuckDB's Arrow record batch reader, about ``rows`` per table,
+        read from the engine as the iterator advances."""
+        with _hinted():
+            reader = self._connection.sql(sql, params=list(params)).to_arrow_reader(rows)
+        with contextlib.closing(reader):
+            for batch in reader:
+                yield pa.Table.from_batches([batch])
 
     def interrupt(self) -> None:
         with contextlib.suppress(duckdb.ConnectionException):  # closed already: nothing runs

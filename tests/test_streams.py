@@ -1,0 +1,209 @@
+"""Streamed partitions: a subquery larger than ``fetch_bytes`` read by one query in pieces.
+
+A real DuckDB reader under a thin wrapper that counts the rows it handed out (and, for the
+fault tests, raises after some of them): the wrapper changes nothing else on the real path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+import pytest
+from conftest import SERIES_SQL, live_threads, make_series, wait_until
+
+from ddbloader import DDBDataLoader
+from ddbloader.backends import DuckDBBackend
+from ddbloader.fetch import Fetcher, RetryPolicy
+from ddbloader.plan import MIN_PIECE_ROWS, PartitionSpec, QueryPlan
+from ddbloader.prefetch import Stopped
+from ddbloader.streams import read_batches
+
+pytestmark = pytest.mark.timeout(60)
+
+#: One group, one subquery of 10 pieces of MIN_PIECE_ROWS rows (x = f0 and y: 16 bytes a row).
+ROWS = 10 * MIN_PIECE_ROWS
+FETCH_BYTES = 16 * MIN_PIECE_ROWS
+
+
+class _ReadCursor:
+    def __init__(self, backend: _CountingBackend) -> None:
+        self._backend = backend
+        self._inner = backend.inner.cursor()
+
+    def fetch(self, sql: str, params: Sequence[Any]) -> pa.Table:
+        return self._inner.fetch(sql, params)
+
+    def batches(self, sql: str, params: Sequence[Any], rows: int) -> Iterator[pa.Table]:
+        self._backend.queries += 1
+        for table in read_batches(self._inner, sql, params, rows):
+            with self._backend.lock:
+                if self._backend.fail_after is not None and self._backend.read >= self._backend.fail_after:
+                    self._backend.fail_after = None
+                    raise self._backend.error
+                self._backend.read += table.num_rows
+            yield table
+
+    def interrupt(self) -> None:
+        self._inner.interrupt()
+
+    def close(self) -> None:
+        self._inner.close()
+
+
+class _CountingBackend:
+    """A real DuckDB backend whose streaming reads count the rows handed out, and raise
+    ``error`` once when ``fail_after`` rows have been handed out."""
+
+    def __init__(self, con: duckdb.DuckDBPyConnection, error: BaseException | None = None) -> None:
+        self.inner = DuckDBBackend(con)
+        self.dialect = self.inner.dialect
+        self.engine = self.inner.engine
+        self.lock = threading.Lock()
+        self.read = 0
+        self.queries = 0
+        self.error = error or ConnectionError("injected: connection lost mid-stream")
+        self.fail_after: int | None = None
+
+    def cursor(self) -> _ReadCursor:
+        return _ReadCursor(self)
+
+    @staticmethod
+    def is_transient(error: BaseException) -> bool:
+        return isinstance(error, ConnectionError)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def _plan(con: duckdb.DuckDBPyConnection, **options: Any) -> QueryPlan:
+    make_series(con, [[ROWS]])
+    with DDBDataLoader(con, SERIES_SQL, "y", input_col=["f0"], fetch_bytes=FETCH_BYTES, **options) as loader:
+        return loader.plan
+
+
+@contextlib.contextmanager
+def _fetching(
+    con: duckdb.DuckDBPyConnection, backend: _CountingBackend | None = None, **options: Any
+) -> Iterator[tuple[list[PartitionSpec], _CountingBackend, Fetcher, threading.Event]]:
+    """The pieces of the one streamed subquery, the backend, a fetcher over it and a stop event."""
+    plan = _plan(con)
+    backend = backend or _CountingBackend(con)
+    fetcher = Fetcher(backend, plan.layout, 1, **options)
+    stop = threading.Event()
+    try:
+        yield list(plan.groups[0].partitions), backend, fetcher, stop
+    finally:
+        stop.set()
+        fetcher.close()
+
+
+def _rids(block: Any) -> list[float]:
+    return [float(v) for v in np.asarray(block.x)[:, 0]]
+
+
+def test_a_partition_larger_than_fetch_bytes_is_planned_as_pieces(con: duckdb.DuckDBPyConnection) -> None:
+    pieces = _plan(con).groups[0].partitions
+    assert [(p.position, p.piece, p.pieces, p.first_row, p.rows) for p in pieces] == [
+        (n, n, 10, n * MIN_PIECE_ROWS, MIN_PIECE_ROWS) for n in range(10)
+    ]
+    assert "piece 3 of 10" in pieces[2].describe()
+
+
+def test_pieces_arrive_as_asked_for_without_reading_ahead(con: duckdb.DuckDBPyConnection) -> None:
+    with _fetching(con) as (pieces, backend, fetcher, stop):
+        first = fetcher.submit(pieces[0]).wait(stop, 10)
+        assert _rids(first) == [float(r) for r in range(MIN_PIECE_ROWS)]
+        # the first samples are served before the last rows leave the engine: the reader stops
+        # at what was asked for (backpressure), a reader batch at most beyond it
+        assert not wait_until(lambda: backend.read > 2 * MIN_PIECE_ROWS, seconds=0.3)
+        rest = [fetcher.submit(p) for p in pieces[1:]]
+        blocks = [p.wait(stop, 10) for p in rest]
+    assert [r for b in [first, *blocks] for r in _rids(b)] == [float(r) for r in range(ROWS)]
+    assert backend.queries == 1
+    assert backend.read == ROWS
+
+
+def test_a_resumed_read_skips_rows_and_a_piece_behind_the_reader_starts_a_new_query(
+    con: duckdb.DuckDBPyConnection,
+) -> None:
+    with _fetching(con) as (pieces, backend, fetcher, stop):
+        sixth = fetcher.submit(pieces[5]).wait(stop, 10)
+        fifth = fetcher.submit(pieces[4]).wait(stop, 10)  # a neighbour's edge rows after a fast-forward
+        seventh = fetcher.submit(pieces[6]).wait(stop, 10)
+    for block, n in ((fifth, 4), (sixth, 5), (seventh, 6)):
+        assert _rids(block) == [float(r) for r in range(n * MIN_PIECE_ROWS, (n + 1) * MIN_PIECE_ROWS)]
+    assert backend.queries == 2
+    assert live_threads() == []
+
+
+def test_a_transient_failure_mid_stream_reads_again_from_the_first_piece_not_delivered(
+    con: duckdb.DuckDBPyConnection,
+) -> None:
+    with _fetching(con, retry=RetryPolicy(retries=1, backoff=0.0)) as (pieces, backend, fetcher, stop):
+        backend.fail_after = 3 * MIN_PIECE_ROWS
+        waiting = [fetcher.submit(p) for p in pieces]
+        blocks = [p.wait(stop, 10) for p in waiting]
+    assert [r for b in blocks for r in _rids(b)] == [float(r) for r in range(ROWS)]
+    assert backend.queries == 2
+
+
+def test_a_failure_that_is_not_transient_reaches_every_waiting_piece(con: duckdb.DuckDBPyConnection) -> None:
+    failing = _CountingBackend(con, error=RuntimeError("injected: the engine gave up"))
+    failing.fail_after = MIN_PIECE_ROWS
+    with _fetching(con, failing) as (pieces, backend, fetcher, stop):
+        waiting = [fetcher.submit(p) for p in pieces[:4]]
+        waiting[0].wait(stop, 10)
+        for pending in waiting[1:]:
+            with pytest.raises(RuntimeError, match="the engine gave up") as raised:
+                pending.wait(stop, 10)
+            assert any("streaming partition 1 of group 0" in note for note in raised.value.__notes__)
+    assert backend.queries == 1
+
+
+def test_close_stops_a_stream_waiting_for_the_manager_and_cancels_its_pieces(
+    con: duckdb.DuckDBPyConnection,
+) -> None:
+    plan = _plan(con)
+    fetcher = Fetcher(_CountingBackend(con), plan.layout, 1)
+    stop = threading.Event()
+    pieces = plan.groups[0].partitions
+    fetcher.submit(pieces[0]).wait(stop, 10)
+    assert any(name.startswith("ddbloader-stream") for name in live_threads())
+    fetcher.close()
+    assert live_threads() == []
+    with pytest.raises(Stopped):
+        fetcher.submit(pieces[1]).wait(stop, 10)
+
+
+def test_release_ends_the_stream_once_it_delivered_what_was_asked(con: duckdb.DuckDBPyConnection) -> None:
+    with _fetching(con) as (pieces, backend, fetcher, stop):
+        asked = [fetcher.submit(p) for p in pieces[:2]]
+        fetcher.release((0, p.position) for p in pieces)
+        assert [len(_rids(p.wait(stop, 10))) for p in asked] == [MIN_PIECE_ROWS] * 2
+        assert wait_until(lambda: not any(n.startswith("ddbloader-stream") for n in live_threads()))
+        assert backend.read <= 3 * MIN_PIECE_ROWS
+
+
+@pytest.mark.parametrize(
+    ("change", "found"),
+    [
+        ("DELETE FROM series WHERE pos >= 600", "ended after 600 rows"),
+        ("INSERT INTO series SELECT gid, part, pos + 10000, rid, f0, f1, y FROM series LIMIT 3", "returned"),
+    ],
+)
+def test_a_streamed_subquery_whose_rows_changed_after_planning_is_refused_by_name(
+    con: duckdb.DuckDBPyConnection, change: str, found: str
+) -> None:
+    make_series(con, [[ROWS]])
+    with DDBDataLoader(con, SERIES_SQL, "y", input_col=["f0"], fetch_bytes=FETCH_BYTES) as loader:
+        con.execute(change)
+        with pytest.raises(
+            ValueError, match=rf"piece \d+ of 10\) of subquery .* {found}.* build the loader again"
+        ):
+            list(loader)
