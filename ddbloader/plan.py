@@ -36,8 +36,9 @@ if TYPE_CHECKING:
 
 __all__ = ["MIN_PIECE_ROWS", "GroupPlan", "PartitionSpec", "QueryPlan", "build_plan"]
 
-#: The fewest rows a piece of a streamed subquery has (see :func:`pieces`): however small
-#: ``fetch_bytes`` is, a plan never holds more than ``rows / MIN_PIECE_ROWS`` pieces.
+#: The fewest rows ``fetch_bytes`` counts as when a subquery is cut into pieces (see
+#: :func:`pieces`): however small it is, a subquery is never cut into more than
+#: ``rows / MIN_PIECE_ROWS + 1`` pieces.
 MIN_PIECE_ROWS = 64
 
 
@@ -91,13 +92,13 @@ def pieces(rows: int, row_bytes: int, budget: int) -> list[tuple[int, int]]:
     """The pieces of a subquery of ``rows`` rows of ``row_bytes`` bytes as ``(first_row, rows)``.
 
     One piece when the rows fit in ``budget`` bytes (or ``budget <= 0``: nothing is streamed);
-    else as few near-equal consecutive pieces as keep each within the budget, but none shorter
-    than :data:`MIN_PIECE_ROWS` rows (that floor wins over a budget smaller than so many rows).
+    else as few near-equal consecutive pieces as keep each within the budget, where a budget of
+    fewer than :data:`MIN_PIECE_ROWS` rows counts as that many.
     """
     if budget <= 0 or rows * row_bytes <= budget:
         return [(0, rows)]
-    per_piece = budget // max(row_bytes, 1)
-    count = -(-rows // per_piece) if per_piece >= MIN_PIECE_ROWS else max(1, rows // MIN_PIECE_ROWS)
+    per_piece = max(budget // max(row_bytes, 1), MIN_PIECE_ROWS)
+    count = -(-rows // per_piece)
     sizes = [rows // count + (1 if i < rows % count else 0) for i in range(count)]
     firsts = [sum(sizes[:i]) for i in range(count)]
     return list(zip(firsts, sizes, strict=True))

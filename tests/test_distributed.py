@@ -151,13 +151,17 @@ def test_shuffled_shards_are_disjoint_and_complete(
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
-    parts=st.lists(st.lists(st.integers(1, 12), min_size=1, max_size=3), min_size=1, max_size=4),
+    # partitions of 65-160 rows of 16 bytes are streamed in pieces of 33-64 rows under 1 KiB
+    parts=st.lists(
+        st.lists(st.integers(1, 12) | st.integers(65, 160), min_size=1, max_size=3), min_size=1, max_size=4
+    ),
     window=st.integers(1, 4),
     stride=st.integers(1, 3),
     world=st.integers(1, 4),
     even=st.sampled_from(["pad", "drop"]),
     shuffle=st.booleans(),
     workers=st.integers(1, 3),
+    fetch_bytes=st.sampled_from([8 * 2**20, 1024]),
 )
 def test_any_layout_shards_exactly(
     con: duckdb.DuckDBPyConnection,
@@ -168,10 +172,18 @@ def test_any_layout_shards_exactly(
     even: str,
     shuffle: bool,
     workers: int,
+    fetch_bytes: int,
 ) -> None:
-    """Cuts inside groups and partitions, windows straddling partitions, ranks split over workers."""
+    """Cuts inside groups and partitions (streamed ones too), windows straddling partitions, ranks
+    split over workers."""
     make_series(con, parts)
-    layout = {"window_size": window, "window_stride": stride, "group_col": "gid", "repartition_col": "part"}
+    layout = {
+        "window_size": window,
+        "window_stride": stride,
+        "group_col": "gid",
+        "repartition_col": "part",
+        "fetch_bytes": fetch_bytes,
+    }
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # groups too short for a window are announced; fine here
         order = index_order(con, **layout)

@@ -149,9 +149,8 @@ def cases(draw: st.DrawFn) -> Case:
 
 @st.composite
 def streamed_cases(draw: st.DrawFn) -> Case:
-    """Cases whose partitions are mostly larger than ``fetch_bytes``: streamed in pieces of at
-    least ``MIN_PIECE_ROWS`` rows, so windows cross piece boundaries (and, on a small budget,
-    several pieces share one window's rows only when the window spans them)."""
+    """Cases whose partitions are mostly larger than ``fetch_bytes``: streamed in pieces of 32 to
+    160 rows, so windows cross piece boundaries."""
     case = draw(cases())
     size = st.one_of(st.integers(0, 12), st.integers(MIN_PIECE_ROWS, 4 * MIN_PIECE_ROWS))
     parts = draw(st.lists(st.lists(size, min_size=1, max_size=3), min_size=1, max_size=3))

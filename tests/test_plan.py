@@ -504,13 +504,11 @@ def test_discovered_repartitions_are_sorted_in_every_group(db: duckdb.DuckDBPyCo
         (1000, 16_000, [1000]),  # fits the budget
         (1000, 1600, [100] * 10),
         (1000, 3000, [167] * 4 + [166] * 2),  # 187 rows fit: 6 near-equal pieces
-        (1000, 16, [67] * 10 + [66] * 5),  # a budget under MIN_PIECE_ROWS rows: the floor wins
-        (MIN_PIECE_ROWS + 5, 16, [MIN_PIECE_ROWS + 5]),
+        (1000, 16, [63] * 8 + [62] * 8),  # a budget under MIN_PIECE_ROWS rows counts as that many
+        (MIN_PIECE_ROWS, 16, [MIN_PIECE_ROWS]),
     ],
 )
-def test_pieces_keep_within_the_budget_near_equal_and_not_below_the_floor(
-    rows: int, budget: int, sizes: list[int]
-) -> None:
+def test_pieces_keep_within_the_budget_and_near_equal(rows: int, budget: int, sizes: list[int]) -> None:
     cut = pieces(rows, 16, budget)
     assert sorted(size for _, size in cut) == sorted(sizes)
     assert [first for first, _ in cut] == [sum(s for _, s in cut[:n]) for n in range(len(cut))]
@@ -520,7 +518,7 @@ def test_pieces_keep_within_the_budget_near_equal_and_not_below_the_floor(
 def test_a_subquery_over_fetch_bytes_becomes_consecutive_pieces_of_its_group(
     db: duckdb.DuckDBPyConnection,
 ) -> None:
-    # Rows of x = f0 and y are 16 bytes; 12 * 16 bytes fit 12 rows, under the 64-row floor.
+    # Rows of x = f0 and y are 16 bytes; 12 * 16 bytes fit 12 rows, which count as 64.
     make_series(db, [[200, 7, 130]], table="wide")
     sql = "SELECT gid, part, pos, rid, f0, f1, y FROM wide ORDER BY gid, part, pos"
     options: dict[str, Any] = {"input_col": ["f0"], "repartition_col": "part"}
@@ -528,14 +526,16 @@ def test_a_subquery_over_fetch_bytes_becomes_consecutive_pieces_of_its_group(
         partitions = loader.plan.groups[0].partitions
         rows = [float(r) for x, _ in loader for r in x[:, 0].tolist()]
     assert [(p.repartition_value, p.piece, p.pieces, p.first_row, p.rows) for p in partitions] == [
-        (0, 0, 3, 0, 67),
-        (0, 1, 3, 67, 67),
-        (0, 2, 3, 134, 66),
+        (0, 0, 4, 0, 50),
+        (0, 1, 4, 50, 50),
+        (0, 2, 4, 100, 50),
+        (0, 3, 4, 150, 50),
         (1, 0, 1, 0, 7),
-        (2, 0, 2, 0, 65),
-        (2, 1, 2, 65, 65),
+        (2, 0, 3, 0, 44),
+        (2, 1, 3, 44, 43),
+        (2, 2, 3, 87, 43),
     ]
-    assert [p.position for p in partitions] == list(range(6))
+    assert [p.position for p in partitions] == list(range(8))
     assert rows == [float(r) for r in range(337)]
     with DDBDataLoader(db, sql, "y", fetch_bytes=0, **options) as whole:
         assert [p.rows for p in whole.plan.groups[0].partitions] == [200, 7, 130]

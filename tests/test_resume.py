@@ -63,7 +63,7 @@ def test_resumes_exactly_in_the_middle_of_a_streamed_partition(
     con: duckdb.DuckDBPyConnection, shuffle: bool
 ) -> None:
     # Rows of f0, f1 and y are 24 bytes: partitions of 300 and 260 rows are streamed in pieces of
-    # 66-67 rows, so the cuts fall inside a streamed subquery; the resumed epoch's query skips
+    # 60-65 rows, so the cuts fall inside a streamed subquery; the resumed epoch's query skips
     # the rows before the piece it starts at, and windows cross the piece boundaries.
     make_series(con, [[300, 40], [260]])
     kwargs = {"batch_size": 16, "window_size": 5, "seed": 3, "fetch_bytes": 66 * 24, **GROUPED}
