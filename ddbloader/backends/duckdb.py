@@ -23,7 +23,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -148,7 +148,12 @@ class _DuckDBCursor:
         """``sql``'s rows through DuckDB's Arrow record batch reader, about ``rows`` per table,
         read from the engine as the iterator advances."""
         with _hinted():
-            reader = self._connection.sql(sql, params=list(params)).to_arrow_reader(rows)
+            relation = self._connection.sql(sql, params=list(params))
+            # to_arrow_reader since DuckDB 1.5; record_batch before it (removed in 1.5)
+            to_reader: Callable[[int], pa.RecordBatchReader] = getattr(
+                relation, "to_arrow_reader", None
+            ) or getattr(relation, "record_batch")  # noqa: B009 -- absent from DuckDB 2's stubs
+            reader = to_reader(rows)
         with contextlib.closing(reader):
             for batch in reader:
                 yield pa.Table.from_batches([batch])
