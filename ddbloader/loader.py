@@ -578,14 +578,17 @@ class DDBDataLoader:
             "shuffle": self.config.shuffle,
             "drop_last": self.config.drop_last,
             "even_batches": self.sharding.even_batches,
+            "group_pool_size": self.config.group_pool_size,
+            "partitions": self.plan.partitions,
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue from ``state``: the next iteration resumes that epoch after its last batch.
 
         Raises:
-            ValueError: the state belongs to another plan (sample count), world size, batch size,
-                shuffle, drop_last, even_batches or version.
+            ValueError: the state belongs to another plan (sample count, or partition count:
+                streamed pieces depend on ``fetch_bytes``), world size, batch size, shuffle,
+                drop_last, even_batches, group_pool_size or version.
         """
         if state.get("version") != _STATE_VERSION:
             raise ValueError(f"state version {state.get('version')!r} is not {_STATE_VERSION}")
@@ -599,11 +602,18 @@ class DDBDataLoader:
                 f"state was saved with world_size={state['world_size']}; this loader has "
                 f"world_size={self.sharding.world_size}, which splits the epoch differently"
             )
+        if "partitions" in state and state["partitions"] != self.plan.partitions:
+            raise ValueError(
+                f"state was saved by a loader whose plan has {state['partitions']} partitions; this one "
+                f"has {self.plan.partitions}: the schemes or fetch_bytes differ (a partition larger than "
+                f"fetch_bytes is read in pieces, and the pieces decide the sample order)"
+            )
         current = {
             "batch_size": self.config.batch_size,
             "shuffle": self.config.shuffle,
             "drop_last": self.config.drop_last,
             "even_batches": self.sharding.even_batches,
+            "group_pool_size": self.config.group_pool_size,
         }
         for name, value in current.items():
             if name in state and state[name] != value:

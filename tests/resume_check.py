@@ -31,6 +31,8 @@ STATE_KEYS = {
     "shuffle",
     "drop_last",
     "even_batches",
+    "group_pool_size",
+    "partitions",
 }
 
 

@@ -70,6 +70,20 @@ def test_resumes_exactly_in_the_middle_of_a_streamed_partition(
     assert_resumes_exactly(factory(con, shuffle=shuffle, **kwargs), epochs=2)
 
 
+def test_a_state_from_other_streamed_pieces_is_refused(con: duckdb.DuckDBPyConnection) -> None:
+    """fetch_bytes decides how a big partition is cut into pieces, and the pieces decide the order."""
+    make_series(con, [[300, 40], [260]])
+    kwargs = {"batch_size": 16, "window_size": 5, "seed": 3, "shuffle": True, **GROUPED}
+    with DDBDataLoader(con, SERIES_SQL, "y", fetch_bytes=66 * 24, **kwargs) as first:
+        next(iter(first))
+        state = json_roundtrip(first.state_dict())
+    with (
+        DDBDataLoader(con, SERIES_SQL, "y", fetch_bytes=200 * 24, **kwargs) as second,
+        pytest.raises(ValueError, match=r"whose plan has \d+ partitions; this one has \d+: .*fetch_bytes"),
+    ):
+        second.load_state_dict(state)
+
+
 def test_a_single_batch_epoch_resumes(con: duckdb.DuckDBPyConnection) -> None:
     make_series(con, [[3]])
     assert_resumes_exactly(factory(con, batch_size=8, shuffle=True), epochs=3)
@@ -178,6 +192,10 @@ def test_a_state_at_the_last_batch_finishes_that_epoch_first(series: duckdb.Duck
         ({"batch_size": 4}, {"batch_size": 5}),
         ({"shuffle": True, "seed": 1}, {"shuffle": False, "seed": 1}),
         ({"drop_last": False}, {"drop_last": True}),
+        (
+            {"group_pool_size": 3, "shuffle": True, "seed": 1},
+            {"group_pool_size": 2, "shuffle": True, "seed": 1},
+        ),
     ],
 )
 def test_a_state_from_other_batching_arguments_is_refused(
