@@ -400,7 +400,11 @@ def run(sections: list[str], rounds: int, ddbloader_from: str | None) -> dict[st
 
 
 def _row(label: str, value: float, unit: str, target: str, ok: bool | None) -> str:
-    verdict = "" if ok is None else ("met" if ok else "**not met**")
+    """A table row; a missed target says by how much (the value's distance from the bound)."""
+    verdict = "" if ok is None else "met"
+    if ok is False:
+        bound = float(target.split()[1].rstrip("×"))
+        verdict = f"**not met** (by {abs(value / bound - 1):.0%})"
     return f"| {label} | {value:.2f}{unit} | {target} | {verdict} |"
 
 
