@@ -87,6 +87,8 @@ def partition_visits(unit: WorkUnit, config: LoaderConfig, geometry: WindowGeome
     query reads them in that order): the subqueries are shuffled, then expanded into pieces.
     """
     needed = touched_partitions(unit, geometry)
+    if len(needed) < 2 or not config.shuffle:
+        return needed
     partitions = unit.group.partitions
     runs: list[list[int]] = []
     for position in needed:
@@ -345,6 +347,17 @@ def split_by_key(table: pa.Table, cells: Sequence[PartitionSpec]) -> list[pa.Tab
     client compared a value differently from the engine, or the data changed). The caller then
     fetches the cells one by one, with subqueries the engine compares itself.
     """
+    grouped = _grouped_by_cell(table, cells)
+    if grouped is None:
+        return None
+    data, bounds = grouped
+    return [data.slice(bounds[i], bounds[i + 1] - bounds[i]) for i in range(len(cells))]
+
+
+def _grouped_by_cell(table: pa.Table, cells: Sequence[PartitionSpec]) -> tuple[pa.Table, list[int]] | None:
+    """The rows of ``table`` without its key columns, grouped by cell in cell order (each cell's
+    in the result's order, rows outside the scheme first), and where each cell's rows begin:
+    cell ``i`` is rows ``[bounds[i], bounds[i + 1])``. None as in :func:`split_by_key`."""
     cell_of_row = _cell_of_rows(table, cells)
     if cell_of_row is None:
         return None
@@ -356,8 +369,7 @@ def split_by_key(table: pa.Table, cells: Sequence[PartitionSpec]) -> list[pa.Tab
         order = np.argsort(cell_of_row, kind="stable").astype(np.int64, copy=False)
         # from the buffer, as pa.array(order) would import pandas (see _codes)
         data = data.take(pa.Array.from_buffers(pa.int64(), len(order), [None, pa.py_buffer(order)]))
-    bounds = np.concatenate([[0], np.cumsum(counts)]).tolist()[1:]
-    return [data.slice(bounds[i], bounds[i + 1] - bounds[i]) for i in range(len(cells))]
+    return data, np.cumsum(counts).tolist()
 
 
 def unit_blocks(
@@ -366,14 +378,24 @@ def unit_blocks(
     """The wanted partitions of a unit's result as blocks, or None if it does not split exactly.
 
     Without a transform the rows are converted once and each partition's block is a view of
-    that conversion; a transform runs on each partition's rows, as for a partition fetched alone.
+    that conversion (of the grouped result itself when every partition is wanted, without
+    cutting it into partitions and joining them again); a transform runs on each partition's
+    rows, as for a partition fetched alone.
     """
-    parts = split_by_key(table, unit.cells)
-    if parts is None:
+    grouped = _grouped_by_cell(table, unit.cells)
+    if grouped is None:
         return None
+    data, bounds = grouped
+    if layout.transform is None and len(unit.wanted) == len(unit.cells):
+        outside = bounds[0]
+        whole = to_block(data.slice(outside), layout)
+        return [
+            (spec, whole.view(a - outside, b - outside))
+            for spec, (a, b) in zip(unit.cells, itertools.pairwise(bounds), strict=True)
+        ]
     wanted = [
-        (spec, part)
-        for spec, part in zip(unit.cells, parts, strict=True)
+        (spec, data.slice(bounds[i], bounds[i + 1] - bounds[i]))
+        for i, spec in enumerate(unit.cells)
         if partition_key(spec) in unit.wanted
     ]
     if layout.transform is not None:
