@@ -316,15 +316,17 @@ class _Coalescer:
             if key in state.claimed or not (state.requested or self._splitting):
                 return None, []
             state.claimed.add(key)
-            pending: Pending[Block] = Pending(f"fetching {spec.describe()}, in a fetch unit")
-            if key in state.ready:
-                pending.set(state.ready.pop(key))
-            elif state.failure is not None:
-                pending.fail(state.failure)
-            elif state.cancelled:
-                pending.cancel()
+            ready = state.ready.pop(key, None)
+            if ready is not None:
+                pending: Pending[Block] = Pending.of(ready)
             else:
-                state.waiters[key] = pending
+                pending = Pending(f"fetching {spec.describe()}, in a fetch unit")
+                if state.failure is not None:
+                    pending.fail(state.failure)
+                elif state.cancelled:
+                    pending.cancel()
+                else:
+                    state.waiters[key] = pending
             start = [
                 i
                 for i in (index, index + 1)

@@ -12,7 +12,9 @@ Both classes are owned by the assembler thread and are not thread-safe.
 
 from __future__ import annotations
 
+import functools
 import heapq
+import itertools
 import threading
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -28,7 +30,7 @@ from .fetch import Fetcher
 from .plan import QueryPlan
 from .prefetch import Pending
 from .shard import EvenBatches, WorkUnit, split_units
-from .shuffle import Purpose, SourceDraws, sample_order, visit_order
+from .shuffle import Purpose, SampleOrders, SourceDraws, visit_order
 from .source import Block
 from .units import partition_visits
 from .window import WindowGeometry
@@ -69,8 +71,15 @@ class Segment:
         self.block = block
         self.base = block if base is None else base
         self.first = first
-        self.x_rows = torch.from_numpy(block.x)
-        self.y_rows = torch.from_numpy(block.y)
+
+    # Made on first use (the device path): a tensor wrapper costs ~8 µs, a segment per small group.
+    @functools.cached_property
+    def x_rows(self) -> torch.Tensor:
+        return torch.from_numpy(self.block.x)
+
+    @functools.cached_property
+    def y_rows(self) -> torch.Tensor:
+        return torch.from_numpy(self.block.y)
 
 
 class Arena:
@@ -205,6 +214,7 @@ class GroupStream:
         fetcher: Fetcher | CachedFetcher,
         gauge: PartitionGauge,
         stop: threading.Event,
+        orders: SampleOrders,
         fetching: bool = True,
         arena: Arena | None = None,
     ) -> None:
@@ -214,11 +224,11 @@ class GroupStream:
         self._unit = unit
         self._config = config
         self._geometry = geometry
-        self._epoch = epoch
         self._fetcher = fetcher
         self._gauge = gauge
         self._stop = stop
-        self._bounds = np.concatenate([[0], np.cumsum([p.rows for p in group.partitions])]).tolist()
+        self._orders = orders
+        self._bounds = list(itertools.accumulate((p.rows for p in group.partitions), initial=0))
         self._to_submit: deque[int] = deque(partition_visits(unit, config, geometry, epoch))
         self._needed = tuple(self._to_submit)
         self._pending: deque[tuple[int, Pending[Block] | None]] = deque()
@@ -379,6 +389,8 @@ class GroupStream:
         return visited
 
     def _keep_edges(self, position: int, block: Block) -> None:
+        if len(self._bounds) == 2:  # one partition: no neighbour will ever ask for its edges
+            return
         keep = min(self._geometry.span - 1, block.rows)
         self._edges[position] = (
             block.rows_between(0, keep),
@@ -409,19 +421,16 @@ class GroupStream:
         self._keep_edges(position, block)
         completed = self._geometry.samples_completed_by(first, stop, lo, hi, self.group.samples)
         samples = range(max(completed.start, self._unit.first), min(completed.stop, self._unit.stop))
-        order = sample_order(
-            samples.start,
-            samples.stop,
-            self._config.shuffle,
-            self._config.seed,
-            self._epoch,
-            self.group.index,
-            self._steps_taken,
-        )
+        order = self._orders.order(samples.start, samples.stop)
         self._steps_taken += 1
         segment = self._segment([*left, block, *right])
-        starts = order * self._geometry.stride - lo
-        if len(starts) and (starts.min() < 0 or starts.max() + self._geometry.span > segment.block.rows):
+        stride = self._geometry.stride
+        starts = order * stride - lo
+        # the order is a permutation of ``samples``: its first and last starts bound them all
+        if samples and (
+            samples.start * stride < lo
+            or (samples.stop - 1) * stride - lo + self._geometry.span > segment.block.rows
+        ):
             # the gather copies without bounds checks (see batch.gather): never let a bad row through
             raise RuntimeError(
                 f"internal error: group {self.group.index} step {self._steps_taken - 1} has samples "
@@ -538,11 +547,12 @@ class GroupPool:
         self._active: list[GroupStream] = []
         self._ahead: GroupStream | None = None
         self._draws = SourceDraws(config.seed, epoch)
+        orders = SampleOrders(config.shuffle, config.seed, epoch)
         self._fetching = fetching
         self._serving: _Serving | None = None
         self._topped_up_at = -1
         self._make: Callable[[WorkUnit], GroupStream] = lambda unit: GroupStream(
-            unit, config, geometry, epoch, fetcher, self.gauge, stop, self._fetching, self.arena
+            unit, config, geometry, epoch, fetcher, self.gauge, stop, orders, self._fetching, self.arena
         )
 
     def start_fetching(self) -> None:

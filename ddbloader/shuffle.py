@@ -1,8 +1,10 @@
 """Every random choice of an epoch, as pure functions of ``(seed, epoch, ...)``.
 
 Each choice draws from its own generator keyed by what it decides (group order, one group's
-partition order, one step's sample order, the pool's draws), so no generator is shared between
-threads and no order depends on thread timing; two groups never share a permutation.
+partition order, the pool's draws, the steps' sample orders), so no generator is shared between
+threads and no order depends on thread timing; two groups never share a permutation. The pool's
+draws and the sample orders are streams of one epoch, consumed by the assembler thread in an
+order that is itself a pure function of ``(plan, seed, epoch)`` (and of the shard).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from typing import Any
 import numpy as np
 import numpy.random  # imported with ddbloader, not in the first epoch (~20 ms)
 
-__all__ = ["Purpose", "SourceDraws", "generator", "sample_order", "visit_order"]
+__all__ = ["Purpose", "SampleOrders", "SourceDraws", "generator", "visit_order"]
 
 
 class Purpose(IntEnum):
@@ -44,16 +46,6 @@ def visit_order(
     return generator(seed, epoch, purpose, *key).permutation(count)
 
 
-def sample_order(
-    first: int, stop: int, shuffle: bool, seed: int, epoch: int, group: int, step: int
-) -> np.ndarray[Any, Any]:
-    """Sample indices ``[first, stop)`` in the order one step emits them."""
-    indices = np.arange(first, stop, dtype=np.int64)
-    if shuffle:
-        generator(seed, epoch, Purpose.SAMPLE_ORDER, group, step).shuffle(indices)
-    return indices
-
-
 class SourceDraws:
     """The pool's per-sample draws of an epoch: which active slot gives each sample.
 
@@ -80,3 +72,26 @@ class SourceDraws:
         self._used += size
         slots = np.minimum((uniforms * active).astype(np.intp), active - 1)
         return np.bincount(slots, minlength=active)
+
+
+class SampleOrders:
+    """The order in which each step of an epoch emits its samples, in the order steps are loaded.
+
+    Without shuffle a step's samples come in index order. With shuffle, the ``k``-th step loaded
+    in the epoch is permuted by the ``k``-th draw of one stream, ``generator(seed, epoch,
+    SAMPLE_ORDER)`` (a uniformly random permutation, different for every step): one generator per
+    epoch rather than one per step, which cost ~50 µs a step, one step per small group. The
+    sequence of steps is a pure function of ``(plan, seed, epoch)`` and the shard (the pool loads
+    them in the order its draws decide, and a fast-forward to a resume point loads the same
+    steps), so the orders are too. Not thread-safe (the assembler owns it).
+    """
+
+    def __init__(self, shuffle: bool, seed: int, epoch: int) -> None:
+        self._rng = generator(seed, epoch, Purpose.SAMPLE_ORDER) if shuffle else None
+
+    def order(self, first: int, stop: int) -> np.ndarray[Any, Any]:
+        """Sample indices ``[first, stop)`` in the order the next step emits them."""
+        indices = np.arange(first, max(first, stop), dtype=np.int64)
+        if self._rng is not None and stop - first > 1:
+            self._rng.shuffle(indices)
+        return indices

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from ddbloader import DDBDataLoader
 from ddbloader.backends import DuckDBBackend
-from ddbloader.shuffle import Purpose, SourceDraws, generator, sample_order, visit_order
+from ddbloader.shuffle import Purpose, SampleOrders, SourceDraws, generator, visit_order
 
 GROUP_ROWS = 1_000_000
 Batches = list[tuple[torch.Tensor, torch.Tensor]]
@@ -88,16 +88,17 @@ def test_streams_of_different_seeds_do_not_alias() -> None:
     assert generator(high, 0, Purpose.POOL_DRAWS).random() != generator(5, 7, Purpose.GROUP_ORDER).random()
 
 
-def test_sample_order_keys() -> None:
-    assert sample_order(3, 9, False, 1, 0, 0, 0).tolist() == [3, 4, 5, 6, 7, 8]
-    order = sample_order(3, 43, True, 1, 0, 0, 0)
-    assert order.dtype == np.int64
-    assert sorted(order.tolist()) == list(range(3, 43))
-    assert np.array_equal(order, sample_order(3, 43, True, 1, 0, 0, 0))
-    assert not np.array_equal(order, sample_order(3, 43, True, 1, 0, 1, 0))  # another group
-    assert not np.array_equal(order, sample_order(3, 43, True, 1, 0, 0, 1))  # another step
-    assert not np.array_equal(order, sample_order(3, 43, True, 1, 1, 0, 0))  # another epoch
-    assert sample_order(5, 5, True, 1, 0, 0, 0).tolist() == []
+def test_sample_orders_are_permutations_drawn_per_step() -> None:
+    assert SampleOrders(False, 1, 0).order(3, 9).tolist() == [3, 4, 5, 6, 7, 8]
+    orders = SampleOrders(True, 1, 0)
+    first, second = orders.order(3, 43), orders.order(3, 43)
+    assert first.dtype == np.int64 and second.dtype == np.int64
+    assert sorted(first.tolist()) == sorted(second.tolist()) == list(range(3, 43))
+    assert not np.array_equal(first, second)  # every step its own permutation
+    assert np.array_equal(first, SampleOrders(True, 1, 0).order(3, 43))  # a pure function of (seed, epoch)
+    assert not np.array_equal(first, SampleOrders(True, 1, 1).order(3, 43))  # another epoch
+    assert not np.array_equal(first, SampleOrders(True, 2, 0).order(3, 43))  # another seed
+    assert orders.order(5, 5).tolist() == [] and orders.order(5, 6).tolist() == [5]
 
 
 @settings(max_examples=50, deadline=None)
