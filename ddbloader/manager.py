@@ -389,8 +389,6 @@ class GroupStream:
         return visited
 
     def _keep_edges(self, position: int, block: Block) -> None:
-        if len(self._bounds) == 2:  # one partition: no neighbour will ever ask for its edges
-            return
         keep = min(self._geometry.span - 1, block.rows)
         self._edges[position] = (
             block.rows_between(0, keep),
@@ -412,13 +410,16 @@ class GroupStream:
         return self._segment([*left, block, *right])
 
     def _load(self, position: int, block: Block) -> _Step:
-        edge = self._geometry.span - 1
         first, stop = self._bounds[position], self._bounds[position + 1]
-        left = self._gather_edges(position, -1, edge)
-        right = self._gather_edges(position, +1, edge)
+        left: list[Block] = []
+        right: list[Block] = []
+        if len(self._bounds) > 2:  # a group of one partition has no neighbours' rows to join
+            edge = self._geometry.span - 1
+            left = self._gather_edges(position, -1, edge)
+            right = self._gather_edges(position, +1, edge)
+            self._keep_edges(position, block)
         lo = first - sum(b.rows for b in left)
         hi = stop + sum(b.rows for b in right)
-        self._keep_edges(position, block)
         completed = self._geometry.samples_completed_by(first, stop, lo, hi, self.group.samples)
         samples = range(max(completed.start, self._unit.first), min(completed.stop, self._unit.stop))
         order = self._orders.order(samples.start, samples.stop)
@@ -590,12 +591,15 @@ class GroupPool:
                 wanted = np.zeros(len(self._active), dtype=np.int64)
                 wanted[0] = count
             self._settle()
+            finished = False
             for stream, want in zip(self._active, wanted.tolist(), strict=True):
-                give = min(want, stream.remaining)
-                if give:
+                if want:
+                    give = min(want, stream.remaining)
                     pieces.extend(stream.take(give))
                     count -= give
-            self._active = [s for s in self._active if s.remaining > 0]
+                    finished = finished or stream.remaining == 0
+            if finished:
+                self._active = [s for s in self._active if s.remaining > 0]
         if self.gauge.held < self._budget and self.gauge.held != self._topped_up_at:
             self._top_up()
         return pieces

@@ -8,6 +8,7 @@ it needs ``span = max(x_window, offset + y_window)`` rows from ``s``.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -31,7 +32,7 @@ class WindowGeometry:
     def from_config(cls, config: LoaderConfig) -> WindowGeometry:
         return cls(config.x_window, config.y_window, config.stride, config.offset, config.windowed)
 
-    @property
+    @functools.cached_property  # read several times per step, so per small group
     def span(self) -> int:
         return max(self.x_window, self.offset + self.y_window)
 
