@@ -326,6 +326,11 @@ def _cell_of_rows(table: pa.Table, cells: Sequence[PartitionSpec]) -> np.ndarray
         index = {v: i for i, v in enumerate(values)}
         row_code = row_code * len(values) + codes
         cell_code = cell_code * len(values) + np.array([index[c.params[k]] for c in cells], dtype=np.int64)
+    if np.array_equal(cell_code, np.arange(len(cells))):
+        # cells enumerate the codes (one key; a run of one group's repartitions; groups that all
+        # hold the same repartition values): a row's code is its cell, no search needed
+        row_code[outside | (row_code >= len(cells))] = -1
+        return row_code
     by_code = np.argsort(cell_code)
     sorted_codes = cell_code[by_code]
     at = np.minimum(np.searchsorted(sorted_codes, row_code), len(cells) - 1)
@@ -366,7 +371,9 @@ def _grouped_by_cell(table: pa.Table, cells: Sequence[PartitionSpec]) -> tuple[p
         return None
     data = table.select(range(table.num_columns - len(cells[0].params)))
     if len(cell_of_row) and (np.diff(cell_of_row) < 0).any():
-        order = np.argsort(cell_of_row, kind="stable").astype(np.int64, copy=False)
+        # a stable sort of 16-bit keys is a radix sort: O(rows), 7x faster than of 64-bit ones
+        narrow = cell_of_row.astype(np.int16) if len(cells) < np.iinfo(np.int16).max else cell_of_row
+        order = np.argsort(narrow, kind="stable").astype(np.int64, copy=False)
         # from the buffer, as pa.array(order) would import pandas (see _codes)
         data = data.take(pa.Array.from_buffers(pa.int64(), len(order), [None, pa.py_buffer(order)]))
     return data, np.cumsum(counts).tolist()

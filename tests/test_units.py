@@ -95,6 +95,20 @@ def test_split_by_two_keys() -> None:
     assert [p.column("v").to_pylist() for p in parts] == [[0, 4], [2], [1, 3]]
 
 
+def test_split_by_two_keys_whose_cells_skip_combinations() -> None:
+    # (a, 1) and (b, 2) are not cells: the codes of the cells are not 0..n-1, so rows are looked up
+    table = pa.table(
+        {
+            "v": pa.array(range(6)),
+            "_ddb_group": pa.array(["b", "a", "a", "b", "b", "a"]),
+            "_ddb_repartition": pa.array([1, 2, 1, 2, 1, 2]),
+        }
+    )
+    parts = split_by_key(table, cells(("a", 2), ("b", 1), rows=[2, 2]))
+    assert parts is not None
+    assert [p.column("v").to_pylist() for p in parts] == [[1, 5], [0, 4]]
+
+
 def test_split_refuses_counts_that_differ_from_planning_and_values_of_another_type() -> None:
     table = pa.table({"v": pa.array(range(3)), "_ddb_group": pa.array(["A", "a", "b"])})
     # 'a' under a case-insensitive collation counted 2 rows; Arrow compares exactly and finds 1.
