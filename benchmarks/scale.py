@@ -166,8 +166,6 @@ def measure_groups(
 
 def measure_planning(source: str, table: str, groups: int, explicit: bool, rounds: int) -> dict[str, Any]:
     """``rounds`` loaders one after another: seconds to plan and on to the first batch, each."""
-    import statistics
-
     import ddbloader  # noqa: F401 -- imported before the clock starts, as a training script has
 
     def cpu() -> float:
