@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import signal
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -212,6 +213,20 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=False,
         help="run the long reliability soak variants (tests/reliability): more cycles, bigger tables",
     )
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # `timeout`, CI runners and IDEs stop a run with SIGTERM, whose default action ends the process
+    # at once: the session's PostgreSQL and Spark servers would outlive it. As an interrupt, pytest
+    # stops the run and tears the fixtures down (servers stopped, temporary directories removed).
+    if threading.current_thread() is threading.main_thread() and (
+        signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    ):
+        signal.signal(signal.SIGTERM, _interrupt)
 
 
 def series_loader(source: Any, **kwargs: Any) -> DDBDataLoader:
