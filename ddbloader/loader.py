@@ -591,7 +591,10 @@ class DDBDataLoader:
                 drop_last, even_batches, group_pool_size or version.
         """
         if state.get("version") != _STATE_VERSION:
-            raise ValueError(f"state version {state.get('version')!r} is not {_STATE_VERSION}")
+            raise ValueError(
+                f"state version {state.get('version')!r} is not {_STATE_VERSION}: it was saved by a "
+                f"ddbloader whose batches for the same seed differ, so it cannot be resumed exactly"
+            )
         if state["samples"] != self.plan.samples:
             raise ValueError(
                 f"state was saved by a loader with {state['samples']} samples per epoch; this one has "
@@ -748,7 +751,9 @@ def _reopenable(source: Any) -> bool:
     return callable(source) and not hasattr(source, "cursor")
 
 
-_STATE_VERSION = 1
+#: Raised whenever a state's meaning changes: its keys, or the batch order that a seed gives (2: one
+#: generator of sample orders per epoch, group_pool_size and partitions recorded).
+_STATE_VERSION = 2
 
 _DEFAULTS: dict[str, Any] = {
     name: parameter.default
