@@ -6,7 +6,7 @@ Usage::
     python benchmarks/scale.py big-group   # 2M rows x 32 float32 as one group, with/without repartitions
     python benchmarks/scale.py memory      # whole-process peak RSS at 1x and 4x the table
     python benchmarks/scale.py planning    # constructor -> first batch at 10,000 groups x 50 rows
-    python benchmarks/scale.py all         # everything; the tables go to stdout and RESULTS.md
+    python benchmarks/scale.py all         # everything; tables to stdout, kept in RESULTS_scale.md
 
 Every measurement runs in its own interpreter, so its peak RSS (VmHWM: engine, Arrow and torch
 included) is its own; the ratios of a table come from one run of this script, side by side.
@@ -51,7 +51,6 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 WORK = HERE / "_work"
-RESULTS_MD = HERE / "RESULTS.md"
 MARKER = "RESULT-JSON:"
 SECTION = "## Scale (issue 13)"
 FACTORS = 8
