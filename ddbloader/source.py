@@ -201,12 +201,7 @@ class Block:
 
     def empty_like(self, rows: int) -> Block:
         """``rows`` uninitialised rows shaped like this block's (address space until written)."""
-        keys = None if self.keys is None else {n: np.empty(rows, v.dtype) for n, v in self.keys.items()}
-        return Block(
-            np.empty((rows, self.x.shape[1]), self.x.dtype),
-            np.empty((rows, self.y.shape[1]), self.y.dtype),
-            keys=keys,
-        )
+        return self._allocated(rows, np.empty)
 
     def same_layout(self, other: Block) -> bool:
         """Whether ``other``'s rows can be written into this block's (same dtypes and key columns)."""
@@ -229,10 +224,13 @@ class Block:
 
     def zeros(self, rows: int) -> Block:
         """``rows`` rows of zeros shaped like this block's (placeholders no sample reads)."""
-        keys = None if self.keys is None else {n: np.zeros(rows, v.dtype) for n, v in self.keys.items()}
+        return self._allocated(rows, np.zeros)
+
+    def _allocated(self, rows: int, allocate: Callable[..., np.ndarray[Any, Any]]) -> Block:
+        keys = None if self.keys is None else {n: allocate(rows, v.dtype) for n, v in self.keys.items()}
         return Block(
-            np.zeros((rows, self.x.shape[1]), self.x.dtype),
-            np.zeros((rows, self.y.shape[1]), self.y.dtype),
+            allocate((rows, self.x.shape[1]), self.x.dtype),
+            allocate((rows, self.y.shape[1]), self.y.dtype),
             keys=keys,
         )
 
