@@ -103,6 +103,9 @@ class Arena:
         self._base: Block | None = None
         #: every region as one segment, for pieces that draw from several regions at once
         self.whole: Segment | None = None
+        #: per region, the sample order of the step whose segment it holds, as rows of the base
+        #: (written once per step, see :class:`_Serving`)
+        self.orders: np.ndarray[Any, Any] | None = None
         self._free = list(range(regions))
         self._retired: list[int] = []
 
@@ -135,12 +138,13 @@ class Arena:
 
     def _allocate(self, like: Block) -> Block:
         """The arrays, shaped after ``like`` (address space only: pages are mapped when written)."""
-        key_bytes = sum(v.itemsize for v in (like.keys or {}).values())
-        row_bytes = max(like.x.shape[1] * like.x.itemsize + like.y.shape[1] * like.y.itemsize + key_bytes, 1)
+        key_bytes = sum(v.itemsize for v in (like.keys or {}).values()) + np.dtype(np.int64).itemsize
+        row_bytes = like.x.shape[1] * like.x.itemsize + like.y.shape[1] * like.y.itemsize + key_bytes
         regions = min(self.regions, ARENA_MAX_BYTES // max(self.region_rows * row_bytes, 1))
         self.regions = regions
         self._free = [r for r in self._free if r < regions]
         self._base = like.empty_like(regions * self.region_rows)
+        self.orders = np.empty(regions * self.region_rows, np.int64)
         self.whole = Segment(self._base)
         return self._base
 
@@ -190,13 +194,8 @@ class _Step:
     left: int
     right: int
     served: int = 0
-    #: ``starts`` as rows of the segment's base (see :class:`_Serving`), computed on first use
-    base_starts: np.ndarray[Any, Any] | None = None
-
-    def starts_in_base(self) -> np.ndarray[Any, Any]:
-        if self.base_starts is None:
-            self.base_starts = self.starts + self.segment.first
-        return self.base_starts
+    #: whether ``starts``, as rows of the segment's base, are in its arena's orders (see :class:`_Serving`)
+    ordered: bool = False
 
 
 class GroupStream:
@@ -293,7 +292,7 @@ class GroupStream:
             if step is None or step.served == len(step.starts):
                 step = self._advance()
             if self._fetching and not step.segment.block.fetched:
-                step.segment, step.base_starts = self._fetched_segment(step), None
+                step.segment, step.ordered = self._fetched_segment(step), False
             chosen = step.starts[step.served : step.served + count]
             step.served += len(chosen)
             count -= len(chosen)
@@ -463,19 +462,23 @@ class _Serving:
 
     What it hands out is written back to the streams by :meth:`settle` (before any stream is
     visited again), so they serve the same samples in the same order as if visited one by one.
+
+    Each step's sample order lies in the arena's ``orders`` at its region (position
+    ``segment.first``, written once per step), so a batch's draw from any number of steps is a
+    few array operations, not a slice per step.
     """
 
-    def __init__(self, steps: Sequence[_Step]) -> None:
-        self._rows = [step.starts_in_base() for step in steps]
-        self._served = np.array([step.served for step in steps], dtype=np.int64)
+    def __init__(self, steps: Sequence[_Step], orders: np.ndarray[Any, Any]) -> None:
+        self._orders = orders
+        self._next = np.array([step.segment.first + step.served for step in steps], dtype=np.int64)
         self._left = np.array([len(step.starts) - step.served for step in steps], dtype=np.int64)
         self._given = np.zeros(len(steps), dtype=np.int64)
 
     @staticmethod
     def of(streams: Sequence[GroupStream], arena: Arena) -> _Serving | None:
         """The streams' steps, if every one is in ``arena`` (else None: visit the streams)."""
-        whole = arena.whole
-        if whole is None:
+        whole, orders = arena.whole, arena.orders
+        if whole is None or orders is None:
             return None
         steps = []
         for stream in streams:
@@ -483,7 +486,12 @@ class _Serving:
             if step is None or step.segment.base is not whole.base:
                 return None
             steps.append(step)
-        return _Serving(steps)
+        for step in steps:
+            if not step.ordered:
+                first = step.segment.first
+                orders[first : first + len(step.starts)] = step.starts + first
+                step.ordered = True
+        return _Serving(steps, orders)
 
     def serve(self, counts: np.ndarray[Any, Any]) -> np.ndarray[Any, Any] | None:
         """The arena rows of the next ``counts[k]`` samples of each step ``k``, in stream order;
@@ -491,16 +499,20 @@ class _Serving:
         if (counts > self._left).any():
             return None
         drawn = np.flatnonzero(counts)
-        firsts = self._served[drawn]
-        stops = firsts + counts[drawn]
-        rows = self._rows
-        parts = [
-            rows[k][a:b] for k, a, b in zip(drawn.tolist(), firsts.tolist(), stops.tolist(), strict=True)
-        ]
-        self._served += counts
+        taken = counts[drawn]
+        firsts = self._next[drawn]
+        rows: np.ndarray[Any, Any]
+        if len(drawn) == 1:
+            first = int(firsts[0])
+            rows = self._orders[first : first + int(taken[0])].copy()
+        else:
+            ends = np.cumsum(taken)
+            # the batch's j-th sample is its step's next sample number j - (where that step's run begins)
+            rows = self._orders[np.repeat(firsts - (ends - taken), taken) + np.arange(int(ends[-1]))]
+        self._next += counts
         self._left -= counts
         self._given += counts
-        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+        return rows
 
     @property
     def exhausted(self) -> bool:
