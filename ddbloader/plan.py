@@ -7,6 +7,7 @@ exact before the first fetch. Immutable afterwards and safe to share between thr
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -100,7 +101,7 @@ def pieces(rows: int, row_bytes: int, budget: int) -> list[tuple[int, int]]:
     per_piece = max(budget // max(row_bytes, 1), MIN_PIECE_ROWS)
     count = -(-rows // per_piece)
     sizes = [rows // count + (1 if i < rows % count else 0) for i in range(count)]
-    firsts = [sum(sizes[:i]) for i in range(count)]
+    firsts = list(itertools.accumulate(sizes[:-1], initial=0))
     return list(zip(firsts, sizes, strict=True))
 
 
@@ -313,6 +314,14 @@ def build_plan(backend: Backend, sql: str, config: LoaderConfig, progress: bool 
         query,
         tuple((k.parameter, k.expression) for k in keys),
     )
+    streamed = [p for g in groups for p in g.partitions if p.streamed and p.piece == 0]
+    if streamed and not query.is_ordered():
+        warn_caller(
+            f"{len(streamed)} subquer{'y is' if len(streamed) == 1 else 'ies are'} read in pieces (more "
+            f"than fetch_bytes each; the first: {streamed[0].describe()}), but the query has no ORDER BY: "
+            f"a piece read again (resume, retry, another rank) may get rows in another order, losing or "
+            f"repeating rows; add an ORDER BY that orders the rows totally"
+        )
     if plan.samples == 0:
         warn_caller(
             f"the plan has 0 samples ({plan.rows} rows in {plan.partitions} partitions"

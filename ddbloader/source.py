@@ -242,7 +242,10 @@ class Block:
             return Block.unfetched(sum(b.rows for b in blocks))
         keys = blocks[0].keys
         if keys is not None:
-            keys = {n: np.concatenate([b.keys[n] for b in blocks if b.keys is not None]) for n in keys}
+            with_keys = [b.keys for b in blocks if b.keys is not None]
+            if len(with_keys) != len(blocks):  # the keys would shift against their rows
+                raise RuntimeError("internal error: concatenating blocks with and without keys")
+            keys = {n: np.concatenate([k[n] for k in with_keys]) for n in keys}
         return Block(np.concatenate([b.x for b in blocks]), np.concatenate([b.y for b in blocks]), keys=keys)
 
 

@@ -539,3 +539,23 @@ def test_a_subquery_over_fetch_bytes_becomes_consecutive_pieces_of_its_group(
     assert rows == [float(r) for r in range(337)]
     with DDBDataLoader(db, sql, "y", fetch_bytes=0, **options) as whole:
         assert [p.rows for p in whole.plan.groups[0].partitions] == [200, 7, 130]
+
+
+@pytest.mark.parametrize("ordered", [True, False])
+def test_pieces_of_a_query_without_order_by_are_warned_about(
+    db: duckdb.DuckDBPyConnection, ordered: bool
+) -> None:
+    """A piece read again (resume, retry, another rank) gets the engine's order of that run."""
+    make_series(db, [[200, 7]], table="wide")
+    sql = "SELECT gid, part, f0, y FROM wide" + (" ORDER BY gid, part, pos" if ordered else "")
+    options: dict[str, Any] = {"input_col": ["f0"], "repartition_col": "part", "fetch_bytes": 12 * 16}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        DDBDataLoader(db, sql, "y", **options).close()
+    about_order = [str(w.message) for w in caught if "no ORDER BY" in str(w.message)]
+    if ordered:
+        assert about_order == []
+    else:
+        assert len(about_order) == 1
+        assert about_order[0].startswith("1 subquery is read in pieces (more than fetch_bytes each;")
+        assert "partition 0 of group 0" in about_order[0]

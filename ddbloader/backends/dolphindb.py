@@ -368,6 +368,10 @@ class DolphinDBQuery:
         source = self._body[self._from.start : self._insert_at]
         return f"select count(*) as _ddb_rows {source} group by {keys} order by {', '.join(aliases)}"
 
+    def is_ordered(self) -> bool:
+        """Whether the query states its rows' order (an ``order by`` or ``csort`` clause)."""
+        return bool(self._clauses & {"order", "csort"})
+
     def counts_are_groupable(self) -> bool:
         """True for a plain ``select`` of columns: no aggregation, grouping, top or limit."""
         return self._plain_projection and not self._top and not (self._clauses - {"order"})
