@@ -403,6 +403,13 @@ class DDBDataLoader:
         except BaseException:
             self._backend.close()
             raise
+        query = self.plan.query
+        if self.sharding.world_size > 1 and query is not None and not query.is_ordered():
+            warn_caller(
+                f"world_size={self.sharding.world_size} splits groups between ranks, and the query has no "
+                f"ORDER BY: a partition that two ranks both read may come back in another order on each, "
+                f"losing or repeating rows across ranks; add an ORDER BY that orders the rows totally"
+            )
         self.sql = sql
         self._epoch = 0
         self._resume_skip = 0

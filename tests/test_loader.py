@@ -14,6 +14,7 @@ import textwrap
 import threading
 import time
 import traceback
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -752,3 +753,21 @@ def test_a_hanging_fetch_times_out_promptly_and_leaves_no_threads(
     assert 0.5 <= elapsed < 1.5 + 1.0
     assert no_threads()
     loader.close()
+
+
+@pytest.mark.parametrize("ordered", [True, False])
+def test_ranks_over_a_query_without_order_by_are_warned_about(
+    con: duckdb.DuckDBPyConnection, ordered: bool
+) -> None:
+    """Ranks both read the partition a shard boundary cuts: only an ORDER BY makes them agree."""
+    make_series(con, [[20, 10], [15]])
+    sql = "SELECT gid, part, f0, y FROM series" + (" ORDER BY gid, part, pos" if ordered else "")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        DDBDataLoader(con, sql, "y", input_col=["f0"], group_col="gid", rank=1, world_size=2).close()
+    about_order = [str(w.message) for w in caught if "no ORDER BY" in str(w.message)]
+    if ordered:
+        assert about_order == []
+    else:
+        assert len(about_order) == 1
+        assert about_order[0].startswith("world_size=2 splits groups between ranks")
