@@ -6,6 +6,7 @@ import random
 import signal
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -198,6 +199,14 @@ def wait_until(condition: Callable[[], bool], seconds: float = 5.0, poll: float 
             return False
         time.sleep(poll)
     return True
+
+
+def warnings_containing(text: str, action: Callable[[], object]) -> list[str]:
+    """The messages of the warnings ``action`` raises that contain ``text``."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        action()
+    return [str(w.message) for w in caught if text in str(w.message)]
 
 
 def live_threads() -> list[str]:

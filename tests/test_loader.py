@@ -14,7 +14,6 @@ import textwrap
 import threading
 import time
 import traceback
-import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,14 @@ from typing import Any
 import duckdb
 import pytest
 import torch
-from conftest import SERIES_SQL, FaultyBackend, live_threads, make_series, wait_until
+from conftest import (
+    SERIES_SQL,
+    FaultyBackend,
+    live_threads,
+    make_series,
+    wait_until,
+    warnings_containing,
+)
 
 from ddbloader import DDBDataLoader
 
@@ -762,10 +768,10 @@ def test_ranks_over_a_query_without_order_by_are_warned_about(
     """Ranks both read the partition a shard boundary cuts: only an ORDER BY makes them agree."""
     make_series(con, [[20, 10], [15]])
     sql = "SELECT gid, part, f0, y FROM series" + (" ORDER BY gid, part, pos" if ordered else "")
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        DDBDataLoader(con, sql, "y", input_col=["f0"], group_col="gid", rank=1, world_size=2).close()
-    about_order = [str(w.message) for w in caught if "no ORDER BY" in str(w.message)]
+    about_order = warnings_containing(
+        "no ORDER BY",
+        lambda: DDBDataLoader(con, sql, "y", input_col=["f0"], group_col="gid", rank=1, world_size=2).close(),
+    )
     if ordered:
         assert about_order == []
     else:

@@ -21,7 +21,7 @@ import pytest
 from ddbloader import DDBDataLoader
 from ddbloader.batch import batch_count
 from ddbloader.plan import MIN_PIECE_ROWS, QueryPlan, pieces
-from tests.conftest import SERIES_SQL, make_series
+from tests.conftest import SERIES_SQL, make_series, warnings_containing
 
 pytestmark = [
     pytest.mark.filterwarnings("error"),
@@ -549,10 +549,7 @@ def test_pieces_of_a_query_without_order_by_are_warned_about(
     make_series(db, [[200, 7]], table="wide")
     sql = "SELECT gid, part, f0, y FROM wide" + (" ORDER BY gid, part, pos" if ordered else "")
     options: dict[str, Any] = {"input_col": ["f0"], "repartition_col": "part", "fetch_bytes": 12 * 16}
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        DDBDataLoader(db, sql, "y", **options).close()
-    about_order = [str(w.message) for w in caught if "no ORDER BY" in str(w.message)]
+    about_order = warnings_containing("no ORDER BY", lambda: DDBDataLoader(db, sql, "y", **options).close())
     if ordered:
         assert about_order == []
     else:
