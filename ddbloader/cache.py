@@ -57,9 +57,7 @@ class CachedFetcher:
         """The partition of ``spec``: from the cache (ready at once), else fetched and kept."""
         block = self._cache.get(spec)
         if block is not None:
-            ready: Pending[Block] = Pending(f"reading {spec.describe()} from the cache")
-            ready.set(block)
-            return ready
+            return Pending.of(block)
         return _Kept(self._fetcher.submit(spec), lambda block: self._cache.keep(spec, block))
 
     def release(self, keys: Iterable[PartitionKey]) -> None:

@@ -99,9 +99,9 @@ _ALREADY_SET.set()
 class Pending(Generic[T]):
     """A result that one thread sets once and another waits for. Thread-safe."""
 
-    def __init__(self, what: str) -> None:
+    def __init__(self, what: str, *, done: threading.Event | None = None) -> None:
         self.what = what
-        self._done = threading.Event()
+        self._done = threading.Event() if done is None else done
         self._value: T | None = None
         self._failure: ThreadFailure | None = None
         self._cancelled = False
@@ -110,12 +110,8 @@ class Pending(Generic[T]):
     def of(cls, value: T) -> Pending[T]:
         """A result that is there already: no event of its own (a small group's partition is
         usually delivered before it is asked for, and an event costs microseconds)."""
-        done: Pending[T] = cls.__new__(cls)
-        done.what = "reading a delivered result"
-        done._done = _ALREADY_SET
+        done: Pending[T] = cls("reading a delivered result", done=_ALREADY_SET)
         done._value = value
-        done._failure = None
-        done._cancelled = False
         return done
 
     def set(self, value: T) -> None:
