@@ -30,7 +30,7 @@ from .plan import PartitionSpec
 from .prefetch import POLL_SECONDS, Pending, Stopped, ThreadFailure, join_all, start_thread
 from .source import Block, ColumnLayout, check_result_schema, to_block
 from .streams import Reading, Streams
-from .units import FetchUnit, PartitionKey, partition_key, unit_blocks
+from .units import FetchUnit, PartitionKey, UnitPartitions, partition_key, unit_blocks
 
 __all__ = ["MAX_BACKOFF_SECONDS", "Fetcher", "RetryPolicy", "is_transient"]
 
@@ -282,10 +282,17 @@ class _UnitState:
 
     requested: bool = False
     waiters: dict[PartitionKey, Pending[Block]] = field(default_factory=dict)
-    ready: dict[PartitionKey, Block] = field(default_factory=dict)
+    #: the delivered partitions, and where each delivered and unclaimed one is among them
+    delivered: UnitPartitions | None = None
+    ready: dict[PartitionKey, int] = field(default_factory=dict)
     claimed: set[PartitionKey] = field(default_factory=set)
     failure: ThreadFailure | None = None
     cancelled: bool = False
+
+    def drop_if_claimed(self) -> None:
+        """Let the unit's rows go once no delivered partition waits to be claimed."""
+        if not self.ready:
+            self.delivered = None
 
 
 class _Coalescer:
@@ -318,7 +325,9 @@ class _Coalescer:
             state.claimed.add(key)
             ready = state.ready.pop(key, None)
             if ready is not None:
-                pending: Pending[Block] = Pending.of(ready)
+                assert state.delivered is not None
+                pending: Pending[Block] = Pending.of(state.delivered.block(ready))
+                state.drop_if_claimed()
             else:
                 pending = Pending(f"fetching {spec.describe()}, in a fetch unit")
                 if state.failure is not None:
@@ -336,16 +345,18 @@ class _Coalescer:
                 self._states[i].requested = True
         return pending, start
 
-    def deliver(self, index: int, blocks: Sequence[tuple[PartitionSpec, Block]]) -> None:
+    def deliver(self, index: int, partitions: UnitPartitions) -> None:
         with self._lock:
             state = self._states[index]
-            for spec, block in blocks:
+            state.delivered = partitions
+            for i, spec in enumerate(partitions.specs):
                 key = partition_key(spec)
                 waiter = state.waiters.pop(key, None)
                 if waiter is not None:
-                    waiter.set(block)
+                    waiter.set(partitions.block(i))
                 elif key not in state.claimed:
-                    state.ready[key] = block
+                    state.ready[key] = i
+            state.drop_if_claimed()
 
     def fail(self, index: int, failure: ThreadFailure) -> None:
         with self._lock:
@@ -363,6 +374,7 @@ class _Coalescer:
                 waiter.cancel()
             state.waiters.clear()
             state.ready.clear()
+            state.delivered = None
 
     def release(self, keys: Iterable[PartitionKey]) -> None:
         """No more claims of ``keys`` through their units: drop what arrived for them."""
@@ -370,8 +382,10 @@ class _Coalescer:
             for key in keys:
                 index = self._unit_of.get(key)
                 if index is not None:
-                    self._states[index].claimed.add(key)
-                    self._states[index].ready.pop(key, None)
+                    state = self._states[index]
+                    state.claimed.add(key)
+                    if state.ready.pop(key, None) is not None:
+                        state.drop_if_claimed()
 
     def stop_splitting(self) -> None:
         """A unit's result did not split exactly: fetch the partitions of units not started alone."""
@@ -409,12 +423,12 @@ class _UnitJob:
 
     def run(self, cursor: Cursor) -> tuple[int, int, int]:
         unit = self.unit
-        blocks = None
+        partitions = None
         try:
             table = cursor.fetch(unit.sql, unit.params)
             data = table.select(range(table.num_columns - len(unit.cells[0].params)))
             check_result_schema(data.schema, self.layout, unit.describe())
-            blocks = unit_blocks(table, unit, self.layout)
+            partitions = unit_blocks(table, unit, self.layout)
         except Exception as error:
             if self.stop.is_set() or is_transient(self.backend, error):
                 raise
@@ -424,18 +438,19 @@ class _UnitJob:
                 type(error).__name__,
                 redact_uri(str(error)),
             )
-        split = blocks is not None
-        if blocks is None:
+        split = partitions is not None
+        if partitions is None:
             self.coalescer.stop_splitting()
-            blocks = []
+            alone = []
             for spec in unit.cells:
                 if partition_key(spec) in unit.wanted:
                     self._alone = spec
-                    blocks.append((spec, _fetch_partition(cursor, spec, self.layout)))
+                    alone.append((spec, _fetch_partition(cursor, spec, self.layout)))
             self._alone = None
-        self.coalescer.deliver(self.index, blocks)
-        queries = 1 if split else 1 + len(blocks)
-        return len(blocks), sum(block.rows for _, block in blocks), queries
+            partitions = UnitPartitions([s for s, _ in alone], blocks=[b for _, b in alone])
+        self.coalescer.deliver(self.index, partitions)
+        count = len(partitions.specs)
+        return count, partitions.rows, 1 if split else 1 + count
 
     def fail(self, failure: ThreadFailure) -> None:
         self.coalescer.fail(self.index, failure)

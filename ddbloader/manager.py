@@ -61,7 +61,8 @@ class Segment:
 
     ``block`` holds them as numpy arrays, ``x_rows`` / ``y_rows`` as tensors sharing that memory.
     The rows are rows ``[first, first + rows)`` of ``base`` (an :class:`Arena`'s arrays, or the
-    block itself), so that pieces of several segments of one base gather in one take.
+    block the given one is a view of, or the block itself), so that pieces of several segments
+    of one base gather in one take.
 
     Sample windows are cut from these rows at gather time (see :func:`~ddbloader.batch.gather`);
     ``window_on_device`` ships them to the device once and cuts the windows there.
@@ -69,7 +70,9 @@ class Segment:
 
     def __init__(self, block: Block, base: Block | None = None, first: int = 0) -> None:
         self.block = block
-        self.base = block if base is None else base
+        if base is None:
+            base, first = (block, 0) if block.origin is None else (block.origin, block.offset)
+        self.base = base
         self.first = first
 
     # Made on first use (the device path): a tensor wrapper costs ~8 µs, a segment per small group.
@@ -182,7 +185,7 @@ class PartitionGauge:
         self.held -= 1
 
 
-@dataclass
+@dataclass(slots=True)
 class _Step:
     """One loaded partition's samples: ``starts`` are their first x rows within ``segment``,
     in emission order; ``served`` of them have been handed out. ``segment`` is partition
@@ -227,7 +230,12 @@ class GroupStream:
         self._gauge = gauge
         self._stop = stop
         self._orders = orders
-        self._bounds = list(itertools.accumulate((p.rows for p in group.partitions), initial=0))
+        partitions = group.partitions
+        self._bounds = (
+            [0, partitions[0].rows]
+            if len(partitions) == 1
+            else list(itertools.accumulate((p.rows for p in partitions), initial=0))
+        )
         self._to_submit: deque[int] = deque(partition_visits(unit, config, geometry, epoch))
         self._needed = tuple(self._to_submit)
         self._pending: deque[tuple[int, Pending[Block] | None]] = deque()
@@ -410,22 +418,27 @@ class GroupStream:
 
     def _load(self, position: int, block: Block) -> _Step:
         first, stop = self._bounds[position], self._bounds[position + 1]
-        left: list[Block] = []
-        right: list[Block] = []
-        if len(self._bounds) > 2:  # a group of one partition has no neighbours' rows to join
+        unit = self._unit
+        if len(self._bounds) == 2:
+            # one partition (most small groups): no neighbours' rows to join, and its one step
+            # completes every sample of the unit
+            lo, hi = first, stop
+            samples = range(unit.first, unit.stop)
+            segment = self._segment([block])
+        else:
             edge = self._geometry.span - 1
             left = self._gather_edges(position, -1, edge)
             right = self._gather_edges(position, +1, edge)
             self._keep_edges(position, block)
-        lo = first - sum(b.rows for b in left)
-        hi = stop + sum(b.rows for b in right)
-        completed = self._geometry.samples_completed_by(first, stop, lo, hi, self.group.samples)
-        samples = range(max(completed.start, self._unit.first), min(completed.stop, self._unit.stop))
+            lo = first - sum(b.rows for b in left)
+            hi = stop + sum(b.rows for b in right)
+            completed = self._geometry.samples_completed_by(first, stop, lo, hi, self.group.samples)
+            samples = range(max(completed.start, unit.first), min(completed.stop, unit.stop))
+            segment = self._segment([*left, block, *right])
         order = self._orders.order(samples.start, samples.stop)
         self._steps_taken += 1
-        segment = self._segment([*left, block, *right])
         stride = self._geometry.stride
-        starts = order * stride - lo
+        starts = order * stride - lo if stride != 1 or lo else order
         # the order is a permutation of ``samples``: its first and last starts bound them all
         if samples and (
             samples.start * stride < lo

@@ -7,6 +7,7 @@ exact before the first fetch. Immutable afterwards and safe to share between thr
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from collections.abc import Sequence
@@ -35,7 +36,7 @@ from .window import WindowGeometry
 if TYPE_CHECKING:
     from tqdm import tqdm
 
-__all__ = ["MIN_PIECE_ROWS", "GroupPlan", "PartitionSpec", "QueryPlan", "build_plan"]
+__all__ = ["MIN_PIECE_ROWS", "GroupPlan", "PartitionSpec", "QueryPlan", "WorkUnit", "build_plan"]
 
 #: The fewest rows ``fetch_bytes`` counts as when a subquery is cut into pieces (see
 #: :func:`pieces`): however small it is, a subquery is never cut into more than
@@ -117,6 +118,26 @@ class GroupPlan:
     @property
     def rows(self) -> int:
         return sum(p.rows for p in self.partitions)
+
+    # The same object every epoch: at thousands of small groups, a new unit per group and epoch
+    # outlived enough collections to make the garbage collector sweep the whole heap every few epochs.
+    @functools.cached_property
+    def whole(self) -> WorkUnit:
+        """The unit of all this group's samples."""
+        return WorkUnit(self, 0, self.samples)
+
+
+@dataclass(frozen=True)
+class WorkUnit:
+    """Samples ``[first, stop)`` of one group (indices as in the whole group)."""
+
+    group: GroupPlan
+    first: int
+    stop: int
+
+    @property
+    def samples(self) -> int:
+        return self.stop - self.first
 
 
 @dataclass(frozen=True)

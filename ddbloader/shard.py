@@ -20,7 +20,7 @@ from typing import Literal
 
 import torch
 
-from .plan import GroupPlan
+from .plan import GroupPlan, WorkUnit
 
 __all__ = [
     "EvenBatches",
@@ -34,19 +34,6 @@ __all__ = [
 ]
 
 EvenBatches = Literal["pad", "drop"]
-
-
-@dataclass(frozen=True)
-class WorkUnit:
-    """Samples ``[first, stop)`` of one group (indices as in the whole group)."""
-
-    group: GroupPlan
-    first: int
-    stop: int
-
-    @property
-    def samples(self) -> int:
-        return self.stop - self.first
 
 
 def shard_samples(total: int, world_size: int, even_batches: EvenBatches) -> int:
@@ -98,7 +85,7 @@ def split_units(
     Invariants: over all ranks, the units without padding cover every sample exactly once; each
     rank holds :func:`shard_samples` samples; workers of a rank split its units disjointly.
     """
-    whole = [WorkUnit(g, 0, g.samples) for g in groups_in_order if g.samples > 0]
+    whole = [g.whole for g in groups_in_order if g.samples > 0]
     total = sum(u.samples for u in whole)
     rank_units = whole
     if world_size > 1:

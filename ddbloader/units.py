@@ -39,6 +39,7 @@ __all__ = [
     "FIRST_UNIT_SHARE",
     "MAX_VALUES",
     "FetchUnit",
+    "UnitPartitions",
     "fetch_units",
     "partition_visits",
     "split_by_key",
@@ -60,12 +61,18 @@ def partition_key(spec: PartitionSpec) -> PartitionKey:
     return spec.group, spec.position
 
 
-def touched_partitions(unit: WorkUnit, geometry: WindowGeometry) -> list[int]:
+#: The visits of a group of one partition that has samples (shared, not a list per group and epoch).
+_ONLY_PARTITION = (0,)
+
+
+def touched_partitions(unit: WorkUnit, geometry: WindowGeometry) -> Sequence[int]:
     """Positions of the partitions of ``unit.group`` whose rows ``unit``'s samples touch.
 
     A plain loop, not numpy: it runs once per group per epoch, and most groups have a handful of
     partitions, where building an array cost 100 µs a group (1 s an epoch at 10,000 groups).
     """
+    if len(unit.group.partitions) == 1 and unit.samples > 0:
+        return _ONLY_PARTITION
     first_row = unit.first * geometry.stride
     stop_row = (unit.stop - 1) * geometry.stride + geometry.span
     touched = []
@@ -80,7 +87,9 @@ def touched_partitions(unit: WorkUnit, geometry: WindowGeometry) -> list[int]:
     return touched
 
 
-def partition_visits(unit: WorkUnit, config: LoaderConfig, geometry: WindowGeometry, epoch: int) -> list[int]:
+def partition_visits(
+    unit: WorkUnit, config: LoaderConfig, geometry: WindowGeometry, epoch: int
+) -> Sequence[int]:
     """The positions of the partitions ``unit`` needs, in the order its stream loads them.
 
     The needed pieces of one streamed subquery are visited together and in row order (its
@@ -162,13 +171,15 @@ def fetch_units(
     row_bytes = max(plan.layout.row_bytes, 1)
     max_values = sys.maxsize if lists else MAX_VALUES
     cutter = _Cutter(plan, group_key, max_values, lists)
+    # a group is served twice only in a padded shard; else no partition can repeat
+    repeats = len({unit.group.index for unit in work_units}) < len(work_units)
     seen: set[PartitionKey] = set()
     for unit in work_units:
         group = unit.group
-        visits = [
-            p for p in partition_visits(unit, config, plan.geometry, epoch) if (group.index, p) not in seen
-        ]
-        seen.update((group.index, p) for p in visits)
+        visits = partition_visits(unit, config, plan.geometry, epoch)
+        if repeats:
+            visits = [p for p in visits if (group.index, p) not in seen]
+            seen.update((group.index, p) for p in visits)
         if not visits:
             continue
         if group.rows * row_bytes <= budget:
@@ -202,7 +213,7 @@ class _Cutter:
         self._group_key = group_key
         self._max_values = max_values
         self._lists = lists
-        self._groups: list[tuple[GroupPlan, list[int]]] = []
+        self._groups: list[tuple[GroupPlan, Sequence[int]]] = []
         self._bytes = 0
         self.units: list[FetchUnit] = []
         # rendering a query costs milliseconds, and units of one shape share their SQL
@@ -210,7 +221,7 @@ class _Cutter:
         #: No unit cut yet (the first one is cut to a share of the budget).
         self.first = True
 
-    def add_group(self, group: GroupPlan, visits: list[int], size: int, budget: int) -> None:
+    def add_group(self, group: GroupPlan, visits: Sequence[int], size: int, budget: int) -> None:
         full = self._bytes + size > budget or len(self._groups) >= self._max_values
         if self._groups and (full or not self._group_key):
             self.flush()
@@ -379,10 +390,44 @@ def _grouped_by_cell(table: pa.Table, cells: Sequence[PartitionSpec]) -> tuple[p
     return data, np.cumsum(counts).tolist()
 
 
-def unit_blocks(
-    table: pa.Table, unit: FetchUnit, layout: ColumnLayout
-) -> list[tuple[PartitionSpec, Block]] | None:
-    """The wanted partitions of a unit's result as blocks, or None if it does not split exactly.
+class UnitPartitions:
+    """The wanted partitions of a fetch unit, in cell order: ``specs[i]``'s rows are
+    :meth:`block` ``(i)``, made when asked for. Read-only, so thread-safe.
+
+    Without a transform the partitions are rows ``[bounds[i], bounds[i + 1])`` of one conversion
+    (``whole``), and each block is a view made on demand: made at once, a block per partition
+    (thousands an epoch with small groups) waited to be claimed long enough for the garbage
+    collector to promote them, and to sweep the whole heap every few epochs. With a transform
+    (or partitions fetched one by one) each has a block of its own (``blocks``).
+    """
+
+    def __init__(
+        self,
+        specs: Sequence[PartitionSpec],
+        *,
+        whole: Block | None = None,
+        bounds: Sequence[int] = (),
+        blocks: Sequence[Block] = (),
+    ) -> None:
+        self.specs = tuple(specs)
+        self._whole = whole
+        self._bounds = bounds
+        self._blocks = blocks
+
+    def block(self, index: int) -> Block:
+        if self._whole is None:
+            return self._blocks[index]
+        return self._whole.view(self._bounds[index], self._bounds[index + 1])
+
+    @property
+    def rows(self) -> int:
+        if self._whole is None:
+            return sum(b.rows for b in self._blocks)
+        return self._bounds[-1] - self._bounds[0]
+
+
+def unit_blocks(table: pa.Table, unit: FetchUnit, layout: ColumnLayout) -> UnitPartitions | None:
+    """The wanted partitions of a unit's result, or None if it does not split exactly.
 
     Without a transform the rows are converted once and each partition's block is a view of
     that conversion (of the grouped result itself when every partition is wanted, without
@@ -396,23 +441,17 @@ def unit_blocks(
     if layout.transform is None and len(unit.wanted) == len(unit.cells):
         outside = bounds[0]
         whole = to_block(data.slice(outside), layout)
-        return [
-            (spec, whole.view(a - outside, b - outside))
-            for spec, (a, b) in zip(unit.cells, itertools.pairwise(bounds), strict=True)
-        ]
+        return UnitPartitions(unit.cells, whole=whole, bounds=[b - outside for b in bounds])
     wanted = [
         (spec, data.slice(bounds[i], bounds[i + 1] - bounds[i]))
         for i, spec in enumerate(unit.cells)
         if partition_key(spec) in unit.wanted
     ]
+    specs = [spec for spec, _ in wanted]
     if layout.transform is not None:
-        return [(spec, to_block(part, layout)) for spec, part in wanted]
+        return UnitPartitions(specs, blocks=[to_block(part, layout) for _, part in wanted])
     # One chunk, not one per partition: converting 2,000 one-partition chunks column by column
     # cost 10x the copy that joins them.
     whole = to_block(pa.concat_tables([part for _, part in wanted]).combine_chunks(), layout)
-    blocks = []
-    at = 0
-    for spec, part in wanted:
-        blocks.append((spec, whole.view(at, at + part.num_rows)))
-        at += part.num_rows
-    return blocks
+    bounds = list(itertools.accumulate((part.num_rows for _, part in wanted), initial=0))
+    return UnitPartitions(specs, whole=whole, bounds=bounds)

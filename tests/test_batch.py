@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import numpy as np
@@ -137,6 +138,7 @@ def test_gather_pins_when_asked() -> None:
     fx=st.integers(1, 4),
     fy=st.integers(1, 3),
     dtypes=st.sampled_from([(np.float64, np.float32), (np.int16, np.int64), (np.bool_, np.float64)]),
+    views=st.booleans(),
 )
 def test_gather_matches_slicing_the_rows(
     data: st.DataObject,
@@ -147,14 +149,24 @@ def test_gather_matches_slicing_the_rows(
     fx: int,
     fy: int,
     dtypes: tuple[Any, Any],
+    views: bool,
 ) -> None:
+    """Segments of blocks of their own, or (``views``) of views of one block, as a fetch unit's
+    partitions are: those share a base, and their pieces gather as one run."""
     if not windowed:
         x_window = y_window = 1
     geometry = WindowGeometry(x_window, y_window, stride=1, offset=offset, windowed=windowed)
     span = max(x_window, offset + y_window)
+    blocks = [
+        block(span + data.draw(st.integers(0, 6)), fx, fy, *dtypes, base=1000 * base)
+        for base in range(data.draw(st.integers(0, 3)))
+    ]
+    if views and blocks:
+        whole = Block.concatenate([block(2, fx, fy, *dtypes, base=-1000), *blocks])
+        bounds = list(itertools.accumulate((b.rows for b in blocks), initial=2))
+        blocks = [whole.view(a, b) for a, b in itertools.pairwise(bounds)]
     pieces, want_x, want_y = [], [], []
-    for base in range(data.draw(st.integers(0, 3))):
-        rows = block(span + data.draw(st.integers(0, 6)), fx, fy, *dtypes, base=1000 * base)
+    for rows in blocks:
         starts = data.draw(st.lists(st.integers(0, rows.rows - span), max_size=5))
         pieces.append(piece(Segment(rows), starts))
         for s in starts:

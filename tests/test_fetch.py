@@ -6,12 +6,14 @@ import contextlib
 import dataclasses
 import errno
 import functools
+import gc
 import logging
 import re
 import sqlite3
 import threading
 import time
 import traceback
+import weakref
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -24,9 +26,11 @@ from conftest import SERIES_SQL, FaultyBackend, make_series, wait_until
 from ddbloader import DDBDataLoader
 from ddbloader.backends import DBAPIBackend, DolphinDBBackend, DuckDBBackend
 from ddbloader.fetch import MAX_BACKOFF_SECONDS, Fetcher, RetryPolicy, is_transient
+from ddbloader.manager import epoch_units
 from ddbloader.plan import PartitionSpec, QueryPlan
 from ddbloader.prefetch import Pending, Stopped
 from ddbloader.source import Block
+from ddbloader.units import fetch_units
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -54,6 +58,35 @@ def _specs(plan: QueryPlan) -> list[PartitionSpec]:
 def _expected_rids(spec: PartitionSpec) -> list[float]:
     first = sum(PARTS[spec.group][: spec.position])
     return [spec.group * 1_000_000 + first + k for k in range(PARTS[spec.group][spec.position])]
+
+
+def test_a_units_rows_are_let_go_once_its_partitions_are_claimed_or_released(
+    con: duckdb.DuckDBPyConnection, plan: QueryPlan
+) -> None:
+    """A unit's partitions are views of one conversion, made when claimed: the unit keeps the
+    conversion only while a delivered partition waits to be claimed."""
+    with DDBDataLoader(con, SERIES_SQL, "y", input_col=["f0", "f1"], group_col="gid") as loader:
+        config = loader.config
+    units = fetch_units(plan, epoch_units(plan, config, 0), config, 0, budget=2**30)
+    assert [len(u.cells) for u in units] == [5]
+    specs = _specs(plan)
+    stop = threading.Event()
+    fetcher = Fetcher(DuckDBBackend(con), plan.layout, 1, units=units)
+    try:
+        first = fetcher.submit(specs[0]).wait(stop, 10)
+        assert first.x[:, 0].tolist() == _expected_rids(specs[0])
+        conversion = weakref.ref(first.x.base)
+        del first
+        gc.collect()
+        assert conversion() is not None  # four partitions wait to be claimed
+        claimed = [fetcher.submit(spec).wait(stop, 10) for spec in specs[1:3]]
+        assert [b.x[:, 0].tolist() for b in claimed] == [_expected_rids(s) for s in specs[1:3]]
+        fetcher.release((s.group, s.position) for s in specs[3:])
+        del claimed
+        gc.collect()
+        assert conversion() is None
+    finally:
+        fetcher.close()
 
 
 @pytest.mark.parametrize("threads", [1, 3])
