@@ -222,7 +222,7 @@ class GroupStream:
     ) -> None:
         group = unit.group
         self.group = group
-        self.remaining = unit.samples
+        self.remaining = unit.stop - unit.first
         self._unit = unit
         self._config = config
         self._geometry = geometry
@@ -236,8 +236,8 @@ class GroupStream:
             if len(partitions) == 1
             else list(itertools.accumulate((p.rows for p in partitions), initial=0))
         )
-        self._to_submit: deque[int] = deque(partition_visits(unit, config, geometry, epoch))
-        self._needed = tuple(self._to_submit)
+        self._needed = partition_visits(unit, config, geometry, epoch)
+        self._to_submit: deque[int] = deque(self._needed)
         self._pending: deque[tuple[int, Pending[Block] | None]] = deque()
         self._edges: dict[int, tuple[Block, Block]] = {}
         self._step: _Step | None = None
@@ -280,6 +280,8 @@ class GroupStream:
     def top_up(self, room: int) -> None:
         """Queue up to ``room`` more fetches, never holding more than ``prepartition_num``
         partitions. A new stream queues nothing until asked."""
+        if not self._to_submit:
+            return
         for _ in range(room):
             if self.held >= self._config.prepartition_num or not self._to_submit:
                 return
@@ -292,23 +294,24 @@ class GroupStream:
             spec = self.group.partitions[position]
             self._pending.append((position, self._fetcher.submit(spec) if self._fetching else None))
 
-    def take(self, count: int) -> list[Piece]:
-        """The next ``count`` samples (``count <= remaining``), loading partitions as needed."""
-        pieces: list[Piece] = []
+    def take(self, count: int, pieces: list[Piece]) -> None:
+        """Append the next ``count`` samples (``count <= remaining``) to ``pieces``, loading
+        partitions as needed."""
+        self.remaining -= count
         while count > 0:
             step = self._step
             if step is None or step.served == len(step.starts):
                 step = self._advance()
             if self._fetching and not step.segment.block.fetched:
                 step.segment, step.ordered = self._fetched_segment(step), False
-            chosen = step.starts[step.served : step.served + count]
-            step.served += len(chosen)
-            count -= len(chosen)
-            self.remaining -= len(chosen)
+            served = step.served
+            chosen = step.starts[served : served + count]
+            given = len(chosen)
+            step.served = served + given
+            count -= given
             pieces.append(Piece(step.segment, chosen))
         if self.remaining == 0:
             self._finish()
-        return pieces
 
     def serving(self) -> _Step | None:
         """The step being served, if it still has samples to give."""
@@ -334,7 +337,8 @@ class GroupStream:
         self._to_submit.clear()
         self._edges.clear()
         self._early.clear()
-        self._fetcher.release((self.group.index, position) for position in self._needed)
+        index = self.group.index
+        self._fetcher.release([(index, position) for position in self._needed])
 
     def _advance(self) -> _Step:
         while True:
@@ -620,7 +624,7 @@ class GroupPool:
             for stream, want in zip(self._active, wanted.tolist(), strict=True):
                 if want:
                     give = min(want, stream.remaining)
-                    pieces.extend(stream.take(give))
+                    stream.take(give, pieces)
                     count -= give
                     finished = finished or stream.remaining == 0
             if finished:

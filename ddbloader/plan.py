@@ -115,7 +115,7 @@ class GroupPlan:
     partitions: tuple[PartitionSpec, ...]
     samples: int
 
-    @property
+    @functools.cached_property  # read per group and epoch, thousands of times with small groups
     def rows(self) -> int:
         return sum(p.rows for p in self.partitions)
 

@@ -138,7 +138,7 @@ class Pending(Generic[T]):
             TimeoutError: no result within ``timeout`` seconds; the message names what was awaited.
         """
         deadline = time.monotonic() + timeout
-        while not self._done.wait(POLL_SECONDS):
+        while not (self._done.is_set() or self._done.wait(POLL_SECONDS)):
             if stop.is_set():
                 raise Stopped
             if time.monotonic() > deadline:

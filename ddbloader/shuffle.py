@@ -70,8 +70,11 @@ class SourceDraws:
             self._used = 0
         uniforms = self._uniforms[self._used : self._used + size]
         self._used += size
-        slots = np.minimum((uniforms * active).astype(np.intp), active - 1)
-        return np.bincount(slots, minlength=active)
+        counts = np.bincount((uniforms * active).astype(np.intp), minlength=active)
+        if len(counts) > active:  # u * active rounded up to ``active`` (u just below 1): the last slot's
+            counts[active - 1] += counts[active:].sum()
+            counts = counts[:active]
+        return counts
 
 
 class SampleOrders:
@@ -91,7 +94,10 @@ class SampleOrders:
 
     def order(self, first: int, stop: int) -> np.ndarray[Any, Any]:
         """Sample indices ``[first, stop)`` in the order the next step emits them."""
-        indices = np.arange(first, max(first, stop), dtype=np.int64)
-        if self._rng is not None and stop - first > 1:
-            self._rng.shuffle(indices)
+        if self._rng is None or stop - first < 2:
+            return np.arange(first, max(first, stop), dtype=np.int64)
+        # permutation(n) shuffles arange(n) in place: the draws of shuffling arange(first, stop)
+        indices = self._rng.permutation(stop - first)
+        if first:
+            indices += first
         return indices

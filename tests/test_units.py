@@ -166,11 +166,13 @@ def test_units_follow_the_epoch_group_order_within_the_budget(con: duckdb.DuckDB
         plan, config = loader.plan, loader.config
         work = epoch_units(plan, config, 0)
         units = fetch_units(plan, work, config, 0, budget=budget)
-        # The first unit holds a share of the budget (3 groups), the next ones the budget (24 would fit).
+        # The first unit holds a share of the budget (3 groups), each next one twice as much (6, then
+        # 12 would fit) up to the budget.
         assert [sorted(g for g, _ in u.wanted) for u in units] == [
-            sorted(w.group.index for w in work[i:j]) for i, j in ((0, 3), (3, 20))
+            sorted(w.group.index for w in work[i:j]) for i, j in ((0, 3), (3, 9), (9, 20))
         ]
-        assert units[0].rows * plan.layout.row_bytes <= budget // FIRST_UNIT_SHARE
+        shares = [budget // FIRST_UNIT_SHARE, budget // (FIRST_UNIT_SHARE // 2), budget // 2]
+        assert all(u.rows * plan.layout.row_bytes <= share for u, share in zip(units, shares, strict=True))
         assert all(u.rows * plan.layout.row_bytes <= budget for u in units)
         assert all(len(u.params) == len(u.wanted) and "IN" in u.sql for u in units)
         assert fetch_units(plan, work, config, 0, budget=budget) == units  # a function of (plan, seed, epoch)
