@@ -70,11 +70,8 @@ class SourceDraws:
             self._used = 0
         uniforms = self._uniforms[self._used : self._used + size]
         self._used += size
-        counts = np.bincount((uniforms * active).astype(np.intp), minlength=active)
-        if len(counts) > active:  # u * active rounded up to ``active`` (u just below 1): the last slot's
-            counts[active - 1] += counts[active:].sum()
-            counts = counts[:active]
-        return counts
+        # u <= 1 - 2**-53, so u * active rounds to below active (active < 2**52): its floor is a slot
+        return np.bincount((uniforms * active).astype(np.intp), minlength=active)
 
 
 class SampleOrders:
