@@ -14,8 +14,10 @@ included) is its own; the ratios of a table come from one run of this script, si
 * ``groups``: the same 400,000 rows (8 float64 factors and a target, stored in random order, no
   index) as 10 groups of 40,000 rows and as 4,000 groups of 100; window 20, batch 256, shuffled.
   Windows/s of the median of five epochs of one loader after its first (which pays for cold
-  caches). ``fetch_bytes=0`` (one query per partition, the code before fetch units) is run on
-  the small shape too, unless ``--skip-before``.
+  caches); ``--groups-rounds`` rounds of the two shapes one after the other, the ratio the median
+  of the rounds' ratios (a shared machine's load moves single runs by 20 %). ``fetch_bytes=0``
+  (one query per partition, the code before fetch units) is run on the small shape too, unless
+  ``--skip-before``.
 * ``big-group``: 2,000,000 rows x 32 float32 columns as one group, without a repartition column
   and with a 20-value one, each streamed (default ``fetch_bytes``) and fetched whole
   (``fetch_bytes=0``, the code before streaming); median wall time of one epoch and peak RSS over
@@ -291,7 +293,9 @@ def spawn(kind: str, *args: Any, tree: Path = REPO) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------- runs
 
 
-def run_groups(skip_before: bool) -> str:
+def run_groups(skip_before: bool, rounds: int) -> str:
+    """Each engine: ``rounds`` rounds of the two shapes one after the other (each in its own
+    interpreter); per shape the median round, and the median (and range) of the rounds' ratios."""
     sys.path.insert(0, str(REPO / "tests"))
     import pgserver
 
@@ -310,27 +314,30 @@ def run_groups(skip_before: bool) -> str:
                 cursor.execute(f"ANALYZE t_{groups}")
         lines = [
             "| engine | shape | fetch_bytes | plan s | windows/s | queries/epoch | rows/query | "
-            "ratio to 10 groups |",
-            "|---|---|---|---:|---:|---:|---:|---:|",
+            f"ratio to 10 groups, median of {rounds} rounds [range] |",
+            "|---|---|---|---:|---:|---:|---:|---|",
         ]
         for engine in ("duckdb", "postgres"):
-            results = {}
-            for groups, rows in SHAPES:
-                source = sources[f"duckdb {groups}"] if engine == "duckdb" else server.uri
-                table = "t" if engine == "duckdb" else f"t_{groups}"
-                variants: list[int | None] = [None]
-                if groups > 10 and not skip_before:
-                    variants.append(0)
-                for fetch_bytes in variants:
-                    results[(groups, fetch_bytes)] = spawn("groups", source, table, groups, rows, fetch_bytes)
-            reference = results[(10, None)]["windows_per_s"]
-            for (groups, fetch_bytes), r in results.items():
-                rows = TOTAL_ROWS // groups
+            variants = [(groups, rows, None) for groups, rows in SHAPES]
+            if not skip_before:
+                variants += [(groups, rows, 0) for groups, rows in SHAPES if groups > 10]
+            results: dict[tuple[int, int | None], list[dict[str, Any]]] = {}
+            for _ in range(rounds):
+                for groups, rows, fetch_bytes in variants:
+                    source = sources[f"duckdb {groups}"] if engine == "duckdb" else server.uri
+                    table = "t" if engine == "duckdb" else f"t_{groups}"
+                    result = spawn("groups", source, table, groups, rows, fetch_bytes)
+                    results.setdefault((groups, fetch_bytes), []).append(result)
+            references = [r["windows_per_s"] for r in results[(10, None)]]
+            for (groups, fetch_bytes), runs in results.items():
+                ratios = sorted(r["windows_per_s"] / ref for r, ref in zip(runs, references, strict=True))
+                r = sorted(runs, key=lambda run: run["windows_per_s"])[len(runs) // 2]
                 budget = "default" if fetch_bytes is None else fetch_bytes
                 lines.append(
-                    f"| {engine} | {groups:,} x {rows:,} | {budget} "
+                    f"| {engine} | {groups:,} x {TOTAL_ROWS // groups:,} | {budget} "
                     f"| {r['plan_s']:.2f} | {r['windows_per_s']:,.0f} | {r['queries']} | "
-                    f"{r['rows_per_query']:,.0f} | {r['windows_per_s'] / reference:.2f}x |"
+                    f"{r['rows_per_query']:,.0f} | {statistics.median(ratios):.2f}x "
+                    f"[{ratios[0]:.2f}-{ratios[-1]:.2f}] |"
                 )
     finally:
         server.stop()
@@ -463,6 +470,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--skip-before", action="store_true", help="skip fetch_bytes=0 at 4,000 groups")
     parser.add_argument(
+        "--groups-rounds", type=int, default=5, help="groups: rounds of the two shapes, one after the other"
+    )
+    parser.add_argument(
         "--big-group-rounds", type=int, default=3, help="big-group: rounds of the four contenders"
     )
     parser.add_argument("--symbols", type=int, default=10)
@@ -478,7 +488,10 @@ def main(argv: list[str] | None = None) -> None:
     sections = []
     if args.what in ("groups", "all"):
         sections.append(
-            ("Groups: the same 400,000 rows, few big groups vs many small", run_groups(args.skip_before))
+            (
+                "Groups: the same 400,000 rows, few big groups vs many small",
+                run_groups(args.skip_before, args.groups_rounds),
+            )
         )
     if args.what in ("big-group", "all"):
         sections.append(("One big group", run_big_group(args.big_group_rounds)))

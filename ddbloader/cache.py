@@ -10,7 +10,7 @@ where a partition comes from changes.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Sequence
 
 from .fetch import Fetcher
 from .plan import PartitionSpec
@@ -60,7 +60,7 @@ class CachedFetcher:
             return Pending.of(block)
         return _Kept(self._fetcher.submit(spec), lambda block: self._cache.keep(spec, block))
 
-    def release(self, keys: Iterable[PartitionKey]) -> None:
+    def release(self, keys: Sequence[PartitionKey]) -> None:
         """As :meth:`~ddbloader.fetch.Fetcher.release` (the cache keeps its own blocks)."""
         self._fetcher.release(keys)
 

@@ -336,13 +336,12 @@ class _Coalescer:
                     pending.cancel()
                 else:
                     state.waiters[key] = pending
-            start = [
-                i
-                for i in (index, index + 1)
-                if i < len(self._states) and not self._states[i].requested and self._splitting
-            ]
-            for i in start:
-                self._states[i].requested = True
+            start: list[int] = []
+            if self._splitting:
+                states = self._states
+                start = [i for i in (index, index + 1) if i < len(states) and not states[i].requested]
+                for i in start:
+                    self._states[i].requested = True
         return pending, start
 
     def deliver(self, index: int, partitions: UnitPartitions) -> None:
@@ -524,10 +523,9 @@ class Fetcher:
         self._tasks.put(job)
         return job.result
 
-    def release(self, keys: Iterable[PartitionKey]) -> None:
+    def release(self, keys: Sequence[PartitionKey]) -> None:
         """The manager will not ask for ``keys`` again: drop their rows if a unit brought them,
         and end their streams once these delivered what was asked for."""
-        keys = list(keys)
         self._units.release(keys)
         self._streams.release(keys)
 

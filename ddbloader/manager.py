@@ -707,6 +707,5 @@ def epoch_units(
 ) -> list[WorkUnit]:
     """The work units one (rank, worker) serves in ``epoch``, in the epoch's group order."""
     order = visit_order(len(plan.groups), config.shuffle, config.seed, epoch, Purpose.GROUP_ORDER)
-    return split_units(
-        [plan.groups[int(i)] for i in order], rank, world_size, worker, num_workers, even_batches
-    )
+    groups = [plan.groups[i] for i in order.tolist()]
+    return split_units(groups, rank, world_size, worker, num_workers, even_batches)

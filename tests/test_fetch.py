@@ -81,7 +81,7 @@ def test_a_units_rows_are_let_go_once_its_partitions_are_claimed_or_released(
         assert conversion() is not None  # four partitions wait to be claimed
         claimed = [fetcher.submit(spec).wait(stop, 10) for spec in specs[1:3]]
         assert [b.x[:, 0].tolist() for b in claimed] == [_expected_rids(s) for s in specs[1:3]]
-        fetcher.release((s.group, s.position) for s in specs[3:])
+        fetcher.release([(s.group, s.position) for s in specs[3:]])
         del claimed
         gc.collect()
         assert conversion() is None

@@ -184,7 +184,7 @@ def test_close_stops_a_stream_waiting_for_the_manager_and_cancels_its_pieces(
 def test_release_ends_the_stream_once_it_delivered_what_was_asked(con: duckdb.DuckDBPyConnection) -> None:
     with _fetching(con) as (pieces, backend, fetcher, stop):
         asked = [fetcher.submit(p) for p in pieces[:2]]
-        fetcher.release((0, p.position) for p in pieces)
+        fetcher.release([(0, p.position) for p in pieces])
         assert [len(_rids(p.wait(stop, 10))) for p in asked] == [MIN_PIECE_ROWS] * 2
         assert wait_until(lambda: not any(n.startswith("ddbloader-stream") for n in live_threads()))
         assert backend.read <= 3 * MIN_PIECE_ROWS
