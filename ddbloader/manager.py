@@ -328,17 +328,22 @@ class GroupStream:
             self._finish()
 
     def _finish(self) -> None:
-        """Release everything: the served step and partitions no remaining sample needs."""
+        """Release everything: the served step, and to the fetcher the partitions it may hold for
+        this stream (never asked for: a unit may have brought them) or read for it (the pieces
+        of a streamed subquery, whose stream ends). A partition asked for and not streamed is
+        the fetcher's no more: releasing it would cost a lock and a lookup per small group."""
         if self._step is not None:
             self._drop_step()
         for _ in self._pending:
             self._gauge.release()
+        index, partitions, unasked = self.group.index, self.group.partitions, self._to_submit
+        held = [(index, p) for p in self._needed if p in unasked or partitions[p].streamed]
         self._pending.clear()
         self._to_submit.clear()
         self._edges.clear()
         self._early.clear()
-        index = self.group.index
-        self._fetcher.release([(index, position) for position in self._needed])
+        if held:
+            self._fetcher.release(held)
 
     def _advance(self) -> _Step:
         while True:
