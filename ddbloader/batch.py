@@ -119,32 +119,19 @@ def gather(
 def _runs(pieces: Sequence[Piece]) -> Iterator[tuple[Block, np.ndarray[Any, Any]]]:
     """Consecutive pieces whose segments share a base (an arena, or the conversion of a fetch
     unit whose partitions they are), as one run of start rows in it."""
-    starts: list[np.ndarray[Any, Any]] = []
-    firsts: list[int] = []
+    run: list[np.ndarray[Any, Any]] = []
     base: Block | None = None
     for piece in pieces:
         segment = piece.segment
         if segment.base is not base:
-            if starts:
+            if run:
                 assert base is not None
-                yield base, _in_base(starts, firsts)
-            base, starts, firsts = segment.base, [], []
-        starts.append(piece.starts)
-        firsts.append(segment.first)
-    if starts:
+                yield base, run[0] if len(run) == 1 else np.concatenate(run)
+            base, run = segment.base, []
+        run.append(piece.starts + segment.first if segment.first else piece.starts)
+    if run:
         assert base is not None
-        yield base, _in_base(starts, firsts)
-
-
-def _in_base(starts: list[np.ndarray[Any, Any]], firsts: list[int]) -> np.ndarray[Any, Any]:
-    """Pieces' start rows within their segments, as rows of the base the segments begin at
-    ``firsts`` in: one concatenation and one shift for the run, not a shift per piece."""
-    if len(starts) == 1:
-        return starts[0] + firsts[0] if firsts[0] else starts[0]
-    rows = np.concatenate(starts)
-    if any(firsts):
-        rows += np.repeat(firsts, [len(s) for s in starts])
-    return rows
+        yield base, run[0] if len(run) == 1 else np.concatenate(run)
 
 
 def gather_on_device(
