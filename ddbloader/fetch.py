@@ -341,7 +341,7 @@ class _Coalescer:
                 states = self._states
                 start = [i for i in (index, index + 1) if i < len(states) and not states[i].requested]
                 for i in start:
-                    self._states[i].requested = True
+                    states[i].requested = True
         return pending, start
 
     def deliver(self, index: int, partitions: UnitPartitions) -> None:

@@ -297,7 +297,6 @@ class GroupStream:
     def take(self, count: int, pieces: list[Piece]) -> None:
         """Append the next ``count`` samples (``count <= remaining``) to ``pieces``, loading
         partitions as needed."""
-        self.remaining -= count
         while count > 0:
             step = self._step
             if step is None or step.served == len(step.starts):
@@ -309,6 +308,7 @@ class GroupStream:
             given = len(chosen)
             step.served = served + given
             count -= given
+            self.remaining -= given
             pieces.append(Piece(step.segment, chosen))
         if self.remaining == 0:
             self._finish()
@@ -336,7 +336,7 @@ class GroupStream:
             self._drop_step()
         for _ in self._pending:
             self._gauge.release()
-        index, partitions, unasked = self.group.index, self.group.partitions, self._to_submit
+        index, partitions, unasked = self.group.index, self.group.partitions, set(self._to_submit)
         held = [(index, p) for p in self._needed if p in unasked or partitions[p].streamed]
         self._pending.clear()
         self._to_submit.clear()

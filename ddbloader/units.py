@@ -159,14 +159,14 @@ def fetch_units(
     its planned bytes stay within ``budget`` (the first unit: within ``budget //``
     :data:`FIRST_UNIT_SHARE`, so that the epoch's first batch waits for a small query; 0.9 s
     against 2.1 s at 10,000 groups on PostgreSQL; the next ones within twice the share of the
-    one before) and its values within :data:`MAX_VALUES` (unbounded
-    with ``lists``: the backend binds each key's values as one list parameter); a group
-    larger than ``budget`` becomes runs of its partitions in visit order (the query restricts
-    the group to one value and the repartition key to the run's values); the pieces of a
-    streamed subquery (see :mod:`ddbloader.streams`) join no unit. A partition asked for
-    twice (a padded shard) is in the first unit only; a unit of one partition is left out (the
-    partition's own subquery fetches it). No units at all when ``budget <= 0``, when the plan
-    has no keys, or when the query cannot select its keys (see ``filtered_many``).
+    one before) and its values within :data:`MAX_VALUES` (unbounded with ``lists``: the backend
+    binds each key's values as one list parameter); a group larger than ``budget`` becomes runs
+    of its partitions in visit order (the query restricts the group to one value and the
+    repartition key to the run's values); the pieces of a streamed subquery (see
+    :mod:`ddbloader.streams`) join no unit. A partition asked for twice (a padded shard) is in
+    the first unit only; a unit of one partition is left out (the partition's own subquery
+    fetches it). No units at all when ``budget <= 0``, when the plan has no keys, or when the
+    query cannot select its keys (see ``filtered_many``).
     """
     if budget <= 0 or plan.query is None or not plan.keys:
         return []
