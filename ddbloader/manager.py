@@ -328,22 +328,19 @@ class GroupStream:
             self._finish()
 
     def _finish(self) -> None:
-        """Release everything: the served step, and to the fetcher the partitions it may hold for
-        this stream (never asked for: a unit may have brought them) or read for it (the pieces
-        of a streamed subquery, whose stream ends). A partition asked for and not streamed is
-        the fetcher's no more: releasing it would cost a lock and a lookup per small group."""
+        """Release everything: the served step, and to the fetcher every partition the unit
+        needed (a fetch unit may hold some unclaimed: served from the cache, or passed during a
+        fast-forward; a streamed piece's stream ends)."""
         if self._step is not None:
             self._drop_step()
         for _ in self._pending:
             self._gauge.release()
-        index, partitions, unasked = self.group.index, self.group.partitions, set(self._to_submit)
-        held = [(index, p) for p in self._needed if p in unasked or partitions[p].streamed]
         self._pending.clear()
         self._to_submit.clear()
         self._edges.clear()
         self._early.clear()
-        if held:
-            self._fetcher.release(held)
+        index = self.group.index
+        self._fetcher.release([(index, position) for position in self._needed])
 
     def _advance(self) -> _Step:
         while True:

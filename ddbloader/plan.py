@@ -119,8 +119,9 @@ class GroupPlan:
     def rows(self) -> int:
         return sum(p.rows for p in self.partitions)
 
-    # The same object every epoch: at thousands of small groups, a new unit per group and epoch
-    # outlived enough collections to make the garbage collector sweep the whole heap every few epochs.
+    # The same object every epoch (for one rank and worker; shards cut their own): at thousands of
+    # small groups, a new unit per group and epoch outlived enough collections to make the garbage
+    # collector sweep the whole heap every few epochs.
     @functools.cached_property
     def whole(self) -> WorkUnit:
         """The unit of all this group's samples."""

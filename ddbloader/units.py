@@ -29,8 +29,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .config import LoaderConfig
-from .plan import GroupPlan, PartitionSpec, QueryPlan
-from .shard import WorkUnit
+from .plan import GroupPlan, PartitionSpec, QueryPlan, WorkUnit
 from .shuffle import Purpose, visit_order
 from .source import Block, ColumnLayout, arrow_values, to_block
 from .window import WindowGeometry
@@ -186,7 +185,7 @@ def fetch_units(
         if not visits:
             continue
         if group.rows * row_bytes <= budget:
-            share = budget // max(FIRST_UNIT_SHARE >> cutter.cut, 1)
+            share = budget // max(FIRST_UNIT_SHARE >> len(cutter.units), 1)
             cutter.add_group(group, visits, group.rows * row_bytes, share)
             continue
         cutter.flush()
@@ -221,8 +220,6 @@ class _Cutter:
         self.units: list[FetchUnit] = []
         # rendering a query costs milliseconds, and units of one shape share their SQL
         self._sql: dict[tuple[int | bool | None, ...], str | None] = {}
-        #: Units cut so far (the first ones are cut to a share of the budget).
-        self.cut = 0
 
     def add_group(self, group: GroupPlan, visits: Sequence[int], size: int, budget: int) -> None:
         full = self._bytes + size > budget or len(self._groups) >= self._max_values
@@ -233,7 +230,6 @@ class _Cutter:
 
     def flush(self) -> None:
         groups, self._groups, self._bytes = self._groups, [], 0
-        self.cut += bool(groups)
         cells = tuple(p for group, _ in groups for p in group.partitions)
         wanted = [(group.index, p) for group, visits in groups for p in visits]
         if len(cells) < 2:

@@ -8,6 +8,7 @@ sizes alone, independently of the library's window arithmetic.
 
 from __future__ import annotations
 
+import itertools
 import threading
 import warnings
 from collections import Counter
@@ -19,19 +20,21 @@ import duckdb
 import numpy as np
 import pytest
 import torch
-from conftest import SERIES_SQL, FaultyBackend, make_series
+from conftest import SERIES_SQL, FaultyBackend, make_series, wait_until
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ddbloader import DDBDataLoader
 from ddbloader.backends import DuckDBBackend
 from ddbloader.batch import gather
+from ddbloader.cache import PartitionCache
 from ddbloader.fetch import Fetcher
 from ddbloader.manager import Arena, GroupPool, epoch_units
 from ddbloader.plan import MIN_PIECE_ROWS, PartitionSpec
 from ddbloader.prefetch import Pending
 from ddbloader.source import Block
 from ddbloader.stats import LoaderStats
+from ddbloader.units import fetch_units
 
 GROUP_ROWS = 1_000_000
 
@@ -508,3 +511,44 @@ def test_a_partition_whose_rows_changed_after_planning_is_refused_by_name(
             ValueError, match=rf"partition 1 of group 0 .* returned {rows} rows, but planning counted 6"
         ):
             list(loader)
+
+
+@pytest.mark.parametrize("how", ["partly cached", "resumed"])
+def test_no_fetch_unit_keeps_rows_once_every_sample_is_served(
+    con: duckdb.DuckDBPyConnection, how: str
+) -> None:
+    """Partitions a stream never claims from a started unit (served from a partly filled cache,
+    or passed during a resume's fast-forward) are released when the stream finishes, so the unit
+    does not keep them, and its conversion, to the end of the epoch."""
+    make_series(con, [[5]] * 60)
+    options: dict[str, Any] = {"input_col": ["f0", "f1"], "group_col": "gid", "shuffle": True, "seed": 1}
+    with DDBDataLoader(con, SERIES_SQL, "y", batch_size=4, group_pool_size=4, **options) as loader:
+        plan, config = loader.plan, loader.config
+    stop = threading.Event()
+    cache = PartitionCache()
+    if how == "partly cached":  # half the groups were fetched in an earlier epoch
+        alone = Fetcher(DuckDBBackend(con), plan.layout, 1)
+        for group in plan.groups[::2]:
+            cache.keep(group.partitions[0], alone.submit(group.partitions[0]).wait(stop, 10))
+        alone.close()
+    work = epoch_units(plan, config, 1)
+    units = fetch_units(plan, work, config, 1, budget=plan.layout.row_bytes * 5 * 40)
+    assert len(units) > 2
+    fetcher = Fetcher(DuckDBBackend(con), plan.layout, 1, units=units)
+    try:
+        pool = GroupPool(
+            work, plan.geometry, config, 1, cache.around(fetcher), stop, fetching=how == "partly cached"
+        )
+        left = sum(u.samples for u in work)
+        for batch in itertools.count():
+            if how == "resumed" and batch == 12:
+                pool.start_fetching()
+            size = min(4, left)
+            pool.take(size)
+            left -= size
+            if not left:
+                break
+        # every key is claimed or released now: a unit still delivering adds nothing to hold
+        assert wait_until(lambda: not any(state.ready for state in fetcher._units._states))
+    finally:
+        fetcher.close()

@@ -18,7 +18,14 @@ import pytest
 import torch
 
 from ddbloader import DDBDataLoader
-from ddbloader.source import ColumnLayout, arrow_column_type, arrow_values, check_result_schema, to_block
+from ddbloader.source import (
+    Block,
+    ColumnLayout,
+    arrow_column_type,
+    arrow_values,
+    check_result_schema,
+    to_block,
+)
 
 ROWS = 6
 NULL_ROWS = (0, 3)  # rows where the nullable columns hold NULL
@@ -565,3 +572,11 @@ def test_an_epoch_does_not_import_pandas() -> None:
         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
     )
     assert done.stdout.strip() == "False"
+
+
+def test_a_view_of_a_view_names_the_rows_of_the_block_it_was_cut_from() -> None:
+    block = Block(np.arange(20.0).reshape(10, 2), np.arange(10.0).reshape(10, 1))
+    inner = block.view(2, 9).view(3, 5)
+    assert inner.origin is block and inner.offset == 5
+    assert np.array_equal(inner.x, block.x[5:7]) and np.array_equal(inner.y, block.y[5:7])
+    assert block.rows_between(2, 4).origin is None  # a compact copy stands alone
