@@ -185,7 +185,7 @@ def fetch_units(
         if not visits:
             continue
         if group.rows * row_bytes <= budget:
-            share = budget // max(FIRST_UNIT_SHARE >> len(cutter.units), 1)
+            share = budget // max(FIRST_UNIT_SHARE >> cutter.cut, 1)
             cutter.add_group(group, visits, group.rows * row_bytes, share)
             continue
         cutter.flush()
@@ -220,6 +220,9 @@ class _Cutter:
         self.units: list[FetchUnit] = []
         # rendering a query costs milliseconds, and units of one shape share their SQL
         self._sql: dict[tuple[int | bool | None, ...], str | None] = {}
+        #: Flushes of groups so far, each a unit or a partition its own subquery fetches (the
+        #: first ones are cut to a share of the budget, see :data:`FIRST_UNIT_SHARE`).
+        self.cut = 0
 
     def add_group(self, group: GroupPlan, visits: Sequence[int], size: int, budget: int) -> None:
         full = self._bytes + size > budget or len(self._groups) >= self._max_values
@@ -230,6 +233,7 @@ class _Cutter:
 
     def flush(self) -> None:
         groups, self._groups, self._bytes = self._groups, [], 0
+        self.cut += bool(groups)
         cells = tuple(p for group, _ in groups for p in group.partitions)
         wanted = [(group.index, p) for group, visits in groups for p in visits]
         if len(cells) < 2:

@@ -181,6 +181,17 @@ def test_units_follow_the_epoch_group_order_within_the_budget(con: duckdb.DuckDB
         assert fetch_units(plan, work, config, 0, budget=100) == []  # a group per query anyway
 
 
+def test_the_ramp_moves_on_past_groups_fetched_alone(con: duckdb.DuckDBPyConnection) -> None:
+    """Groups larger than the first shares are fetched alone (a unit of one partition is left
+    out), and the shares still double after each: later units hold several groups."""
+    make_series(con, [[10]] * 20)  # 20 groups of 160 bytes
+    with _loader(con, seed=5) as loader:
+        plan, config = loader.plan, loader.config
+        units = fetch_units(plan, epoch_units(plan, config, 0), config, 0, budget=480)
+    # shares 60, 120, 240: one group each, fetched alone; then 480: three groups a unit
+    assert [len(u.wanted) for u in units] == [3, 3, 3, 3, 3, 2]
+
+
 def test_a_group_larger_than_the_budget_is_cut_into_runs_of_its_partitions(
     con: duckdb.DuckDBPyConnection,
 ) -> None:
