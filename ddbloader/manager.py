@@ -40,6 +40,7 @@ __all__ = [
     "GroupPool",
     "GroupStream",
     "PartitionGauge",
+    "PartitionStream",
     "Piece",
     "Segment",
     "arena_for",
@@ -201,7 +202,66 @@ class _Step:
     ordered: bool = False
 
 
-class GroupStream:
+class _UnitStream:
+    """What a stream of one work unit holds, and how the pool's :class:`_Serving` hands out the
+    samples of the step it serves. ``remaining`` counts the unit's samples not yet handed out."""
+
+    __slots__ = (
+        "_arena",
+        "_config",
+        "_fetcher",
+        "_gauge",
+        "_geometry",
+        "_orders",
+        "_step",
+        "_stop",
+        "_unit",
+        "group",
+        "remaining",
+    )
+
+    def __init__(
+        self,
+        unit: WorkUnit,
+        config: LoaderConfig,
+        geometry: WindowGeometry,
+        fetcher: Fetcher | CachedFetcher,
+        gauge: PartitionGauge,
+        stop: threading.Event,
+        orders: SampleOrders,
+        arena: Arena | None,
+    ) -> None:
+        self.group = unit.group
+        self.remaining = unit.stop - unit.first
+        self._unit = unit
+        self._config = config
+        self._geometry = geometry
+        self._fetcher = fetcher
+        self._gauge = gauge
+        self._stop = stop
+        self._orders = orders
+        self._arena = arena
+        self._step: _Step | None = None
+
+    def serving(self) -> _Step | None:
+        """The step being served, if it still has samples to give."""
+        step = self._step
+        return step if step is not None and step.served < len(step.starts) else None
+
+    def served_elsewhere(self, count: int) -> None:
+        """``count`` more samples of the step being served were handed out by the pool's
+        :class:`_Serving` (they were not more than the step had left)."""
+        assert self._step is not None
+        self._step.served += count
+        self.remaining -= count
+        if self.remaining == 0:
+            self._finish()
+
+    def _finish(self) -> None:
+        raise NotImplementedError
+
+
+class GroupStream(_UnitStream):
     """Serves one work unit (a group's contiguous sample range) in emission order.
 
     Only the partitions that the unit's samples touch are fetched.
@@ -220,16 +280,8 @@ class GroupStream:
         fetching: bool = True,
         arena: Arena | None = None,
     ) -> None:
+        super().__init__(unit, config, geometry, fetcher, gauge, stop, orders, arena)
         group = unit.group
-        self.group = group
-        self.remaining = unit.stop - unit.first
-        self._unit = unit
-        self._config = config
-        self._geometry = geometry
-        self._fetcher = fetcher
-        self._gauge = gauge
-        self._stop = stop
-        self._orders = orders
         partitions = group.partitions
         self._bounds = (
             [0, partitions[0].rows]
@@ -240,11 +292,9 @@ class GroupStream:
         self._to_submit: deque[int] = deque(self._needed)
         self._pending: deque[tuple[int, Pending[Block] | None]] = deque()
         self._edges: dict[int, tuple[Block, Block]] = {}
-        self._step: _Step | None = None
         self._steps_taken = 0
         self._fetching = fetching
         self._early: dict[int, Pending[Block]] = {}
-        self._arena = arena
 
     def submit_rebuild(self) -> None:
         """After a fast-forward, queue first what the step being served needs: its partition and
@@ -310,20 +360,6 @@ class GroupStream:
             count -= given
             self.remaining -= given
             pieces.append(Piece(step.segment, chosen))
-        if self.remaining == 0:
-            self._finish()
-
-    def serving(self) -> _Step | None:
-        """The step being served, if it still has samples to give."""
-        step = self._step
-        return step if step is not None and step.served < len(step.starts) else None
-
-    def served_elsewhere(self, count: int) -> None:
-        """``count`` more samples of the step being served were handed out by the pool's
-        :class:`_Serving` (they were not more than the step had left)."""
-        assert self._step is not None
-        self._step.served += count
-        self.remaining -= count
         if self.remaining == 0:
             self._finish()
 
@@ -475,6 +511,90 @@ class GroupStream:
         return pieces[::-1] if direction < 0 else pieces
 
 
+class PartitionStream(_UnitStream):
+    """Serves a work unit of a group of one partition (most small groups): one fetch, one step.
+
+    What :class:`GroupStream` does for such a unit (same fetches, gauge counts, sample orders and
+    pieces, in the same order), without the bookkeeping of many partitions and of neighbours'
+    kept rows, which cost about as much per small group as serving its samples. Made only while
+    the pool fetches: a fast-forward's streams are :class:`GroupStream`\\ s, which can fetch a
+    half-served step again when it ends.
+    """
+
+    __slots__ = ("_pending", "_submitted")
+
+    def __init__(
+        self,
+        unit: WorkUnit,
+        config: LoaderConfig,
+        geometry: WindowGeometry,
+        fetcher: Fetcher | CachedFetcher,
+        gauge: PartitionGauge,
+        stop: threading.Event,
+        orders: SampleOrders,
+        arena: Arena | None = None,
+    ) -> None:
+        super().__init__(unit, config, geometry, fetcher, gauge, stop, orders, arena)
+        self._pending: Pending[Block] | None = None
+        self._submitted = False
+
+    @property
+    def held(self) -> int:
+        """1 from the fetch's submission until the last sample is served, else 0."""
+        return (self._pending is not None) + (self._step is not None)
+
+    def top_up(self, room: int) -> None:
+        """Submit the fetch if ``room`` allows and it is not submitted yet."""
+        if room > 0 and not self._submitted:
+            self._submit()
+
+    def _submit(self) -> None:
+        self._submitted = True
+        self._gauge.acquire()
+        self._pending = self._fetcher.submit(self.group.partitions[0])
+
+    def take(self, count: int, pieces: list[Piece]) -> None:
+        """Append the next ``count`` samples (``0 < count <= remaining``) to ``pieces``."""
+        step = self._step if self._step is not None else self._load()
+        served = step.served
+        step.served = served + count
+        self.remaining -= count
+        pieces.append(Piece(step.segment, step.starts[served : served + count]))
+        if self.remaining == 0:
+            self._finish()
+
+    def _load(self) -> _Step:
+        if not self._submitted:
+            self._submit()
+        assert self._pending is not None
+        block = self._pending.wait(self._stop, self._config.timeout)
+        self._pending = None
+        segment = Segment(block) if self._arena is None else self._arena.place((block,))
+        unit = self._unit
+        order = self._orders.order(unit.first, unit.stop)
+        stride = self._geometry.stride
+        if (unit.stop - 1) * stride + self._geometry.span > block.rows:
+            # the gather copies without bounds checks (see batch.gather): never let a bad row through
+            raise RuntimeError(
+                f"internal error: group {self.group.index} has samples outside its {block.rows} rows"
+            )
+        step = self._step = _Step(segment, order * stride if stride != 1 else order, 0, 0, 0)
+        return step
+
+    def _finish(self) -> None:
+        """Release the step and, to the fetcher, the partition."""
+        if self._step is not None:
+            if self._arena is not None:
+                self._arena.retire(self._step.segment)
+            self._step = None
+            self._gauge.release()
+        self._fetcher.release(((self.group.index, 0),))
+
+
+#: A stream of one work unit, as the pool draws from it.
+Stream = GroupStream | PartitionStream
+
+
 class _Serving:
     """The active streams' steps being served, as arrays over one arena: a batch whose draws each
     step can give in full becomes one piece of arena rows, without visiting the streams.
@@ -494,7 +614,7 @@ class _Serving:
         self._given = np.zeros(len(steps), dtype=np.int64)
 
     @staticmethod
-    def of(streams: Sequence[GroupStream], arena: Arena) -> _Serving | None:
+    def of(streams: Sequence[Stream], arena: Arena) -> _Serving | None:
         """The streams' steps, if every one is in ``arena`` (else None: visit the streams)."""
         whole, orders = arena.whole, arena.orders
         if whole is None or orders is None:
@@ -538,7 +658,7 @@ class _Serving:
         """Whether some step has nothing left (its stream must move on, or finish, by itself)."""
         return bool((self._left == 0).any())
 
-    def settle(self, streams: Sequence[GroupStream]) -> None:
+    def settle(self, streams: Sequence[Stream]) -> None:
         """Tell each stream what was handed out on its behalf."""
         for k in np.flatnonzero(self._given).tolist():
             streams[k].served_elsewhere(int(self._given[k]))
@@ -576,21 +696,28 @@ class GroupPool:
         self._config = config
         self._budget = config.group_pool_size * config.prepartition_num
         self._waiting = deque(u for u in units if u.samples > 0)
-        self._active: list[GroupStream] = []
-        self._ahead: GroupStream | None = None
+        self._active: list[Stream] = []
+        self._ahead: Stream | None = None
         self._draws = SourceDraws(config.seed, epoch)
         orders = SampleOrders(config.shuffle, config.seed, epoch)
         self._fetching = fetching
         self._serving: _Serving | None = None
         self._topped_up_at = -1
-        self._make: Callable[[WorkUnit], GroupStream] = lambda unit: GroupStream(
-            unit, config, geometry, epoch, fetcher, self.gauge, stop, orders, self._fetching, self.arena
+        self._make: Callable[[WorkUnit], Stream] = lambda unit: (
+            PartitionStream(unit, config, geometry, fetcher, self.gauge, stop, orders, self.arena)
+            if self._fetching and len(unit.group.partitions) == 1
+            else GroupStream(
+                unit, config, geometry, epoch, fetcher, self.gauge, stop, orders, self._fetching, self.arena
+            )
         )
 
     def start_fetching(self) -> None:
         """End the fast-forward (see the class docstring)."""
         self._fetching = True
-        streams = [*self._active, *([self._ahead] if self._ahead else [])]
+        every = [*self._active, *([self._ahead] if self._ahead else [])]
+        streams = [stream for stream in every if isinstance(stream, GroupStream)]
+        # made during the fast-forward, so none is a PartitionStream
+        assert len(streams) == len(every)
         for stream in streams:
             stream.submit_rebuild()
         for stream in streams:

@@ -12,7 +12,7 @@ import itertools
 import threading
 import warnings
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -24,17 +24,20 @@ from conftest import SERIES_SQL, FaultyBackend, make_series, wait_until
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ddbloader import DDBDataLoader
+from ddbloader import DDBDataLoader, manager
 from ddbloader.backends import DuckDBBackend
 from ddbloader.batch import gather
 from ddbloader.cache import PartitionCache
+from ddbloader.config import LoaderConfig
 from ddbloader.fetch import Fetcher
-from ddbloader.manager import Arena, GroupPool, epoch_units
-from ddbloader.plan import MIN_PIECE_ROWS, PartitionSpec
+from ddbloader.manager import Arena, GroupPool, GroupStream, PartitionGauge, epoch_units
+from ddbloader.plan import MIN_PIECE_ROWS, PartitionSpec, WorkUnit
 from ddbloader.prefetch import Pending
+from ddbloader.shuffle import SampleOrders
 from ddbloader.source import Block
 from ddbloader.stats import LoaderStats
 from ddbloader.units import fetch_units
+from ddbloader.window import WindowGeometry
 
 GROUP_ROWS = 1_000_000
 
@@ -383,6 +386,44 @@ def test_an_arena_serves_the_same_batches(
         con.close()
     arena.recycle()
     assert arena.fits(arena.region_rows, arena.regions, whole)  # every region handed back
+
+
+def _group_stream_factory(epoch: int) -> Callable[..., GroupStream]:
+    """What the pool made for every unit before :class:`PartitionStream`, with its arguments."""
+
+    def make(
+        unit: WorkUnit,
+        config: LoaderConfig,
+        geometry: WindowGeometry,
+        fetcher: Fetcher,
+        gauge: PartitionGauge,
+        stop: threading.Event,
+        orders: SampleOrders,
+        arena: Arena | None = None,
+    ) -> GroupStream:
+        return GroupStream(unit, config, geometry, epoch, fetcher, gauge, stop, orders, True, arena)
+
+    return make
+
+
+@settings(max_examples=40, deadline=None)
+@given(case=cases(), whole=st.none() | st.booleans())
+def test_one_partition_groups_are_served_as_a_group_stream_would(case: Case, whole: bool | None) -> None:
+    # with and without an arena (whole=True: its rows are drawn as arrays, see _Serving)
+    def arena() -> Arena | None:
+        region_rows = max(map(sum, case.parts)) + 16
+        return None if whole is None else Arena(region_rows, 9, whole_partitions=whole)
+
+    con = duckdb.connect()
+    try:
+        make_series(con, case.parts)
+        served = pool_batches(con, case, arena())
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(manager, "PartitionStream", _group_stream_factory(case.epoch))
+            reference = pool_batches(con, case, arena())
+        assert served == reference
+    finally:
+        con.close()
 
 
 def test_arena_reuses_a_region_only_after_the_batch_that_drew_from_it() -> None:
