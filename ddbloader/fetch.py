@@ -127,7 +127,7 @@ class _PartitionJob:
 
 def _fetch_partition(cursor: Cursor, spec: PartitionSpec, layout: ColumnLayout) -> Block:
     table = cursor.fetch(spec.sql, spec.params)
-    check_result_schema(table.schema, layout, spec.describe())
+    check_result_schema(table.schema, layout, spec.describe)
     return _as_planned(spec, to_block(table, layout))
 
 
@@ -302,23 +302,49 @@ class _Coalescer:
     after ``release``, it is fetched alone. A unit starts when one of its partitions is first
     claimed, and the next unit with it, so the next unit's rows travel while this one's are
     served. Memory: the partitions delivered and not yet claimed, at most two units' worth.
+
+    Units are taken from ``units`` as claims reach them (a key in none takes them all): ``claim``
+    is called from one thread, which alone appends to ``units``; other threads read the units
+    that exist.
     """
 
-    def __init__(self, units: Sequence[FetchUnit]) -> None:
-        self.units = tuple(units)
-        self._unit_of = {key: index for index, unit in enumerate(units) for key in unit.wanted}
-        self._states = [_UnitState() for _ in units]
+    def __init__(self, units: Iterable[FetchUnit]) -> None:
+        self._cutting = iter(units)
+        self.units: list[FetchUnit] = []
+        self._unit_of: dict[PartitionKey, int] = {}
+        self._states: list[_UnitState] = []
         self._lock = threading.Lock()
         self._splitting = True
+
+    def _cut_next(self) -> bool:
+        """Take the next unit; False when there is none."""
+        unit = next(self._cutting, None)
+        if unit is None:
+            return False
+        index = len(self.units)
+        with self._lock:
+            self.units.append(unit)
+            self._states.append(_UnitState())
+            self._unit_of.update(dict.fromkeys(unit.wanted, index))
+        return True
+
+    def _unit_index(self, key: PartitionKey) -> int | None:
+        """The index of ``key``'s unit, with the unit after it taken too; None if in none."""
+        while (index := self._unit_of.get(key)) is None:
+            if not self._cut_next():
+                return None
+        if index + 1 == len(self.units):
+            self._cut_next()
+        return index
 
     def claim(self, spec: PartitionSpec) -> tuple[Pending[Block] | None, list[int]]:
         """``spec``'s result through its unit and the units to start now; ``(None, [])`` when
         ``spec`` is to be fetched alone."""
         key = partition_key(spec)
+        index = self._unit_index(key)
+        if index is None:
+            return None, []
         with self._lock:
-            index = self._unit_of.get(key)
-            if index is None:
-                return None, []
             state = self._states[index]
             if key in state.claimed or not (state.requested or self._splitting):
                 return None, []
@@ -375,11 +401,12 @@ class _Coalescer:
             state.ready.clear()
             state.delivered = None
 
-    def release(self, keys: Iterable[PartitionKey]) -> None:
-        """No more claims of ``keys`` through their units: drop what arrived for them."""
+    def release(self, keys: Sequence[PartitionKey]) -> None:
+        """No more claims of ``keys`` through their units: drop what arrived for them (and what
+        will: a key released before its unit is taken, as after a fast-forward, takes it now)."""
+        indexes = [self._unit_index(key) for key in keys]
         with self._lock:
-            for key in keys:
-                index = self._unit_of.get(key)
+            for key, index in zip(keys, indexes, strict=True):
                 if index is not None:
                     state = self._states[index]
                     state.claimed.add(key)
@@ -426,7 +453,7 @@ class _UnitJob:
         try:
             table = cursor.fetch(unit.sql, unit.params)
             data = table.select(range(table.num_columns - len(unit.cells[0].params)))
-            check_result_schema(data.schema, self.layout, unit.describe())
+            check_result_schema(data.schema, self.layout, unit.describe)
             partitions = unit_blocks(table, unit, self.layout)
         except Exception as error:
             if self.stop.is_set() or is_transient(self.backend, error):
@@ -480,7 +507,7 @@ class Fetcher:
         on_fetched: Callable[[int, int, int, float], None] = lambda partitions, rows, queries, seconds: None,
         *,
         retry: RetryPolicy = RetryPolicy(),
-        units: Sequence[FetchUnit] = (),
+        units: Iterable[FetchUnit] = (),
     ) -> None:
         self._backend = backend
         self._layout = layout

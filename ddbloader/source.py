@@ -634,7 +634,7 @@ def _renamed(table: pa.Table, names: tuple[str, ...]) -> pa.Table:
 _RESULT_CHANGED = "the query's result changed after the loader was built; build the loader again"
 
 
-def check_result_schema(schema: pa.Schema, layout: ColumnLayout, where: str) -> None:
+def check_result_schema(schema: pa.Schema, layout: ColumnLayout, where: Callable[[], str]) -> None:
     """Refuse a fetched table whose columns are not the ones planning saw: matched by name.
 
     Called once per fetched table, before :func:`to_block` takes its columns by position. Each
@@ -646,32 +646,35 @@ def check_result_schema(schema: pa.Schema, layout: ColumnLayout, where: str) -> 
     (a DB-API partition that holds only NULLs there).
 
     Raises:
-        ValueError: naming the column, what planning saw, what ``where`` (the subquery) returned.
+        ValueError: naming the column, what planning saw, what the subquery ``where()`` names
+            (called only then: naming a fetch unit's thousand partitions costs a millisecond)
+            returned.
     """
     planned = layout.result_names
     if not planned or (tuple(schema.names) == planned and tuple(schema.types) == layout.result_types):
         return
+    subquery = where()
     names = schema.names
     rebuild = f"planning saw {list(planned)}; {_RESULT_CHANGED}"
     repeated = {n for n in names if names.count(n) > 1}
     missing = [n for n in planned if n not in names]
     added = [n for n in names if n not in planned and n not in repeated]
     if missing and not (repeated and len(names) == len(planned)):
-        raise ValueError(f"{where} returned no column {missing[0]!r} (columns {names}); {rebuild}")
+        raise ValueError(f"{subquery} returned no column {missing[0]!r} (columns {names}); {rebuild}")
     if added or len(names) != len(planned):
         extra = added[0] if added else sorted(repeated)[0]
-        raise ValueError(f"{where} returned column {extra!r}, new since planning ({names}); {rebuild}")
+        raise ValueError(f"{subquery} returned column {extra!r}, new since planning ({names}); {rebuild}")
     for position, (name, expected) in enumerate(zip(names, planned, strict=True)):
         if name != expected and name not in repeated:
             raise ValueError(
-                f"{where} returned column {name!r} at position {position}, where planning saw {expected!r} "
-                f"(columns {names}); {rebuild}"
+                f"{subquery} returned column {name!r} at position {position}, where planning saw "
+                f"{expected!r} (columns {names}); {rebuild}"
             )
     read = set(planned) if layout.transform is not None else {*layout.x_names, *layout.y_names}
     for name, planned_type, fetched in zip(planned, layout.result_types, schema.types, strict=False):
         if name in read and not _keeps_type(planned_type, fetched, name in layout.as_float64):
             raise ValueError(
-                f"{where} returned column {name!r} as {fetched}, where planning saw {planned_type}; "
+                f"{subquery} returned column {name!r} as {fetched}, where planning saw {planned_type}; "
                 f"{_RESULT_CHANGED}"
             )
 

@@ -224,7 +224,7 @@ class _Stream:
                 at += 0 if table is None else table.num_rows
                 if table is None or table.num_rows != spec.rows:
                     raise self._changed(spec, at)
-                check_result_schema(table.schema, self._reading.layout, spec.describe())
+                check_result_schema(table.schema, self._reading.layout, spec.describe)
                 block = to_block(table, self._reading.layout)
                 if spec.piece == spec.pieces - 1 and (extra := rows.take(1)) is not None and extra.num_rows:
                     raise self._changed(spec, at + extra.num_rows)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import itertools
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -151,8 +151,10 @@ def fetch_units(
     budget: int,
     *,
     lists: bool = False,
-) -> list[FetchUnit]:
-    """The epoch's fetch units, in the order the epoch's streams ask for their partitions.
+) -> Iterator[FetchUnit]:
+    """The epoch's fetch units, in the order the epoch's streams ask for their partitions, each
+    yielded as soon as it is cut (the fetcher cuts them as the streams' requests reach them, so
+    the first query does not wait for the cutting of the whole epoch: 4-10 ms at 4,000 groups).
 
     Whole groups (all their partitions: the query restricts the group key only) join a unit while
     its planned bytes stay within ``budget`` (the first unit: within ``budget //``
@@ -168,25 +170,28 @@ def fetch_units(
     query cannot select its keys (see ``filtered_many``).
     """
     if budget <= 0 or plan.query is None or not plan.keys:
-        return []
+        return
     group_key = plan.keys[0][0] == "group_col"
     row_bytes = max(plan.layout.row_bytes, 1)
     max_values = sys.maxsize if lists else MAX_VALUES
-    cutter = _Cutter(plan, group_key, max_values, lists)
+    cutter = _Cutter(plan, group_key, max_values, lists, budget)
+    geometry = plan.geometry
     # a group is served twice only in a padded shard; else no partition can repeat
     repeats = len({unit.group.index for unit in work_units}) < len(work_units)
     seen: set[PartitionKey] = set()
     for unit in work_units:
         group = unit.group
-        visits = partition_visits(unit, config, plan.geometry, epoch)
+        visits = partition_visits(unit, config, geometry, epoch)
         if repeats:
             visits = [p for p in visits if (group.index, p) not in seen]
             seen.update((group.index, p) for p in visits)
         if not visits:
             continue
-        if group.rows * row_bytes <= budget:
-            share = budget // max(FIRST_UNIT_SHARE >> cutter.cut, 1)
-            cutter.add_group(group, visits, group.rows * row_bytes, share)
+        size = group.rows * row_bytes
+        if size <= budget:
+            cutter.add_group(group, visits, size)
+            if cutter.units:
+                yield from cutter.take()
             continue
         cutter.flush()
         run: list[int] = []
@@ -203,37 +208,49 @@ def fetch_units(
             run.append(position)
             run_bytes += size
         cutter.add_run(group, run)
+        yield from cutter.take()
     cutter.flush()
-    return cutter.units
+    yield from cutter.take()
 
 
 class _Cutter:
-    """Accumulates whole groups into one unit until the budget is spent."""
+    """Accumulates whole groups into one unit until its share of the budget is spent."""
 
-    def __init__(self, plan: QueryPlan, group_key: bool, max_values: int, lists: bool) -> None:
+    def __init__(self, plan: QueryPlan, group_key: bool, max_values: int, lists: bool, budget: int) -> None:
         self._plan = plan
         self._group_key = group_key
         self._max_values = max_values
         self._lists = lists
         self._groups: list[tuple[GroupPlan, Sequence[int]]] = []
         self._bytes = 0
-        self.units: list[FetchUnit] = []
         # rendering a query costs milliseconds, and units of one shape share their SQL
         self._sql: dict[tuple[int | bool | None, ...], str | None] = {}
+        #: units cut and not yet taken
+        self.units: list[FetchUnit] = []
+        self._budget = budget
         #: Flushes of groups so far, each a unit or a partition its own subquery fetches (the
         #: first ones are cut to a share of the budget, see :data:`FIRST_UNIT_SHARE`).
         self.cut = 0
+        self._share = budget // FIRST_UNIT_SHARE
 
-    def add_group(self, group: GroupPlan, visits: Sequence[int], size: int, budget: int) -> None:
-        full = self._bytes + size > budget or len(self._groups) >= self._max_values
-        if self._groups and (full or not self._group_key):
+    def take(self) -> list[FetchUnit]:
+        """The units cut since the last take."""
+        units, self.units = self.units, []
+        return units
+
+    def add_group(self, group: GroupPlan, visits: Sequence[int], size: int) -> None:
+        if self._groups and (
+            self._bytes + size > self._share or len(self._groups) >= self._max_values or not self._group_key
+        ):
             self.flush()
         self._groups.append((group, visits))
         self._bytes += size
 
     def flush(self) -> None:
         groups, self._groups, self._bytes = self._groups, [], 0
-        self.cut += bool(groups)
+        if groups:
+            self.cut += 1
+            self._share = self._budget // max(FIRST_UNIT_SHARE >> self.cut, 1)
         cells = tuple(p for group, _ in groups for p in group.partitions)
         wanted = [(group.index, p) for group, visits in groups for p in visits]
         if len(cells) < 2:

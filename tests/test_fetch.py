@@ -67,7 +67,7 @@ def test_a_units_rows_are_let_go_once_its_partitions_are_claimed_or_released(
     conversion only while a delivered partition waits to be claimed."""
     with DDBDataLoader(con, SERIES_SQL, "y", input_col=["f0", "f1"], group_col="gid") as loader:
         config = loader.config
-    units = fetch_units(plan, epoch_units(plan, config, 0), config, 0, budget=2**30)
+    units = list(fetch_units(plan, epoch_units(plan, config, 0), config, 0, budget=2**30))
     assert [len(u.cells) for u in units] == [5]
     specs = _specs(plan)
     stop = threading.Event()

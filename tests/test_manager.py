@@ -573,7 +573,7 @@ def test_no_fetch_unit_keeps_rows_once_every_sample_is_served(
             cache.keep(group.partitions[0], alone.submit(group.partitions[0]).wait(stop, 10))
         alone.close()
     work = epoch_units(plan, config, 1)
-    units = fetch_units(plan, work, config, 1, budget=plan.layout.row_bytes * 5 * 40)
+    units = list(fetch_units(plan, work, config, 1, budget=plan.layout.row_bytes * 5 * 40))
     assert len(units) > 2
     fetcher = Fetcher(DuckDBBackend(con), plan.layout, 1, units=units)
     try:

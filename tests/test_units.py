@@ -165,7 +165,7 @@ def test_units_follow_the_epoch_group_order_within_the_budget(con: duckdb.DuckDB
     with _loader(con, seed=5) as loader:
         plan, config = loader.plan, loader.config
         work = epoch_units(plan, config, 0)
-        units = fetch_units(plan, work, config, 0, budget=budget)
+        units = list(fetch_units(plan, work, config, 0, budget=budget))
         # The first unit holds a share of the budget (3 groups), each next one twice as much (6, then
         # 12 would fit) up to the budget.
         assert [sorted(g for g, _ in u.wanted) for u in units] == [
@@ -175,10 +175,12 @@ def test_units_follow_the_epoch_group_order_within_the_budget(con: duckdb.DuckDB
         assert all(u.rows * plan.layout.row_bytes <= share for u, share in zip(units, shares, strict=True))
         assert all(u.rows * plan.layout.row_bytes <= budget for u in units)
         assert all(len(u.params) == len(u.wanted) and "IN" in u.sql for u in units)
-        assert fetch_units(plan, work, config, 0, budget=budget) == units  # a function of (plan, seed, epoch)
-        assert fetch_units(plan, epoch_units(plan, config, 1), config, 1, budget=budget) != units
-        assert fetch_units(plan, work, config, 0, budget=0) == []
-        assert fetch_units(plan, work, config, 0, budget=100) == []  # a group per query anyway
+        assert (
+            list(fetch_units(plan, work, config, 0, budget=budget)) == units
+        )  # a function of (plan, seed, epoch)
+        assert list(fetch_units(plan, epoch_units(plan, config, 1), config, 1, budget=budget)) != units
+        assert list(fetch_units(plan, work, config, 0, budget=0)) == []
+        assert list(fetch_units(plan, work, config, 0, budget=100)) == []  # a group per query anyway
 
 
 def test_the_ramp_moves_on_past_groups_fetched_alone(con: duckdb.DuckDBPyConnection) -> None:
@@ -187,7 +189,7 @@ def test_the_ramp_moves_on_past_groups_fetched_alone(con: duckdb.DuckDBPyConnect
     make_series(con, [[10]] * 20)  # 20 groups of 160 bytes
     with _loader(con, seed=5) as loader:
         plan, config = loader.plan, loader.config
-        units = fetch_units(plan, epoch_units(plan, config, 0), config, 0, budget=480)
+        units = list(fetch_units(plan, epoch_units(plan, config, 0), config, 0, budget=480))
     # shares 60, 120, 240: one group each, fetched alone; then 480: three groups a unit
     assert [len(u.wanted) for u in units] == [3, 3, 3, 3, 3, 2]
 
@@ -198,7 +200,7 @@ def test_a_group_larger_than_the_budget_is_cut_into_runs_of_its_partitions(
     make_series(con, [[4] * 10])
     with _loader(con, repartition_col="part", seed=1) as loader:
         plan, config = loader.plan, loader.config
-        units = fetch_units(plan, epoch_units(plan, config, 0), config, 0, budget=3 * 4 * 16)
+        units = list(fetch_units(plan, epoch_units(plan, config, 0), config, 0, budget=3 * 4 * 16))
     assert [len(u.cells) for u in units] == [3, 3, 3]  # the tenth partition is fetched alone
     assert all(u.params[0] == 0 and len(u.params) == 4 for u in units)
     covered = [k for u in units for k in u.wanted]
@@ -209,7 +211,7 @@ def test_a_unit_binds_at_most_max_values_parameters(con: duckdb.DuckDBPyConnecti
     make_series(con, [[1]] * (MAX_VALUES + 5))
     with _loader(con) as loader:
         plan, config = loader.plan, loader.config
-        units = fetch_units(plan, epoch_units(plan, config, 0), config, 0, budget=2**30)
+        units = list(fetch_units(plan, epoch_units(plan, config, 0), config, 0, budget=2**30))
     assert [len(u.params) for u in units] == [MAX_VALUES, 5]
 
 
@@ -237,7 +239,7 @@ def test_the_pieces_of_a_streamed_subquery_are_visited_together_in_order_and_joi
                 if group.partitions[p].head == group.partitions[q].head
             )
             orders.add(tuple(runs))
-            units = fetch_units(plan, work, config, epoch, config.fetch_bytes)
+            units = list(fetch_units(plan, work, config, epoch, config.fetch_bytes))
             assert units and not any(c.streamed for u in units for c in u.cells)
         assert len(orders) > 1  # the subqueries themselves are still shuffled
 
