@@ -514,7 +514,7 @@ class DDBDataLoader:
         arena, self._arena = (
             (None, self._arena)
             if stage.gathers_on_device
-            else (arena_for(units, self.plan.geometry, config, self._arena), None)
+            else (arena_for(self.plan, config, self._arena), None)
         )
         # An epoch served from the cache to the CPU waits for no fetch and no copy: an assembler
         # thread would only add a hand-over per batch (two thread wake-ups, tens of µs, about

@@ -809,14 +809,12 @@ class GroupPool:
         self._topped_up_at = self.gauge.held
 
 
-def arena_for(
-    units: Sequence[WorkUnit], geometry: WindowGeometry, config: LoaderConfig, given: Arena | None
-) -> Arena:
-    """``given`` if it can hold the segments of a pool of ``units``, else a new arena: a region
-    per active unit and as many again for the units that move on to their next segment during
-    one batch's draw, plus one; a region holds the largest partition with kept rows on both sides."""
-    largest = max((p.rows for u in units for p in u.group.partitions), default=0)
-    region_rows = largest + 2 * (geometry.span - 1)
+def arena_for(plan: QueryPlan, config: LoaderConfig, given: Arena | None) -> Arena:
+    """``given`` if it can hold the segments of a pool of the plan's units, else a new arena: a
+    region per active unit and as many again for the units that move on to their next segment
+    during one batch's draw, plus one; a region holds the plan's largest partition with kept
+    rows on both sides (the same every epoch, whichever groups a shard serves)."""
+    region_rows = plan.largest_partition_rows + 2 * (plan.geometry.span - 1)
     regions = 2 * config.group_pool_size + 1
     whole = config.group_pool_size >= WHOLE_PARTITIONS_POOL
     if given is not None and given.fits(region_rows, regions, whole):
@@ -836,5 +834,7 @@ def epoch_units(
 ) -> list[WorkUnit]:
     """The work units one (rank, worker) serves in ``epoch``, in the epoch's group order."""
     order = visit_order(len(plan.groups), config.shuffle, config.seed, epoch, Purpose.GROUP_ORDER)
-    groups = [plan.groups[i] for i in order.tolist()]
-    return split_units(groups, rank, world_size, worker, num_workers, even_batches)
+    groups = plan.groups
+    return split_units(
+        [groups[i] for i in order.tolist()], rank, world_size, worker, num_workers, even_batches
+    )

@@ -86,9 +86,9 @@ def split_units(
     rank holds :func:`shard_samples` samples; workers of a rank split its units disjointly.
     """
     whole = [g.whole for g in groups_in_order if g.samples > 0]
-    total = sum(u.samples for u in whole)
     rank_units = whole
     if world_size > 1:
+        total = sum(u.samples for u in whole)
         rank_units = _share(whole, world_size, rank, shard_samples(total, world_size, even_batches), total)
     if num_workers == 1:
         return rank_units
