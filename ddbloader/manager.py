@@ -698,7 +698,7 @@ class GroupPool:
         self._waiting = deque(u for u in units if u.samples > 0)
         self._active: list[Stream] = []
         self._ahead: Stream | None = None
-        self._draws = SourceDraws(config.seed, epoch)
+        self._draws = SourceDraws(config.seed, epoch, pool=config.group_pool_size)
         orders = SampleOrders(config.shuffle, config.seed, epoch)
         self._fetching = fetching
         self._serving: _Serving | None = None

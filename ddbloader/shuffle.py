@@ -52,14 +52,17 @@ class SourceDraws:
     Sample ``k`` of the epoch's draws goes to slot ``floor(u_k * active)``, where ``u_k`` is the
     ``k``-th uniform of ``generator(seed, epoch, POOL_DRAWS)``: uniform over the slots active when
     it is drawn, and a pure function of ``(seed, epoch)`` and the sequence of ``active`` counts.
-    The uniforms are drawn ``block`` at a time, so a batch costs no generator call of its own.
-    Not thread-safe (the assembler owns it).
+    The uniforms are drawn ``block`` at a time, so a batch costs no generator call of its own,
+    and their slots among ``pool`` slots (the full pool: most draws of an epoch) are computed
+    once per block. Not thread-safe (the assembler owns it).
     """
 
-    def __init__(self, seed: int, epoch: int, block: int = 4096) -> None:
+    def __init__(self, seed: int, epoch: int, block: int = 4096, pool: int = 0) -> None:
         self._rng = generator(seed, epoch, Purpose.POOL_DRAWS)
         self._block = block
+        self._pool = pool
         self._uniforms = np.empty(0)
+        self._pool_slots: np.ndarray[Any, Any] | None = None
         self._used = 0
 
     def counts(self, active: int, size: int) -> np.ndarray[Any, Any]:
@@ -67,11 +70,20 @@ class SourceDraws:
         if self._used + size > len(self._uniforms):
             fresh = self._rng.random(max(self._block, size))
             self._uniforms = np.concatenate([self._uniforms[self._used :], fresh])
+            self._pool_slots = None
             self._used = 0
-        uniforms = self._uniforms[self._used : self._used + size]
+        first = self._used
         self._used += size
-        # u <= 1 - 2**-53, so u * active rounds to below active (active < 2**52): its floor is a slot
-        return np.bincount((uniforms * active).astype(np.intp), minlength=active)
+        if active == self._pool:
+            if self._pool_slots is None:
+                self._pool_slots = _slots(self._uniforms, active)
+            return np.bincount(self._pool_slots[first : first + size], minlength=active)
+        return np.bincount(_slots(self._uniforms[first : first + size], active), minlength=active)
+
+
+def _slots(uniforms: np.ndarray[Any, Any], active: int) -> np.ndarray[Any, Any]:
+    # u <= 1 - 2**-53, so u * active rounds to below active (active < 2**52): its floor is a slot
+    return (uniforms * active).astype(np.intp)
 
 
 class SampleOrders:

@@ -125,6 +125,22 @@ def test_source_draws_do_not_depend_on_the_block_size(seed: int, sizes: list[int
     assert [small.counts(3, n).tolist() for n in sizes] == [large.counts(3, n).tolist() for n in sizes]
 
 
+@settings(max_examples=50, deadline=None)
+@given(
+    seed=st.integers(0, 2**63 - 1),
+    requests=st.lists(st.tuples(st.integers(1, 5), st.integers(0, 40)), max_size=12),
+    block=st.integers(1, 64),
+    pool=st.integers(1, 5),
+)
+def test_source_draws_among_the_full_pool_are_the_same_draws(
+    seed: int, requests: list[tuple[int, int]], block: int, pool: int
+) -> None:
+    # the slots of the pool's size are computed once per block of uniforms
+    plain, pooled = SourceDraws(seed, 0, block=block), SourceDraws(seed, 0, block=block, pool=pool)
+    for active, size in requests:
+        assert pooled.counts(active, size).tolist() == plain.counts(active, size).tolist()
+
+
 def test_source_draws_reach_every_slot_and_differ_by_epoch() -> None:
     draws = SourceDraws(5, 0)
     totals = np.sum([draws.counts(3, 8) for _ in range(50)], axis=0)
