@@ -39,10 +39,10 @@ class PartitionCache:
         return len(self._blocks) >= partitions
 
     def get(self, spec: PartitionSpec) -> Block | None:
-        return self._blocks.get((spec.group, spec.position))
+        return self._blocks.get(spec.key)
 
     def keep(self, spec: PartitionSpec, block: Block) -> None:
-        self._blocks[(spec.group, spec.position)] = block
+        self._blocks[spec.key] = block
 
 
 class CachedFetcher:

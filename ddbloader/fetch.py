@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import logging
 import math
 import queue
@@ -30,7 +31,7 @@ from .plan import PartitionSpec
 from .prefetch import POLL_SECONDS, Pending, Stopped, ThreadFailure, join_all, start_thread
 from .source import Block, ColumnLayout, check_result_schema, to_block
 from .streams import Reading, Streams
-from .units import FetchUnit, PartitionKey, UnitPartitions, partition_key, unit_blocks
+from .units import FetchUnit, PartitionKey, UnitPartitions, unit_blocks
 
 __all__ = ["MAX_BACKOFF_SECONDS", "Fetcher", "RetryPolicy", "is_transient"]
 
@@ -340,7 +341,7 @@ class _Coalescer:
     def claim(self, spec: PartitionSpec) -> tuple[Pending[Block] | None, list[int]]:
         """``spec``'s result through its unit and the units to start now; ``(None, [])`` when
         ``spec`` is to be fetched alone."""
-        key = partition_key(spec)
+        key = spec.key
         index = self._unit_index(key)
         if index is None:
             return None, []
@@ -371,16 +372,17 @@ class _Coalescer:
         return pending, start
 
     def deliver(self, index: int, partitions: UnitPartitions) -> None:
+        # built whole, not cell by cell: a unit has thousands of cells, and this holds the GIL
+        where = dict(zip([spec.key for spec in partitions.specs], itertools.count()))
         with self._lock:
             state = self._states[index]
             state.delivered = partitions
-            for i, spec in enumerate(partitions.specs):
-                key = partition_key(spec)
-                waiter = state.waiters.pop(key, None)
-                if waiter is not None:
-                    waiter.set(partitions.block(i))
-                elif key not in state.claimed:
-                    state.ready[key] = i
+            for key, waiter in state.waiters.items():
+                waiter.set(partitions.block(where[key]))
+            state.waiters.clear()
+            for key in state.claimed:  # the waiters' keys too
+                where.pop(key, None)
+            state.ready = where
             state.drop_if_claimed()
 
     def fail(self, index: int, failure: ThreadFailure) -> None:
@@ -469,7 +471,7 @@ class _UnitJob:
             self.coalescer.stop_splitting()
             alone = []
             for spec in unit.cells:
-                if partition_key(spec) in unit.wanted:
+                if spec.key in unit.wanted:
                     self._alone = spec
                     alone.append((spec, _fetch_partition(cursor, spec, self.layout)))
             self._alone = None

@@ -588,7 +588,7 @@ class PartitionStream(_UnitStream):
                 self._arena.retire(self._step.segment)
             self._step = None
             self._gauge.release()
-        self._fetcher.release(((self.group.index, 0),))
+        self._fetcher.release((self.group.partitions[0].key,))
 
 
 #: A stream of one work unit, as the pool draws from it.

@@ -319,6 +319,8 @@ class Streams:
     def release(self, keys: Iterable[tuple[int, int]]) -> None:
         """The manager will not ask for ``keys`` (``(group, position)``) again: their streams
         deliver what was asked for, then end."""
+        if not self._heads:  # no piece claimed (only the assembler adds them): nothing to end
+            return
         with self._lock:
             for group, position in keys:
                 head = self._heads.pop((group, position), None)

@@ -58,10 +58,6 @@ FIRST_UNIT_SHARE = 8
 PartitionKey = tuple[int, int]
 
 
-def partition_key(spec: PartitionSpec) -> PartitionKey:
-    return spec.group, spec.position
-
-
 #: The visits of a group of one partition that has samples (shared, not a list per group and epoch).
 _ONLY_PARTITION = (0,)
 
@@ -252,7 +248,7 @@ class _Cutter:
             self.cut += 1
             self._share = self._budget // max(FIRST_UNIT_SHARE >> self.cut, 1)
         cells = tuple(p for group, _ in groups for p in group.partitions)
-        wanted = [(group.index, p) for group, visits in groups for p in visits]
+        wanted = [group.partitions[p].key for group, visits in groups for p in visits]
         if len(cells) < 2:
             return
         counts: list[int | None] = []
@@ -271,7 +267,7 @@ class _Cutter:
             return
         cells = tuple(group.partitions[p] for p in sorted(run))
         repartition_values = tuple(c.params[-1] for c in cells)
-        wanted = [(group.index, p) for p in run]
+        wanted = [group.partitions[p].key for p in run]
         if self._group_key:
             self._add([1, len(cells)], (cells[0].params[0], *repartition_values), cells, wanted)
         else:
@@ -465,7 +461,7 @@ def unit_blocks(table: pa.Table, unit: FetchUnit, layout: ColumnLayout) -> UnitP
     wanted = [
         (spec, data.slice(bounds[i], bounds[i + 1] - bounds[i]))
         for i, spec in enumerate(unit.cells)
-        if partition_key(spec) in unit.wanted
+        if spec.key in unit.wanted
     ]
     specs = [spec for spec, _ in wanted]
     if layout.transform is not None:
