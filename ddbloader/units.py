@@ -320,19 +320,24 @@ def _codes(column: pa.ChunkedArray, values: Sequence[Any]) -> np.ndarray[Any, An
 
 def _codes_by_distinct(column: pa.ChunkedArray, values: Sequence[Any]) -> np.ndarray[Any, Any] | None:
     """:func:`_codes` from the column's distinct values, or None when one of them is not among
-    ``values`` (a row outside them, or a value that Python and Arrow may compare differently)."""
-    distinct = column.unique()
+    ``values`` (a row outside them, or a value that Python and Arrow may compare differently).
+
+    One dictionary encoding finds the distinct values and each row's (half the time of finding
+    them and then looking each row up); a NULL row is -1 unless ``values`` holds None."""
+    encoded = column.combine_chunks().dictionary_encode()
     index = {value: i for i, value in enumerate(values)}
     try:
-        found = [index.get(value, -1 if value is None else None) for value in distinct.to_pylist()]
+        found = [index.get(value) for value in encoded.dictionary.to_pylist()]
+        null_code = index.get(None, -1)
     except TypeError:  # an unhashable value (a list column): compare as Arrow values
         return None
     if None in found:
         return None
-    rows = pc.index_in(column, value_set=distinct)
-    if rows.null_count:
-        return None
-    codes: np.ndarray[Any, Any] = np.asarray(found, dtype=np.int64)[arrow_values(rows, "key codes", "error")]
+    indices = encoded.indices
+    if indices.null_count:
+        indices = indices.fill_null(len(found))
+    lookup = np.asarray([*found, null_code], dtype=np.int64)
+    codes: np.ndarray[Any, Any] = lookup[arrow_values(pa.chunked_array([indices]), "key codes", "error")]
     return codes
 
 
