@@ -759,8 +759,9 @@ def _reopenable(source: Any) -> bool:
 
 
 #: Raised whenever a state's meaning changes: its keys, or the batch order that a seed gives (2: one
-#: generator of sample orders per epoch, group_pool_size and partitions recorded).
-_STATE_VERSION = 2
+#: generator of sample orders per epoch, group_pool_size and partitions recorded; 3: a finished
+#: unit hands its pool slot to the next unit).
+_STATE_VERSION = 3
 
 _DEFAULTS: dict[str, Any] = {
     name: parameter.default

@@ -726,8 +726,13 @@ class GroupPool:
     def take(self, count: int) -> list[Piece]:
         """The next ``count`` samples of the epoch; ``count`` must not exceed what is left.
 
-        With shuffle and every active step in the arena, a batch whose draws the steps can give
-        in full is one piece (see :class:`_Serving`); otherwise each drawn stream gives its own.
+        With shuffle, each of the ``count`` samples goes to the slot ``floor(u * active)`` of a
+        pool draw (:class:`~ddbloader.shuffle.SourceDraws`), and each slot serves its share from
+        its unit; a unit that runs out hands its slot, and the rest of its share, to the next
+        waiting unit. Only once no unit waits does a slot close, and the shares it could not
+        serve are drawn again among the slots left. With every active step in the arena, a batch
+        whose shares the steps can give in full is one piece (see :class:`_Serving`); otherwise
+        each unit gives its own. Without shuffle the units are served one after another.
         """
         if self.arena is not None:
             self.arena.recycle()
@@ -737,30 +742,63 @@ class GroupPool:
                 self._open()
             if not self._active:
                 raise RuntimeError(f"the epoch ran out of samples with {count} still owed")
-            if self._config.shuffle:
-                wanted = self._draws.counts(len(self._active), count)
-                rows = self._serve(wanted)
-                if rows is not None:
-                    assert self.arena is not None and self.arena.whole is not None
-                    pieces.append(Piece(self.arena.whole, rows))
-                    count -= len(rows)
-                    continue
-            else:
-                wanted = np.zeros(len(self._active), dtype=np.int64)
-                wanted[0] = count
+            if not self._config.shuffle:
+                stream = self._active[0]
+                give = min(count, stream.remaining)
+                stream.take(give, pieces)
+                count -= give
+                if stream.remaining == 0:
+                    del self._active[0]
+                continue
+            wanted = self._draws.counts(len(self._active), count)
+            rows = self._serve(wanted)
+            if rows is not None:
+                assert self.arena is not None and self.arena.whole is not None
+                pieces.append(Piece(self.arena.whole, rows))
+                count -= len(rows)
+                continue
             self._settle()
-            finished = False
-            for stream, want in zip(self._active, wanted.tolist(), strict=True):
-                if want:
-                    give = min(want, stream.remaining)
-                    stream.take(give, pieces)
-                    count -= give
-                    finished = finished or stream.remaining == 0
-            if finished:
-                self._active = [s for s in self._active if s.remaining > 0]
+            count -= self._serve_shares(wanted.tolist(), pieces)
         if self.gauge.held < self._budget and self.gauge.held != self._topped_up_at:
             self._top_up()
         return pieces
+
+    def _serve_shares(self, wanted: list[int], pieces: list[Piece]) -> int:
+        """Serve ``wanted[k]`` samples from slot ``k``, in slot order, passing the slot of a unit
+        that runs out to the next unit; the samples served (fewer only once no unit waits)."""
+        served = 0
+        for slot, share in enumerate(wanted):
+            left = share
+            while left:
+                stream = self._active[slot]
+                give = min(left, stream.remaining)
+                stream.take(give, pieces)
+                served += give
+                left -= give
+                if stream.remaining == 0 and not self._pass_on(slot):
+                    break
+        self._close_finished()
+        return served
+
+    def _pass_on(self, slot: int) -> bool:
+        """Hand the slot of a finished unit to the next unit; False when none waits (the
+        finished unit stays there until :meth:`_close_finished`, so slots keep their places)."""
+        following = self._following()
+        if following is not None:
+            self._active[slot] = following
+        return following is not None
+
+    def _close_finished(self) -> None:
+        """Close the slots whose units finished with no unit waiting to take them."""
+        if any(stream.remaining == 0 for stream in self._active):
+            self._active = [stream for stream in self._active if stream.remaining > 0]
+
+    def _following(self) -> Stream | None:
+        """The next unit's stream (the one opened ahead first), or None when no unit waits."""
+        if self._ahead is not None:
+            following, self._ahead = self._ahead, None
+            return following
+        return self._make(self._waiting.popleft()) if self._waiting else None
 
     def _serve(self, wanted: np.ndarray[Any, Any]) -> np.ndarray[Any, Any] | None:
         """``wanted``'s samples as arena rows from the active steps, or None (see :meth:`take`)."""
@@ -772,9 +810,12 @@ class GroupPool:
                 return None
         rows = self._serving.serve(wanted)
         if rows is not None and self._serving.exhausted:
-            # a stream moves on or finishes when next visited; a finished one leaves the pool now
+            # a stream moves on or finishes when next visited; a finished one passes its slot on now
             self._settle()
-            self._active = [s for s in self._active if s.remaining > 0]
+            for slot, stream in enumerate(self._active):
+                if stream.remaining == 0:
+                    self._pass_on(slot)
+            self._close_finished()
         return rows
 
     def _settle(self) -> None:
@@ -785,12 +826,8 @@ class GroupPool:
     def _open(self) -> None:
         """Fill the pool from the waiting units (the one opened ahead first), then queue fetches."""
         self._settle()
-        while len(self._active) < self._config.group_pool_size and (self._ahead or self._waiting):
-            if self._ahead is not None:
-                self._active.append(self._ahead)
-                self._ahead = None
-            else:
-                self._active.append(self._make(self._waiting.popleft()))
+        while len(self._active) < self._config.group_pool_size and (following := self._following()):
+            self._active.append(following)
         self._top_up()
 
     def _top_up(self) -> None:

@@ -33,7 +33,7 @@ from ddbloader.fetch import Fetcher
 from ddbloader.manager import Arena, GroupPool, GroupStream, PartitionGauge, epoch_units
 from ddbloader.plan import MIN_PIECE_ROWS, PartitionSpec, WorkUnit
 from ddbloader.prefetch import Pending
-from ddbloader.shuffle import SampleOrders
+from ddbloader.shuffle import SampleOrders, SourceDraws
 from ddbloader.source import Block
 from ddbloader.stats import LoaderStats
 from ddbloader.units import fetch_units
@@ -340,8 +340,10 @@ def test_partitions_held_never_exceed_pool_times_prepartition(case: Case) -> Non
         assert high_water >= 1
 
 
-def pool_batches(con: duckdb.DuckDBPyConnection, case: Case, arena: Arena | None) -> list[bytes]:
-    """One epoch of a real GroupPool, each batch gathered on the host, as bytes."""
+def pool_epoch(
+    con: duckdb.DuckDBPyConnection, case: Case, arena: Arena | None = None
+) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], list[WorkUnit]]:
+    """One epoch of a real GroupPool, each batch gathered on the host, and the epoch's units."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="samples need")
         loader = DDBDataLoader(con, SERIES_SQL, "y", **case.kwargs())
@@ -356,13 +358,78 @@ def pool_batches(con: duckdb.DuckDBPyConnection, case: Case, arena: Arena | None
             taken = 0
             while taken < plan.samples:
                 want = min(case.batch_size, plan.samples - taken)
-                x, y = gather(pool.take(want), plan.geometry, plan.layout, pin=False)
-                batches.append(x.numpy().tobytes() + y.numpy().tobytes())
+                batches.append(gather(pool.take(want), plan.geometry, plan.layout, pin=False))
                 taken += want
-            return batches
+            return batches, units
         finally:
             stop.set()
             fetcher.close()
+
+
+def pool_batches(con: duckdb.DuckDBPyConnection, case: Case, arena: Arena | None) -> list[bytes]:
+    """One epoch of a real GroupPool, each batch as bytes."""
+    return [x.numpy().tobytes() + y.numpy().tobytes() for x, y in pool_epoch(con, case, arena)[0]]
+
+
+def slot_model(units: Sequence[WorkUnit], case: Case, sizes: Sequence[int]) -> list[list[int]]:
+    """The group of each sample of each batch, as the pool's contract says (see GroupPool.take):
+    sample k of a draw goes to slot floor(u_k * active) and each slot serves its share in slot
+    order from its unit; a finished unit hands its slot to the next one; the shares of slots that
+    close (no unit waiting) are drawn again."""
+    draws = SourceDraws(case.seed, case.epoch)
+    waiting = [[unit.group.value, unit.samples] for unit in units if unit.samples]
+    active: list[list[int]] = []
+    batches = []
+    for size in sizes:
+        groups: list[int] = []
+        while len(groups) < size:
+            while len(active) < case.group_pool_size and waiting:
+                active.append(waiting.pop(0))
+            for slot, share in enumerate(draws.counts(len(active), size - len(groups)).tolist()):
+                owed = share
+                while owed:
+                    group, left = active[slot]
+                    give = min(owed, left)
+                    groups += [group] * give
+                    owed -= give
+                    active[slot][1] -= give
+                    if active[slot][1] == 0:
+                        if not waiting:
+                            break
+                        active[slot] = waiting.pop(0)
+            active = [unit for unit in active if unit[1]]
+        batches.append(groups)
+    return batches
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    case=cases(),
+    groups=st.lists(st.lists(st.integers(0, 12), min_size=1, max_size=3), min_size=3, max_size=6),
+    pool=st.integers(2, 4),
+    batch_size=st.integers(2, 12),
+    whole=st.none() | st.booleans(),
+)
+def test_shuffled_batches_follow_the_pool_slot_contract(
+    case: Case, groups: list[list[int]], pool: int, batch_size: int, whole: bool | None
+) -> None:
+    # Units finishing mid-batch with other slots drawn after them (a draw that redrew the rest
+    # of a batch after each finished unit fails this); with and without an arena (whole=True:
+    # a batch's shares are served as arrays, see _Serving).
+    case = replace(
+        case, parts=groups, grouped=True, shuffle=True, group_pool_size=pool, batch_size=batch_size
+    )
+    con = duckdb.connect()
+    try:
+        make_series(con, case.parts)
+        region_rows = max(map(sum, case.parts)) + 16
+        arena = None if whole is None else Arena(region_rows, 9, whole_partitions=whole)
+        batches, units = pool_epoch(con, case, arena)
+    finally:
+        con.close()
+    # a sample's first x row is rid = group * GROUP_ROWS + row: it names the sample's group
+    served = [(x.reshape(len(x), -1)[:, 0] // GROUP_ROWS).long().tolist() for x, _ in batches]
+    assert served == slot_model(units, case, [len(groups) for groups in served])
 
 
 @settings(max_examples=40, deadline=None)

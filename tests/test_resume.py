@@ -127,9 +127,9 @@ def test_a_state_from_another_plan_is_refused(con: duckdb.DuckDBPyConnection) ->
         with pytest.raises(ValueError, match="the query, the data or the window arguments differ"):
             grown.load_state_dict(state)
         with pytest.raises(
-            ValueError, match=r"state version 1 is not 2: .* batches for the same seed differ"
+            ValueError, match=r"state version 2 is not 3: .* batches for the same seed differ"
         ):
-            grown.load_state_dict({**state, "version": 1})
+            grown.load_state_dict({**state, "version": 2})
 
 
 def test_a_state_from_another_world_size_is_refused(series: duckdb.DuckDBPyConnection) -> None:
