@@ -41,7 +41,8 @@ HERE = Path(__file__).resolve().parent
 # (module, attribute path, label): the hot path of one epoch.
 _STAGES = [
     ("ddbloader.backends.duckdb", "_DuckDBCursor.fetch", "engine fetch (SQL -> Arrow)"),
-    ("ddbloader.loader", "fetch_units", "cut the epoch's fetch units"),
+    # cut as the pool's claims reach them: inside "pool draws a batch's samples" too
+    ("ddbloader.fetch", "_Coalescer._cut_next", "cut the epoch's fetch units"),
     ("ddbloader.fetch", "unit_blocks", "split a unit's result by key"),
     ("ddbloader.fetch", "to_block", "Arrow -> row-major block"),
     ("ddbloader.manager", "Pending.wait", "assembler waits for a partition"),

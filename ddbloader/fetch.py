@@ -305,8 +305,8 @@ class _Coalescer:
     served. Memory: the partitions delivered and not yet claimed, at most two units' worth.
 
     Units are taken from ``units`` as claims reach them (a key in none takes them all): ``claim``
-    is called from one thread, which alone appends to ``units``; other threads read the units
-    that exist.
+    and ``release`` are called from one thread (the assembler), which alone advances ``units``
+    and appends to ``self.units``; other threads read the units that exist.
     """
 
     def __init__(self, units: Iterable[FetchUnit]) -> None:
@@ -497,8 +497,8 @@ class Fetcher:
     """A pool of ``threads`` fetch threads named ``ddbloader-fetch-N``.
 
     Each thread opens its cursor on its first fetch and keeps it until a transient error (then a
-    fresh one is opened) or ``close``. ``submit`` is called from one thread (the assembler);
-    ``close`` from any, once or more.
+    fresh one is opened) or ``close``. ``submit`` and ``release`` are called from one thread (the
+    assembler); ``close`` from any, once or more.
     """
 
     def __init__(
