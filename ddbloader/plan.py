@@ -177,6 +177,7 @@ class QueryPlan:
 
     @functools.cached_property
     def largest_partition_rows(self) -> int:
+        """The most rows one partition holds (an arena's regions are sized from it)."""
         return max((p.rows for g in self.groups for p in g.partitions), default=0)
 
 
