@@ -282,12 +282,7 @@ class GroupStream(_UnitStream):
     ) -> None:
         super().__init__(unit, config, geometry, fetcher, gauge, stop, orders, arena)
         group = unit.group
-        partitions = group.partitions
-        self._bounds = (
-            [0, partitions[0].rows]
-            if len(partitions) == 1
-            else list(itertools.accumulate((p.rows for p in partitions), initial=0))
-        )
+        self._bounds = list(itertools.accumulate((p.rows for p in group.partitions), initial=0))
         self._needed = partition_visits(unit, config, geometry, epoch)
         self._to_submit: deque[int] = deque(self._needed)
         self._pending: deque[tuple[int, Pending[Block] | None]] = deque()
@@ -460,27 +455,22 @@ class GroupStream(_UnitStream):
 
     def _load(self, position: int, block: Block) -> _Step:
         first, stop = self._bounds[position], self._bounds[position + 1]
-        unit = self._unit
-        if len(self._bounds) == 2:
-            # one partition (most small groups): no neighbours' rows to join, and its one step
-            # completes every sample of the unit
-            lo, hi = first, stop
-            samples = range(unit.first, unit.stop)
-            segment = self._segment([block])
-        else:
+        left: list[Block] = []
+        right: list[Block] = []
+        if len(self._bounds) > 2:  # a group of one partition has no neighbours' rows to join
             edge = self._geometry.span - 1
             left = self._gather_edges(position, -1, edge)
             right = self._gather_edges(position, +1, edge)
             self._keep_edges(position, block)
-            lo = first - sum(b.rows for b in left)
-            hi = stop + sum(b.rows for b in right)
-            completed = self._geometry.samples_completed_by(first, stop, lo, hi, self.group.samples)
-            samples = range(max(completed.start, unit.first), min(completed.stop, unit.stop))
-            segment = self._segment([*left, block, *right])
+        lo = first - sum(b.rows for b in left)
+        hi = stop + sum(b.rows for b in right)
+        completed = self._geometry.samples_completed_by(first, stop, lo, hi, self.group.samples)
+        samples = range(max(completed.start, self._unit.first), min(completed.stop, self._unit.stop))
         order = self._orders.order(samples.start, samples.stop)
         self._steps_taken += 1
+        segment = self._segment([*left, block, *right])
         stride = self._geometry.stride
-        starts = order * stride - lo if stride != 1 or lo else order
+        starts = order * stride - lo
         # the order is a permutation of ``samples``: its first and last starts bound them all
         if samples and (
             samples.start * stride < lo

@@ -226,7 +226,7 @@ class _Cutter:
         self._budget = budget
         #: Flushes of groups so far, each a unit or a partition its own subquery fetches (the
         #: first ones are cut to a share of the budget, see :data:`FIRST_UNIT_SHARE`).
-        self.cut = 0
+        self._cut = 0
         self._share = budget // FIRST_UNIT_SHARE
 
     def take(self) -> list[FetchUnit]:
@@ -245,8 +245,8 @@ class _Cutter:
     def flush(self) -> None:
         groups, self._groups, self._bytes = self._groups, [], 0
         if groups:
-            self.cut += 1
-            self._share = self._budget // max(FIRST_UNIT_SHARE >> self.cut, 1)
+            self._cut += 1
+            self._share = self._budget // max(FIRST_UNIT_SHARE >> self._cut, 1)
         cells = tuple(p for group, _ in groups for p in group.partitions)
         wanted = [group.partitions[p].key for group, visits in groups for p in visits]
         if len(cells) < 2:
