@@ -54,9 +54,14 @@ class CachedFetcher:
         self._fetcher = fetcher
 
     def submit(self, spec: PartitionSpec) -> Pending[Block]:
-        """The partition of ``spec``: from the cache (ready at once), else fetched and kept."""
+        """The partition of ``spec``: from the cache (ready at once), else fetched and kept.
+
+        A partition served from the cache is released to the fetcher at once, as one never
+        submitted there: its fetch unit (if it runs for the partitions not cached) brings its
+        rows too, and must not keep them."""
         block = self._cache.get(spec)
         if block is not None:
+            self._fetcher.release((spec.key,))
             return Pending.of(block)
         return _Kept(self._fetcher.submit(spec), lambda block: self._cache.keep(spec, block))
 

@@ -338,17 +338,17 @@ class _Coalescer:
             self._cut_next()
         return index
 
-    def claim(self, spec: PartitionSpec) -> tuple[Pending[Block] | None, list[int]]:
-        """``spec``'s result through its unit and the units to start now; ``(None, [])`` when
+    def claim(self, spec: PartitionSpec) -> tuple[Pending[Block] | None, Sequence[int]]:
+        """``spec``'s result through its unit and the units to start now; ``(None, ())`` when
         ``spec`` is to be fetched alone."""
         key = spec.key
         index = self._unit_index(key)
         if index is None:
-            return None, []
+            return None, ()
         with self._lock:
             state = self._states[index]
             if key in state.claimed or not (state.requested or self._splitting):
-                return None, []
+                return None, ()
             state.claimed.add(key)
             ready = state.ready.pop(key, None)
             if ready is not None:
@@ -363,12 +363,15 @@ class _Coalescer:
                     pending.cancel()
                 else:
                     state.waiters[key] = pending
-            start: list[int] = []
-            if self._splitting:
-                states = self._states
-                start = [i for i in (index, index + 1) if i < len(states) and not states[i].requested]
-                for i in start:
-                    states[i].requested = True
+            states = self._states
+            # most claims: both units started already
+            if not self._splitting or (
+                state.requested and (index + 1 == len(states) or states[index + 1].requested)
+            ):
+                return pending, ()
+            start = [i for i in (index, index + 1) if i < len(states) and not states[i].requested]
+            for i in start:
+                states[i].requested = True
         return pending, start
 
     def deliver(self, index: int, partitions: UnitPartitions) -> None:
@@ -554,7 +557,12 @@ class Fetcher:
 
     def release(self, keys: Sequence[PartitionKey]) -> None:
         """The manager will not ask for ``keys`` again: drop their rows if a unit brought them,
-        and end their streams once these delivered what was asked for."""
+        and end their streams once these delivered what was asked for.
+
+        A key submitted once and not streamed needs no release: its submission took its rows
+        (from its unit, or from its own query), and a unit's rows for a key already claimed are
+        not kept. The keys never submitted are the ones to release (a fetch unit brings them
+        all the same), and streamed pieces (their streaming query must end)."""
         self._units.release(keys)
         self._streams.release(keys)
 

@@ -572,13 +572,13 @@ class PartitionStream(_UnitStream):
         return step
 
     def _finish(self) -> None:
-        """Release the step and, to the fetcher, the partition."""
+        """Release the step. The partition needs no release to the fetcher: its one submission
+        took its rows from the fetcher (see :meth:`~ddbloader.fetch.Fetcher.release`)."""
         if self._step is not None:
             if self._arena is not None:
                 self._arena.retire(self._step.segment)
             self._step = None
             self._gauge.release()
-        self._fetcher.release((self.group.partitions[0].key,))
 
 
 #: A stream of one work unit, as the pool draws from it.

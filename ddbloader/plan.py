@@ -43,6 +43,10 @@ __all__ = ["MIN_PIECE_ROWS", "GroupPlan", "PartitionSpec", "QueryPlan", "WorkUni
 #: ``rows / MIN_PIECE_ROWS + 1`` pieces.
 MIN_PIECE_ROWS = 64
 
+#: Unit queries :meth:`QueryPlan.unit_sql` keeps rendered (a few shapes an epoch, the same every
+#: epoch when groups are of equal size).
+UNIT_SQL_SHAPES = 256
+
 
 @dataclass(frozen=True)
 class PartitionSpec:
@@ -179,6 +183,30 @@ class QueryPlan:
     def largest_partition_rows(self) -> int:
         """The most rows one partition holds (an arena's regions are sized from it)."""
         return max((p.rows for g in self.groups for p in g.partitions), default=0)
+
+    def unit_sql(self, counts: Sequence[int | None], *, lists: bool) -> str | None:
+        """``query.filtered_many`` of the plan's keys, rendered once per shape of unit.
+
+        Rendering an ``IN`` list of a thousand parameters costs ~5 ms, and every epoch cuts
+        units of the same shapes, so the text is kept: at most :data:`UNIT_SQL_SHAPES` shapes
+        (then forgotten all at once; with groups of varied sizes the counts vary too). With
+        ``lists`` the SQL says only which keys are bound, not how many values each has.
+        Thread-safe: two threads rendering one shape at once both get the same text.
+        """
+        assert self.query is not None
+        shape = tuple(count is not None if lists else count for count in counts)
+        sqls = self._unit_sqls
+        if (lists, shape) not in sqls:
+            if len(sqls) >= UNIT_SQL_SHAPES:
+                sqls.clear()
+            sqls[lists, shape] = self.query.filtered_many(
+                [expression for _, expression in self.keys], counts, lists=lists
+            )
+        return sqls[lists, shape]
+
+    @functools.cached_property
+    def _unit_sqls(self) -> dict[tuple[bool, tuple[int | bool | None, ...]], str | None]:
+        return {}
 
 
 def _refuse_all_null(cursor: Cursor, query: Query, nulls: dict[str, int]) -> None:

@@ -625,9 +625,9 @@ def test_a_partition_whose_rows_changed_after_planning_is_refused_by_name(
 def test_no_fetch_unit_keeps_rows_once_every_sample_is_served(
     con: duckdb.DuckDBPyConnection, how: str
 ) -> None:
-    """Partitions a stream never claims from a started unit (served from a partly filled cache,
-    or passed during a resume's fast-forward) are released when the stream finishes, so the unit
-    does not keep them, and its conversion, to the end of the epoch."""
+    """Partitions a stream never claims from a started unit are released, so the unit does not
+    keep them, and its conversion, to the end of the epoch: served from a partly filled cache,
+    at once; passed during a resume's fast-forward, when the stream finishes."""
     make_series(con, [[5]] * 60)
     options: dict[str, Any] = {"input_col": ["f0", "f1"], "group_col": "gid", "shuffle": True, "seed": 1}
     with DDBDataLoader(con, SERIES_SQL, "y", batch_size=4, group_pool_size=4, **options) as loader:

@@ -556,3 +556,25 @@ def test_pieces_of_a_query_without_order_by_are_warned_about(
         assert len(about_order) == 1
         assert about_order[0].startswith("1 subquery is read in pieces (more than fetch_bytes each;")
         assert "partition 0 of group 0" in about_order[0]
+
+
+def test_unit_queries_are_rendered_once_per_shape_and_kept_bounded(
+    db: duckdb.DuckDBPyConnection, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every epoch cuts units of the same shapes; an IN list of a thousand parameters costs
+    milliseconds to render, so the plan keeps the text of each shape (a bounded number)."""
+    with explicit_loader(db, [0, 1, 2, 3], [0, 1, 2, 3]) as loader:
+        plan = loader.plan
+        assert plan.query is not None
+        keys = [expression for _, expression in plan.keys]
+        first = plan.unit_sql([3, None], lists=False)
+        assert first == plan.query.filtered_many(keys, [3, None]) and first is not None and "IN" in first
+        assert plan.unit_sql([3, None], lists=False) is first
+        assert plan.unit_sql([2, 4], lists=False) == plan.query.filtered_many(keys, [2, 4])
+        # with lists the text depends only on which keys are bound
+        assert plan.unit_sql([5, None], lists=True) is plan.unit_sql([7, None], lists=True)
+        assert plan.unit_sql([5, None], lists=True) == plan.query.filtered_many(keys, [5, None], lists=True)
+        monkeypatch.setattr("ddbloader.plan.UNIT_SQL_SHAPES", 3)
+        for count in range(1, 8):
+            assert plan.unit_sql([count, None], lists=False) == plan.query.filtered_many(keys, [count, None])
+            assert len(plan._unit_sqls) <= 3

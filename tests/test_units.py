@@ -24,7 +24,16 @@ from ddbloader import DDBDataLoader
 from ddbloader.backends import DuckDBBackend
 from ddbloader.manager import epoch_units
 from ddbloader.plan import PartitionSpec
-from ddbloader.units import FIRST_UNIT_SHARE, MAX_VALUES, fetch_units, partition_visits, split_by_key
+from ddbloader.source import to_block
+from ddbloader.units import (
+    FIRST_UNIT_SHARE,
+    MAX_VALUES,
+    FetchUnit,
+    fetch_units,
+    partition_visits,
+    split_by_key,
+    unit_blocks,
+)
 
 UTC = dt.timezone.utc
 
@@ -148,6 +157,36 @@ def test_split_imports_no_pandas() -> None:
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True
     )
     assert done.stdout.strip() == "False", done.stderr
+
+
+@pytest.mark.parametrize("wanted", [[0, 1, 2, 3, 4], [0, 2, 3], [4]])
+def test_unit_blocks_give_each_wanted_partition_the_rows_of_its_own_subquery(
+    con: duckdb.DuckDBPyConnection, wanted: list[int]
+) -> None:
+    """The unit's result interleaves its partitions (ORDER BY pos): each wanted partition still
+    gets exactly its own subquery's rows, in their order; the unwanted ones are left out."""
+    make_series(con, [[4, 3, 5], [6, 2]])
+    sql = "SELECT gid, part, pos, f0, y FROM series ORDER BY pos DESC, rid"
+    options: dict[str, Any] = {"input_col": ["f0"], "group_col": "gid", "repartition_col": "part"}
+    with DDBDataLoader(con, sql, "y", **options) as loader:
+        plan = loader.plan
+    specs = tuple(p for g in plan.groups for p in g.partitions)
+    unit = FetchUnit(
+        plan.unit_sql([2, 3], lists=False) or "",
+        (0, 1, 0, 1, 2),
+        specs,
+        frozenset(specs[i].key for i in wanted),
+    )
+    cursor = DuckDBBackend(con).cursor()
+    result = cursor.fetch(unit.sql, unit.params)
+    assert result.column("_ddb_group").to_pylist() != sorted(result.column("_ddb_group").to_pylist())
+    parts = unit_blocks(result, unit, plan.layout)
+    assert parts is not None
+    assert [s.key for s in parts.specs] == [specs[i].key for i in wanted]
+    for n, i in enumerate(wanted):
+        alone = to_block(cursor.fetch(specs[i].sql, specs[i].params), plan.layout)
+        assert parts.block(n).x.tolist() == alone.x.tolist()
+        assert parts.block(n).y.tolist() == alone.y.tolist()
 
 
 # --- fetch_units --------------------------------------------------------------------------------
