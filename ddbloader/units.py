@@ -456,12 +456,17 @@ def unit_blocks(table: pa.Table, unit: FetchUnit, layout: ColumnLayout) -> UnitP
     then taken from the conversion grouped by partition (a row-major row is one cache line,
     where taking from the Arrow columns first costs a miss per column per row: 2x slower over a
     thousand groups, whose rows the result interleaves); each partition's block is a view of
-    that. A transform runs on each partition's rows, as for a partition fetched alone.
+    that. A transform runs on each partition's rows, as for a partition fetched alone. Rows
+    outside the scheme are never converted (no subquery returns them, and their values need not
+    convert).
     """
     grouped = _grouped_by_cell(table, unit.cells)
     if grouped is None:
         return None
     data, order, bounds = grouped
+    if outside := bounds[0]:
+        data = data.slice(outside) if order is None else data.take(_arrow_indices(order[outside:]))
+        order, bounds = None, [b - outside for b in bounds]
     cells = unit.cells
     if layout.transform is not None or len(unit.wanted) < len(cells):
         wanted = [i for i, spec in enumerate(cells) if spec.key in unit.wanted]
@@ -473,11 +478,10 @@ def unit_blocks(table: pa.Table, unit: FetchUnit, layout: ColumnLayout) -> UnitP
         return UnitPartitions(cells, blocks=[to_block(part, layout) for part in parts])
     block = to_block(data, layout)
     if len(cells) == len(unit.cells):
-        whole = block.view(bounds[0], block.rows) if order is None else block.taken(order[bounds[0] :])
-        return UnitPartitions(cells, whole=whole, bounds=[b - bounds[0] for b in bounds])
+        return UnitPartitions(cells, whole=block if order is None else block.taken(order), bounds=bounds)
     keep = np.zeros(len(unit.cells), dtype=bool)
     keep[wanted] = True
-    kept = bounds[0] + np.flatnonzero(np.repeat(keep, np.diff(bounds)))
+    kept = np.flatnonzero(np.repeat(keep, np.diff(bounds)))
     whole = block.taken(kept if order is None else order[kept])
     sizes = (bounds[i + 1] - bounds[i] for i in wanted)
     return UnitPartitions(cells, whole=whole, bounds=list(itertools.accumulate(sizes, initial=0)))

@@ -159,26 +159,29 @@ def test_split_imports_no_pandas() -> None:
     assert done.stdout.strip() == "False", done.stderr
 
 
-@pytest.mark.parametrize("wanted", [[0, 1, 2, 3, 4], [0, 2, 3], [4]])
+@pytest.mark.parametrize("wanted", [[0, 1, 2, 3, 4, 5], [0, 2, 3], [4]])
 def test_unit_blocks_give_each_wanted_partition_the_rows_of_its_own_subquery(
     con: duckdb.DuckDBPyConnection, wanted: list[int]
 ) -> None:
-    """The unit's result interleaves its partitions (ORDER BY pos): each wanted partition still
-    gets exactly its own subquery's rows, in their order; the unwanted ones are left out."""
-    make_series(con, [[4, 3, 5], [6, 2]])
+    """The unit's result interleaves its partitions (ORDER BY pos) and holds rows outside the
+    scheme: each wanted partition still gets exactly its own subquery's rows, in their order;
+    the unwanted ones and the rows outside are left out."""
+    make_series(con, [[4, 3, 5, 2], [6, 2, 3]])
     sql = "SELECT gid, part, pos, f0, y FROM series ORDER BY pos DESC, rid"
     options: dict[str, Any] = {"input_col": ["f0"], "group_col": "gid", "repartition_col": "part"}
-    with DDBDataLoader(con, sql, "y", **options) as loader:
+    # part 3 is outside the scheme, and only the group key is bound: the query returns its rows
+    with DDBDataLoader(con, sql, "y", repartition_scheme=[0, 1, 2], **options) as loader:
         plan = loader.plan
     specs = tuple(p for g in plan.groups for p in g.partitions)
     unit = FetchUnit(
-        plan.unit_sql([2, 3], lists=False) or "",
-        (0, 1, 0, 1, 2),
+        plan.unit_sql([2, None], lists=False) or "",
+        (0, 1),
         specs,
         frozenset(specs[i].key for i in wanted),
     )
     cursor = DuckDBBackend(con).cursor()
     result = cursor.fetch(unit.sql, unit.params)
+    assert result.num_rows == sum(s.rows for s in specs) + 2
     assert result.column("_ddb_group").to_pylist() != sorted(result.column("_ddb_group").to_pylist())
     parts = unit_blocks(result, unit, plan.layout)
     assert parts is not None
