@@ -203,11 +203,6 @@ class Block:
         origin = self if self.origin is None else self.origin
         return Block(self.x[start:stop], self.y[start:stop], self.fetched, keys, origin, self.offset + start)
 
-    def taken(self, rows: np.ndarray[Any, Any]) -> Block:
-        """Rows ``rows`` (row numbers, in that order) as a compact copy."""
-        keys = None if self.keys is None else {n: v.take(rows, axis=0) for n, v in self.keys.items()}
-        return Block(self.x.take(rows, axis=0), self.y.take(rows, axis=0), self.fetched, keys)
-
     def rows_between(self, start: int, stop: int) -> Block:
         """Rows ``[start, stop)`` as a compact copy, so the full block can be freed."""
         keys = None if self.keys is None else {n: v[start:stop].copy() for n, v in self.keys.items()}
