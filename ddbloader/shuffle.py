@@ -105,8 +105,8 @@ class SampleOrders:
         """Sample indices ``[first, stop)`` in the order the next step emits them."""
         if self._rng is None or stop - first < 2:
             return np.arange(first, max(first, stop), dtype=np.int64)
-        # permutation(n) shuffles arange(n) in place: the draws of shuffling arange(first, stop)
-        indices = self._rng.permutation(stop - first)
-        if first:
-            indices += first
+        # the draws of permutation(stop - first), which shuffles arange(stop - first) in place,
+        # without the shift after it (0.5 µs a step, one step per small group)
+        indices = np.arange(first, stop, dtype=np.int64)
+        self._rng.shuffle(indices)
         return indices

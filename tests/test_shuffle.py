@@ -101,6 +101,15 @@ def test_sample_orders_are_permutations_drawn_per_step() -> None:
     assert orders.order(5, 5).tolist() == [] and orders.order(5, 6).tolist() == [5]
 
 
+def test_sample_orders_keep_the_draws_that_saved_states_were_made_with() -> None:
+    """State version 3 resumes these orders: the k-th step's is the k-th ``permutation`` of the
+    epoch's SAMPLE_ORDER generator, shifted to the step's first sample."""
+    orders, reference = SampleOrders(True, 7, 2), generator(7, 2, Purpose.SAMPLE_ORDER)
+    for first, stop in [(0, 81), (30, 111), (5, 7), (9, 10), (0, 1000)]:
+        expected = reference.permutation(stop - first) + first if stop - first > 1 else np.arange(first, stop)
+        assert orders.order(first, stop).tolist() == expected.tolist()
+
+
 @settings(max_examples=50, deadline=None)
 @given(
     seed=st.integers(0, 2**63 - 1),
