@@ -153,9 +153,7 @@ class Pending(Generic[T]):
 _END = object()
 
 
-def _produce(
-    make: Callable[[threading.Event], Iterator[Any]], out: queue.Queue[Any], stop: threading.Event
-) -> None:
+def _produce(make: Callable[[threading.Event], Iterator[Any]], out: _Handover, stop: threading.Event) -> None:
     items: Iterator[Any] | None = None
     try:
         items = make(stop)
@@ -173,15 +171,43 @@ def _produce(
             close()
 
 
-def _put(out: queue.Queue[Any], item: Any, stop: threading.Event) -> None:
+def _put(out: _Handover, item: Any, stop: threading.Event) -> None:
     while True:
         if stop.is_set():
             raise Stopped
         try:
-            out.put(item, timeout=POLL_SECONDS)
-            return
-        except queue.Full:
+            out.room.get(timeout=POLL_SECONDS)
+        except queue.Empty:
             continue
+        out.items.put(item)
+        return
+
+
+class _Handover:
+    """At most ``depth`` items in flight from one producer thread to one consumer: ``items``
+    holds them, ``room`` one token per free place (the producer takes one before each item,
+    the consumer gives one back per item taken).
+
+    Two ``queue.SimpleQueue`` objects rather than a bounded ``queue.Queue``: their ``put`` and
+    ``get`` are C calls that take the GIL once, where ``Queue``'s condition variables run Python
+    on both sides of every item and make a woken thread take the GIL again and again; on a busy
+    GIL (an assembler serving thousands of small groups) each of those waits out another
+    thread's turn.
+    """
+
+    def __init__(self, depth: int) -> None:
+        self.items: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self.room: queue.SimpleQueue[None] = queue.SimpleQueue()
+        for _ in range(depth):
+            self.room.put(None)
+
+    def drain(self) -> None:
+        """Drop the items not taken."""
+        while True:
+            try:
+                self.items.get_nowait()
+            except queue.Empty:
+                return
 
 
 class Prefetcher(Generic[T]):
@@ -200,12 +226,11 @@ class Prefetcher(Generic[T]):
         self._closed = False
         self._thread: threading.Thread | None = None
         self._inline: Iterator[T] | None = None
+        self._handover = _Handover(depth)
         if depth == 0:
             self._inline = make(self._stop)
-            self._queue: queue.Queue[Any] = queue.Queue()
         else:
-            self._queue = queue.Queue(maxsize=depth)
-            self._thread = start_thread(_produce, make, self._queue, self._stop, name=name)
+            self._thread = start_thread(_produce, make, self._handover, self._stop, name=name)
 
     def __iter__(self) -> Iterator[T]:
         return self
@@ -229,18 +254,18 @@ class Prefetcher(Generic[T]):
 
     def ready(self) -> int:
         """Items assembled and waiting for the consumer (0 when running inline)."""
-        return self._queue.qsize()
+        return self._handover.items.qsize()
 
     def _take(self) -> Any:
         deadline = time.monotonic() + self._timeout
         while True:
             try:
-                return self._queue.get(timeout=POLL_SECONDS)
+                item = self._handover.items.get(timeout=POLL_SECONDS)
             except queue.Empty:
                 assert self._thread is not None
                 if self._closed:  # by another thread, while this one waited
                     raise StopIteration from None
-                if not self._thread.is_alive() and self._queue.empty():
+                if not self._thread.is_alive() and self._handover.items.empty():
                     raise RuntimeError(
                         f"background thread {self._thread.name!r} ended without a result"
                     ) from None
@@ -248,6 +273,9 @@ class Prefetcher(Generic[T]):
                     raise TimeoutError(
                         f"no batch from thread {self._thread.name!r} within {self._timeout:g} s"
                     ) from None
+            else:
+                self._handover.room.put(None)
+                return item
 
     def close(self) -> None:
         """Stop the producer, wake it if it is blocked on a full queue, and join it.
@@ -264,10 +292,8 @@ class Prefetcher(Generic[T]):
             close = getattr(self._inline, "close", None)
             if close is not None:
                 close()
-        while True:
-            try:
-                self._queue.get_nowait()
-            except queue.Empty:
-                break
+        self._handover.drain()
+        self._handover.room.put(None)  # a producer waiting for room wakes now, and stops
         if self._thread is not None and not in_worker_thread():
             join_all([self._thread])
+            self._handover.drain()  # what it put before it saw the stop

@@ -140,18 +140,21 @@ def test_base_exception_from_the_producer_travels_too() -> None:
     assert wait_until(lambda: not _named("ddbloader-test-base"), 2)
 
 
-def test_close_while_the_producer_is_blocked_on_a_full_queue() -> None:
+@pytest.mark.parametrize("depth", [1, 3])
+def test_close_while_the_producer_is_blocked_on_a_full_queue(depth: int) -> None:
     producer = Recorder(count=None)
-    prefetcher: Prefetcher[int] = Prefetcher(producer, depth=1, name="ddbloader-test-full", timeout=5)
-    assert wait_until(lambda: producer.produced == 2)
+    prefetcher: Prefetcher[int] = Prefetcher(producer, depth=depth, name="ddbloader-test-full", timeout=5)
+    assert wait_until(lambda: producer.produced == depth + 1)
     time.sleep(0.2)
-    assert producer.produced == 2, "the producer should be blocked on the full queue"
+    assert producer.produced == depth + 1, "the producer should be blocked on the full queue"
+    assert prefetcher.ready() == depth
     (thread,) = _named("ddbloader-test-full")
     started = time.monotonic()
     prefetcher.close()
     assert time.monotonic() - started < 1.0
     assert not thread.is_alive()
     assert producer.finalised.is_set(), "the producer's finally must run on close"
+    assert prefetcher.ready() == 0, "no batch may stay behind after close"
     with pytest.raises(StopIteration):
         next(prefetcher)
 
