@@ -528,11 +528,6 @@ class PartitionStream(_UnitStream):
         self._pending: Pending[Block] | None = None
         self._submitted = False
 
-    @property
-    def held(self) -> int:
-        """1 from the fetch's submission until the last sample is served, else 0."""
-        return (self._pending is not None) + (self._step is not None)
-
     def top_up(self, room: int) -> None:
         """Submit the fetch if ``room`` allows and it is not submitted yet."""
         if room > 0 and not self._submitted:
