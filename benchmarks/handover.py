@@ -7,7 +7,7 @@ Usage::
 The producer runs pure-Python work (the GIL held) for each item, then hands it over; the consumer
 only takes items. Printed per item: the time beyond the producer's own work, for a bounded
 ``queue.Queue`` (ddbloader before) and for the two ``queue.SimpleQueue``\\ s of
-``ddbloader.prefetch`` (items, and one token per free place), at several depths (the assembler's
+``ddbloader._pipeline.prefetch`` (items, and one token per free place), at several depths (the assembler's
 is ``prefetch_batch``). The consumer wakes up for an item while the producer holds the GIL, so
 each hand-over waits for the other thread's turn; a deeper queue lets the consumer take several
 items per wake-up.

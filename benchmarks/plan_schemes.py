@@ -24,7 +24,7 @@ from collections.abc import Callable
 import duckdb
 
 from ddbloader import DDBDataLoader
-from ddbloader.query import UserQuery
+from ddbloader._sql.query import UserQuery
 
 SQL = "SELECT sym, ts, f, y FROM ticks ORDER BY sym, ts"
 

@@ -42,14 +42,14 @@ HERE = Path(__file__).resolve().parent
 _STAGES = [
     ("ddbloader.backends.duckdb", "_DuckDBCursor.fetch", "engine fetch (SQL -> Arrow)"),
     # cut as the pool's claims reach them: inside "pool draws a batch's samples" too
-    ("ddbloader.fetch", "_Coalescer._cut_next", "cut the epoch's fetch units"),
-    ("ddbloader.fetch", "unit_blocks", "split a unit's result by key"),
-    ("ddbloader.fetch", "to_block", "Arrow -> row-major block"),
-    ("ddbloader.manager", "Pending.wait", "assembler waits for a partition"),
-    ("ddbloader.manager", "GroupPool.take", "pool draws a batch's samples"),
-    ("ddbloader.device", "gather", "gather a batch (row take)"),
-    ("ddbloader.prefetch", "_put", "assembler hands a batch over"),
-    ("ddbloader.source", "Block.concatenate", "segment = edges + partition (copy)"),
+    ("ddbloader._io.fetch", "_Coalescer._cut_next", "cut the epoch's fetch units"),
+    ("ddbloader._io.fetch", "unit_blocks", "split a unit's result by key"),
+    ("ddbloader._io.fetch", "to_block", "Arrow -> row-major block"),
+    ("ddbloader._pipeline.manager", "Pending.wait", "assembler waits for a partition"),
+    ("ddbloader._pipeline.manager", "GroupPool.take", "pool draws a batch's samples"),
+    ("ddbloader._pipeline.device", "gather", "gather a batch (row take)"),
+    ("ddbloader._io.threads", "_put", "assembler hands a batch over"),
+    ("ddbloader._sql.source", "Block.concatenate", "segment = edges + partition (copy)"),
 ]
 
 

@@ -172,7 +172,7 @@ def loader_rows(
 
 def fetch_modes() -> tuple[dict[str, dict[str, Any]], bool]:
     """``{label: loader arguments}`` per fetch mode, and whether coalescing is available."""
-    from ddbloader.config import LoaderConfig
+    from ddbloader._core.config import LoaderConfig
 
     if "fetch_bytes" not in {f.name for f in dataclasses.fields(LoaderConfig)}:
         return {"one query per partition": {}}, False

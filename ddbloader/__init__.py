@@ -1,6 +1,6 @@
 """ddbloader: feed PyTorch training straight from SQL engines."""
 
-from .config import DDB_ALIASES
+from ._core.config import DDB_ALIASES
 from .dataset import DDBIterableDataset
 from .loader import DDBDataLoader
 from .stats import LoaderStats

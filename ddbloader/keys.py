@@ -4,7 +4,7 @@ A batch then carries a third element, a dict ``{name: values}``, so predictions 
 back to the rows they predict. The keys are read from the query's own columns (before any
 transform) when a partition is converted, ride along with the partition's rows (edges and
 segments included), and are gathered with the same row numbers as y
-(:func:`ddbloader.batch.gather_keys`, with the batch's other tensors). Without ``key_col`` none
+(:func:`ddbloader._pipeline.batch.gather_keys`, with the batch's other tensors). Without ``key_col`` none
 of this runs: blocks carry no keys and the batch stays ``(x, y)``.
 
 Representation, per column: numbers and booleans become a tensor ``[B]`` of their dtype

@@ -18,21 +18,21 @@ import duckdb
 import torch
 from sqlglot import exp
 
+from ._core.config import LoaderConfig, normalise_config, resolve_aliases
+from ._core.display import plan_html, plan_text, readable_in_notebooks
+from ._core.errors import warn_caller
+from ._epoch.shard import WorkUnit, agree_seed, part_range, resolve_sharding, shard_samples
+from ._epoch.summary import plan_rows
+from ._epoch.units import fetch_units
+from ._io.cache import PartitionCache
+from ._io.fetch import Fetcher, RetryPolicy
+from ._pipeline.batch import batch_count
+from ._pipeline.device import DeviceStage, Staged
+from ._pipeline.manager import Arena, GroupPool, arena_for, epoch_units
+from ._pipeline.prefetch import Prefetcher
+from ._sql.plan import QueryPlan, build_plan
 from .backends import Backend, DuckDBBackend, connect
-from .batch import batch_count
-from .cache import PartitionCache
-from .config import LoaderConfig, normalise_config, resolve_aliases
-from .device import DeviceStage, Staged
-from .display import plan_html, plan_text, readable_in_notebooks
-from .errors import warn_caller
-from .fetch import Fetcher, RetryPolicy
-from .manager import Arena, GroupPool, arena_for, epoch_units
-from .plan import QueryPlan, build_plan
-from .prefetch import Prefetcher
-from .shard import WorkUnit, agree_seed, part_range, resolve_sharding, shard_samples
 from .stats import LoaderStats, StatsRecorder
-from .summary import plan_rows
-from .units import fetch_units
 
 __all__ = ["DDBDataLoader"]
 
@@ -48,7 +48,7 @@ class _EpochBatches:
     """The batches of one epoch's work units, assembled in the calling (assembler) thread.
 
     The first ``skip`` batches are drawn from row counts alone, without fetching or gathering
-    (exact resume, see :class:`~ddbloader.manager.GroupPool`). Its fetch threads stop in
+    (exact resume, see :class:`~ddbloader._pipeline.manager.GroupPool`). Its fetch threads stop in
     ``close()``, never on a failure: the driver reports the failure first and closes after, so a
     slow join (a fetch stuck in the engine) cannot delay the error past the consumer's own timeout
     and replace it with a vaguer one.
@@ -308,14 +308,14 @@ class DDBDataLoader:
         collate: a function applied to each assembled ``(x, y)`` batch in the background; it
             returns an ``(x, y)`` pair of tensors.
         window_on_device: ship each partition's rows to the device once and build the windows
-            there, instead of copying every window's rows (see ddbloader.device).
+            there, instead of copying every window's rows (see ddbloader._pipeline.device).
         fetch_bytes: byte budget of one fetch unit: partitions whose planned rows (times the
             width of a converted row) fit in it together are fetched by one query, with their
-            group values bound as an IN list, and split by key on arrival (see ddbloader.units).
+            group values bound as an IN list, and split by key on arrival (see ddbloader._epoch.units).
             An epoch's first unit gets an eighth of it (its first batch waits for a small
             query). At most two units' rows wait to be served. A partition larger than the
             budget is streamed: planned as consecutive pieces of at most ``fetch_bytes`` (or 64
-            rows if more) read by one query as they are served (see ddbloader.streams). 0
+            rows if more) read by one query as they are served (see ddbloader._io.streams). 0
             fetches every partition on its own and whole.
         cache_bytes: keep the partitions fetched in the first epoch in memory and serve later
             epochs from there, without querying again, when the planned partitions (rows ×

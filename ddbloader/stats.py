@@ -10,7 +10,7 @@ import threading
 import time
 from dataclasses import dataclass, fields
 
-from .display import CELL_STYLE, LABEL_STYLE, html_rows, html_table, human_bytes
+from ._core.display import CELL_STYLE, LABEL_STYLE, html_rows, html_table, human_bytes
 
 __all__ = ["LOADER_BOUND", "MODEL_BOUND", "LoaderStats", "StatsRecorder"]
 

@@ -53,11 +53,11 @@ import sqlglot
 import torch
 from sqlglot import exp
 
+from ._core.dtypes import numpy_dtype, torch_dtype
+from ._core.errors import add_note
+from ._sql.query import UserQuery
+from ._sql.source import arrow_column_type, arrow_values
 from .backends import Backend, connect, is_backend
-from .dtypes import numpy_dtype, torch_dtype
-from .errors import add_note
-from .query import UserQuery
-from .source import arrow_column_type, arrow_values
 
 __all__ = [
     "Cast",

@@ -29,7 +29,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from .errors import add_note
+from ._core.errors import add_note
 from .transforms import Accepts, Frame, numpy_to_arrow
 
 __all__ = ["ImageColumn", "decode_images"]

@@ -18,8 +18,8 @@ import pytest
 import sparkserver
 
 from ddbloader import DDBDataLoader
+from ddbloader._io.streams import read_batches
 from ddbloader.backends import Backend, Cursor, DuckDBBackend
-from ddbloader.streams import read_batches
 
 SERIES_SQL = "SELECT gid, part, pos, rid, f0, f1, y FROM series ORDER BY gid, part, pos"
 

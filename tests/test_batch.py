@@ -12,10 +12,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.utils.data import DataLoader, TensorDataset
 
-from ddbloader.batch import batch_count, gather
-from ddbloader.manager import Piece, Segment
-from ddbloader.source import Block, ColumnLayout
-from ddbloader.window import WindowGeometry
+from ddbloader._core.window import WindowGeometry
+from ddbloader._pipeline.batch import batch_count, gather
+from ddbloader._pipeline.manager import Piece, Segment
+from ddbloader._sql.source import Block, ColumnLayout
 
 
 @settings(max_examples=60, deadline=None)

@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ddbloader import DDBDataLoader
-from ddbloader.device import DeviceStage, Staged
+from ddbloader._pipeline.device import DeviceStage, Staged
 from ddbloader.transforms import tensors
 
 CUDA = torch.cuda.is_available()

@@ -17,7 +17,7 @@ import torch
 from conftest import SERIES_SQL, FaultyBackend, make_series, series_loader
 
 from ddbloader import DDBDataLoader
-from ddbloader.display import compact_traceback, human_bytes, readable_in_notebooks
+from ddbloader._core.display import compact_traceback, human_bytes, readable_in_notebooks
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -24,20 +24,21 @@ from conftest import SERIES_SQL, FaultyBackend, make_series, wait_until
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ddbloader import DDBDataLoader, manager
+from ddbloader import DDBDataLoader
+from ddbloader._core.config import LoaderConfig
+from ddbloader._core.window import WindowGeometry
+from ddbloader._epoch.shuffle import SampleOrders, SourceDraws
+from ddbloader._epoch.units import fetch_units
+from ddbloader._io.cache import PartitionCache
+from ddbloader._io.fetch import Fetcher
+from ddbloader._io.threads import Pending
+from ddbloader._pipeline import manager
+from ddbloader._pipeline.batch import gather
+from ddbloader._pipeline.manager import Arena, GroupPool, GroupStream, PartitionGauge, epoch_units
+from ddbloader._sql.plan import MIN_PIECE_ROWS, PartitionSpec, WorkUnit
+from ddbloader._sql.source import Block
 from ddbloader.backends import DuckDBBackend
-from ddbloader.batch import gather
-from ddbloader.cache import PartitionCache
-from ddbloader.config import LoaderConfig
-from ddbloader.fetch import Fetcher
-from ddbloader.manager import Arena, GroupPool, GroupStream, PartitionGauge, epoch_units
-from ddbloader.plan import MIN_PIECE_ROWS, PartitionSpec, WorkUnit
-from ddbloader.prefetch import Pending
-from ddbloader.shuffle import SampleOrders, SourceDraws
-from ddbloader.source import Block
 from ddbloader.stats import LoaderStats
-from ddbloader.units import fetch_units
-from ddbloader.window import WindowGeometry
 
 GROUP_ROWS = 1_000_000
 

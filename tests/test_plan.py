@@ -19,8 +19,8 @@ import duckdb
 import pytest
 
 from ddbloader import DDBDataLoader
-from ddbloader.batch import batch_count
-from ddbloader.plan import MIN_PIECE_ROWS, QueryPlan, pieces
+from ddbloader._pipeline.batch import batch_count
+from ddbloader._sql.plan import MIN_PIECE_ROWS, QueryPlan, pieces
 from tests.conftest import SERIES_SQL, make_series, warnings_containing
 
 pytestmark = [
@@ -574,7 +574,7 @@ def test_unit_queries_are_rendered_once_per_shape_and_kept_bounded(
         # with lists the text depends only on which keys are bound
         assert plan.unit_sql([5, None], lists=True) is plan.unit_sql([7, None], lists=True)
         assert plan.unit_sql([5, None], lists=True) == plan.query.filtered_many(keys, [5, None], lists=True)
-        monkeypatch.setattr("ddbloader.plan.UNIT_SQL_SHAPES", 3)
+        monkeypatch.setattr("ddbloader._sql.plan.UNIT_SQL_SHAPES", 3)
         for count in range(1, 8):
             assert plan.unit_sql([count, None], lists=False) == plan.query.filtered_many(keys, [count, None])
             assert len(plan._unit_sqls) <= 3

@@ -11,15 +11,15 @@ from collections.abc import Callable, Iterator
 import pytest
 from conftest import wait_until
 
-from ddbloader.prefetch import (
+from ddbloader._io.threads import (
     Pending,
-    Prefetcher,
     Stopped,
     ThreadFailure,
     in_worker_thread,
     join_all,
     start_thread,
 )
+from ddbloader._pipeline.prefetch import Prefetcher
 
 pytestmark = pytest.mark.timeout(30)
 

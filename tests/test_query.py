@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from sqlglot import exp
 
 from ddbloader import DDBDataLoader
-from ddbloader.query import UserQuery, parse_column_expression
+from ddbloader._sql.query import UserQuery, parse_column_expression
 
 DIALECT = "duckdb"
 

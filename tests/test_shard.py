@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ddbloader.plan import GroupPlan
-from ddbloader.shard import WorkUnit, shard_samples, split_units
+from ddbloader._epoch.shard import WorkUnit, shard_samples, split_units
+from ddbloader._sql.plan import GroupPlan
 
 
 def _groups(sizes: list[int]) -> list[GroupPlan]:

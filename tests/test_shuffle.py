@@ -1,6 +1,6 @@
 """Shuffle and determinism: the emitted order is a pure function of (plan, seed, epoch).
 
-The pure functions of ``ddbloader.shuffle`` are checked directly; the rest goes through the real
+The pure functions of ``ddbloader._epoch.shuffle`` are checked directly; the rest goes through the real
 loader on ``make_series`` tables, where x's single column ``f0`` is the row id
 ``gid * 1_000_000 + row number within the group``.
 """
@@ -20,8 +20,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ddbloader import DDBDataLoader
+from ddbloader._epoch.shuffle import Purpose, SampleOrders, SourceDraws, generator, visit_order
 from ddbloader.backends import DuckDBBackend
-from ddbloader.shuffle import Purpose, SampleOrders, SourceDraws, generator, visit_order
 
 GROUP_ROWS = 1_000_000
 Batches = list[tuple[torch.Tensor, torch.Tensor]]

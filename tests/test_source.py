@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from ddbloader import DDBDataLoader
-from ddbloader.source import (
+from ddbloader._sql.source import (
     Block,
     ColumnLayout,
     arrow_column_type,

@@ -39,8 +39,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ddbloader import DDBDataLoader
+from ddbloader._sql.query import UserQuery, parse_column_expression
 from ddbloader.backends import connect
-from ddbloader.query import UserQuery, parse_column_expression
 
 ROWS = 60
 

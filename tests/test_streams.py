@@ -18,11 +18,11 @@ import pytest
 from conftest import SERIES_SQL, live_threads, make_series, wait_until
 
 from ddbloader import DDBDataLoader
+from ddbloader._io.fetch import Fetcher, RetryPolicy
+from ddbloader._io.streams import read_batches
+from ddbloader._io.threads import Stopped
+from ddbloader._sql.plan import MIN_PIECE_ROWS, PartitionSpec, QueryPlan
 from ddbloader.backends import DuckDBBackend
-from ddbloader.fetch import Fetcher, RetryPolicy
-from ddbloader.plan import MIN_PIECE_ROWS, PartitionSpec, QueryPlan
-from ddbloader.prefetch import Stopped
-from ddbloader.streams import read_batches
 
 pytestmark = pytest.mark.timeout(60)
 

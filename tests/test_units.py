@@ -21,11 +21,7 @@ from hypothesis import strategies as st
 from resume_check import assert_resumes_exactly, assert_same_batches
 
 from ddbloader import DDBDataLoader
-from ddbloader.backends import DuckDBBackend
-from ddbloader.manager import epoch_units
-from ddbloader.plan import PartitionSpec
-from ddbloader.source import to_block
-from ddbloader.units import (
+from ddbloader._epoch.units import (
     FIRST_UNIT_SHARE,
     MAX_VALUES,
     FetchUnit,
@@ -34,6 +30,10 @@ from ddbloader.units import (
     split_by_key,
     unit_blocks,
 )
+from ddbloader._pipeline.manager import epoch_units
+from ddbloader._sql.plan import PartitionSpec
+from ddbloader._sql.source import to_block
+from ddbloader.backends import DuckDBBackend
 
 UTC = dt.timezone.utc
 
@@ -141,8 +141,8 @@ def test_split_imports_no_pandas() -> None:
     script = textwrap.dedent(
         """
         import sys, duckdb
-        from ddbloader.plan import PartitionSpec
-        from ddbloader.units import split_by_key
+        from ddbloader._sql.plan import PartitionSpec
+        from ddbloader._epoch.units import split_by_key
         table = duckdb.sql(
             "SELECT i AS v, 'g' || (i % 2) AS _ddb_group, DATE '2024-01-01' + (i % 3)::INT "
             "AS _ddb_repartition FROM range(12) t(i)"

@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ddbloader.window import WindowGeometry, window_view
+from ddbloader._core.window import WindowGeometry, window_view
 
 
 def geometry(x_window: int, y_window: int, stride: int = 1, offset: int | None = None) -> WindowGeometry:

@@ -22,8 +22,8 @@ from typing import Any
 from duckdb import ConnectionException as DuckDBConnectionClosed
 from duckdb import DuckDBPyConnection
 
+from .._core.engine import Backend, Cursor, redact_uri
 from .adbc import POSTGRES_SCHEMES, ADBCBackend, is_adbc_connection
-from .base import Backend, Cursor, redact_uri
 from .dbapi import DBAPIBackend
 from .dolphindb import URI_SCHEME, DolphinDBBackend, is_dolphindb_session
 from .duckdb import DuckDBBackend

@@ -11,7 +11,7 @@ Connections are one per cursor, so one per fetch thread, never shared between th
 
 Every connection the backend opens runs in autocommit mode, so reads hold no transaction open,
 and every query runs right after the session was switched to read-only where the engine has a
-switch (:func:`~ddbloader.backends.base.read_only_statement`: PostgreSQL, SQLite), so a SELECT
+switch (:func:`~ddbloader._core.engine.read_only_statement`: PostgreSQL, SQLite), so a SELECT
 that calls a side-effecting function is refused by the engine.
 Parameters are bound by the driver: ``$n`` as rendered for PostgreSQL and DuckDB, rewritten to
 ``?`` for the other drivers. PostgreSQL ``numeric`` (which the driver returns as text) arrives as
@@ -28,7 +28,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .base import describe_uri, read_only_statement, redact_uri
+from .._core.engine import describe_uri, read_only_statement, redact_uri
 from .dbapi import bind_parameters
 
 __all__ = ["POSTGRES_SCHEMES", "ADBCBackend", "is_adbc_connection"]

@@ -34,8 +34,8 @@ import pyarrow as pa
 import sqlglot
 from sqlglot import exp
 
-from ..errors import add_note
-from .base import read_only_statement
+from .._core.engine import read_only_statement
+from .._core.errors import add_note
 
 __all__ = ["PARAMSTYLES", "DBAPIBackend", "bind_parameters"]
 

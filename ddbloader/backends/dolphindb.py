@@ -34,7 +34,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 import numpy as np
 import pyarrow as pa
 
-from .base import describe_uri, redact_uri
+from .._core.engine import describe_uri, redact_uri
 
 __all__ = [
     "DolphinDBBackend",
@@ -203,7 +203,7 @@ def _column_reference(name: str) -> str:
 class DolphinDBQuery:
     """One DolphinDB ``select`` and the queries the loader derives from it. Immutable; thread-safe.
 
-    The same public methods as :class:`ddbloader.query.UserQuery`; column expressions are the
+    The same public methods as :class:`ddbloader._sql.query.UserQuery`; column expressions are the
     strings :func:`parse_column_expression` returns, and parameters are markers that
     :func:`substitute` replaces with literals.
 
@@ -310,7 +310,7 @@ class DolphinDBQuery:
     ) -> str | None:
         """Many subqueries in one: ``column_i in [markers]`` for each column with a count (markers
         numbered on across the columns), every column selected after the query's own as
-        ``_ddb_group`` / ``_ddb_repartition``, as :meth:`ddbloader.query.UserQuery.filtered_many`.
+        ``_ddb_group`` / ``_ddb_repartition``, as :meth:`ddbloader._sql.query.UserQuery.filtered_many`.
 
         Returns None unless the query is a plain ``select`` of columns (see
         :meth:`counts_are_groupable`): selecting the keys next to a ``group by``, ``context by``

@@ -31,7 +31,7 @@ import duckdb
 import pyarrow as pa
 from sqlglot import exp
 
-from ..errors import add_note
+from .._core.errors import add_note
 
 __all__ = ["DEFAULT_MEMORY_LIMIT", "DuckDBBackend"]
 

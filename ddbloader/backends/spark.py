@@ -48,7 +48,7 @@ from urllib.parse import urlsplit
 
 import pyarrow as pa
 
-from .base import redact_uri
+from .._core.engine import redact_uri
 from .dbapi import bind_parameters
 
 __all__ = ["CLIENT_RETRIES", "MAX_FIELDS", "URI_SCHEME", "SparkBackend", "is_spark_session"]

@@ -14,7 +14,8 @@ import pytest
 from conftest import SERIES_SQL, FaultyBackend, make_series
 from reliability_support import REPO, delivered_windows, expected_windows, soak
 
-from ddbloader import DDBDataLoader, manager
+from ddbloader import DDBDataLoader
+from ddbloader._pipeline import manager
 from ddbloader.backends import DuckDBBackend
 
 pytestmark = pytest.mark.timeout(180)

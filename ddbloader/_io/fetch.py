@@ -25,13 +25,13 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from .backends import Backend, Cursor, redact_uri
-from .errors import add_note
-from .plan import PartitionSpec
-from .prefetch import POLL_SECONDS, Pending, Stopped, ThreadFailure, join_all, start_thread
-from .source import Block, ColumnLayout, check_result_schema, to_block
+from .._core.errors import add_note
+from .._epoch.units import FetchUnit, PartitionKey, UnitPartitions, unit_blocks
+from .._sql.plan import PartitionSpec
+from .._sql.source import Block, ColumnLayout, check_result_schema, to_block
+from ..backends import Backend, Cursor, redact_uri
 from .streams import Reading, Streams
-from .units import FetchUnit, PartitionKey, UnitPartitions, unit_blocks
+from .threads import POLL_SECONDS, Pending, Stopped, ThreadFailure, join_all, start_thread
 
 __all__ = ["MAX_BACKOFF_SECONDS", "Fetcher", "RetryPolicy", "is_transient"]
 
@@ -428,7 +428,7 @@ class _UnitJob:
     """Fetch unit ``index`` of ``coalescer`` with one query and split it into partitions.
 
     If the query fails on a non-transient error, or its result does not split into exactly the
-    planned partitions (see :func:`~ddbloader.units.split_by_key`), the unit's partitions are
+    planned partitions (see :func:`~ddbloader._epoch.units.split_by_key`), the unit's partitions are
     fetched one by one with their own subqueries, whose rows and errors are the reference: an
     error then names the partition's subquery, as if it had been fetched alone.
     """
@@ -538,7 +538,7 @@ class Fetcher:
         ]
 
     def submit(self, spec: PartitionSpec) -> Pending[Block]:
-        """Queue a fetch of ``spec``; the result arrives as a :class:`~ddbloader.source.Block`.
+        """Queue a fetch of ``spec``; the result arrives as a :class:`~ddbloader._sql.source.Block`.
 
         A partition of a fetch unit comes from its unit's query the first time it is asked for
         (starting that unit and the next if they have not started), else from its own subquery;
@@ -570,7 +570,7 @@ class Fetcher:
         """Stop the threads, interrupt running queries, join, and cancel the fetches never started.
 
         A cancelled fetch (or one waiting out a retry backoff) makes its waiter raise
-        :class:`~ddbloader.prefetch.Stopped` at once.
+        :class:`~ddbloader._io.threads.Stopped` at once.
         """
         self._cursors.stop.set()
         self._cursors.interrupt_all()

@@ -294,7 +294,7 @@ class UserQuery:
         parameter instead (an engine that binds lists compares them as a set, where a long IN
         list of parameters is compared one by one). Every one of ``columns`` is selected after
         the query's own columns as :data:`KEY_ALIASES`, so the client can split the result by
-        key (:func:`~ddbloader.units.split_by_key`). Rows of one key keep the query's order, since
+        key (:func:`~ddbloader._epoch.units.split_by_key`). Rows of one key keep the query's order, since
         the predicate and the added columns change no row's place.
 
         Returns None where selecting the keys would change what the query returns (grouping,

@@ -2,7 +2,7 @@
 
 One query per (group, repartition) partition makes an epoch cost one round trip, and on an
 engine that cannot prune on the key one table scan, per partition. A :class:`FetchUnit` instead
-fetches many partitions with one query (:meth:`~ddbloader.query.UserQuery.filtered_many`: the
+fetches many partitions with one query (:meth:`~ddbloader._sql.query.UserQuery.filtered_many`: the
 key values bound as an ``IN`` list, the keys selected as extra columns) and
 :func:`unit_blocks` splits the Arrow result by key, vectorised, keeping the query's order within
 each partition.
@@ -28,11 +28,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .config import LoaderConfig
-from .plan import GroupPlan, PartitionSpec, QueryPlan, WorkUnit
+from .._core.config import LoaderConfig
+from .._core.window import WindowGeometry
+from .._sql.plan import GroupPlan, PartitionSpec, QueryPlan, WorkUnit
+from .._sql.source import Block, ColumnLayout, arrow_values, to_block
 from .shuffle import Purpose, visit_order
-from .source import Block, ColumnLayout, arrow_values, to_block
-from .window import WindowGeometry
 
 __all__ = [
     "FIRST_UNIT_SHARE",
@@ -160,7 +160,7 @@ def fetch_units(
     binds each key's values as one list parameter); a group larger than ``budget`` becomes runs
     of its partitions in visit order (the query restricts the group to one value and the
     repartition key to the run's values); the pieces of a streamed subquery (see
-    :mod:`ddbloader.streams`) join no unit. A partition asked for twice (a padded shard) is in
+    :mod:`ddbloader._io.streams`) join no unit. A partition asked for twice (a padded shard) is in
     the first unit only; a unit of one partition is left out (the partition's own subquery
     fetches it). No units at all when ``budget <= 0``, when the plan has no keys, or when the
     query cannot select its keys (see ``filtered_many``).

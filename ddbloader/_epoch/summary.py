@@ -1,13 +1,13 @@
-"""A loader's plan as (label, value) rows, which :mod:`ddbloader.display` renders as text or HTML.
+"""A loader's plan as (label, value) rows, which :mod:`ddbloader._core.display` renders as text or HTML.
 
 Read from the cached plan only (counts, layout, config): never a query.
 """
 
 from __future__ import annotations
 
-from .config import LoaderConfig
-from .display import human_bytes
-from .plan import QueryPlan
+from .._core.config import LoaderConfig
+from .._core.display import human_bytes
+from .._sql.plan import QueryPlan
 from .shard import Sharding
 
 __all__ = ["plan_rows"]

@@ -9,7 +9,7 @@ fixed-shape tensor per row: an Arrow ``fixed_size_list`` or ``fixed_shape_tensor
 ``[rows, *shape]`` tensor that a transform returns. Several columns concatenate their flattened
 features; a column with two or more dimensions per row (an image ``[C, H, W]``) must be the only
 column of its tensor, and the sample keeps its shape. Blocks stay 2-D ``[rows, features]`` either
-way (windows and edge stitching never look inside a row); :func:`~ddbloader.batch.gather` gives
+way (windows and edge stitching never look inside a row); :func:`~ddbloader._pipeline.batch.gather` gives
 the batch its per-row shape.
 
 A partition transform (``transform=``, see :mod:`ddbloader.transforms`) runs in
@@ -32,8 +32,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
-from .errors import add_note, warn_caller
-from .keys import KeyArrays, key_arrays
+from .._core.errors import add_note, warn_caller
+from ..keys import KeyArrays, key_arrays
 
 __all__ = [
     "PROBE_ROWS",
@@ -66,9 +66,9 @@ class PartitionTransform(Protocol):
 
 
 class ColumnChoice(Protocol):
-    """The arguments that choose x and y (:class:`ddbloader.config.LoaderConfig` has them).
+    """The arguments that choose x and y (:class:`ddbloader._core.config.LoaderConfig` has them).
 
-    A protocol, so that this module needs nothing from :mod:`ddbloader.config`, which sits above it.
+    A protocol, so that this module needs nothing from :mod:`ddbloader._core.config`, which sits above it.
     """
 
     @property

@@ -24,16 +24,16 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from .cache import CachedFetcher
-from .config import LoaderConfig
-from .fetch import Fetcher
-from .plan import QueryPlan
-from .prefetch import Pending
-from .shard import EvenBatches, WorkUnit, split_units
-from .shuffle import Purpose, SampleOrders, SourceDraws, visit_order
-from .source import Block
-from .units import partition_visits
-from .window import WindowGeometry
+from .._core.config import LoaderConfig
+from .._core.window import WindowGeometry
+from .._epoch.shard import EvenBatches, WorkUnit, split_units
+from .._epoch.shuffle import Purpose, SampleOrders, SourceDraws, visit_order
+from .._epoch.units import partition_visits
+from .._io.cache import CachedFetcher
+from .._io.fetch import Fetcher
+from .._io.threads import Pending
+from .._sql.plan import QueryPlan
+from .._sql.source import Block
 
 __all__ = [
     "Arena",
@@ -65,7 +65,7 @@ class Segment:
     block the given one is a view of, or the block itself), so that pieces of several segments
     of one base gather in one take.
 
-    Sample windows are cut from these rows at gather time (see :func:`~ddbloader.batch.gather`);
+    Sample windows are cut from these rows at gather time (see :func:`~ddbloader._pipeline.batch.gather`);
     ``window_on_device`` ships them to the device once and cuts the windows there.
     """
 
@@ -568,7 +568,7 @@ class PartitionStream(_UnitStream):
 
     def _finish(self) -> None:
         """Release the step. The partition needs no release to the fetcher: its one submission
-        took its rows from the fetcher (see :meth:`~ddbloader.fetch.Fetcher.release`)."""
+        took its rows from the fetcher (see :meth:`~ddbloader._io.fetch.Fetcher.release`)."""
         if self._step is not None:
             if self._arena is not None:
                 self._arena.retire(self._step.segment)
@@ -712,7 +712,7 @@ class GroupPool:
         """The next ``count`` samples of the epoch; ``count`` must not exceed what is left.
 
         With shuffle, each of the ``count`` samples goes to the slot ``floor(u * active)`` of a
-        pool draw (:class:`~ddbloader.shuffle.SourceDraws`), and each slot serves its share from
+        pool draw (:class:`~ddbloader._epoch.shuffle.SourceDraws`), and each slot serves its share from
         its unit; a unit that runs out hands its slot, and the rest of its share, to the next
         waiting unit. Only once no unit waits does a slot close, and the shares it could not
         serve are drawn again among the slots left. With every active step in the arena, a batch

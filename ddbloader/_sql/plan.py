@@ -16,11 +16,12 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from .backends import Backend, Cursor
-from .backends.dolphindb import dolphindb_literal_hint
-from .config import LoaderConfig
-from .display import progress_bar
-from .errors import add_note, warn_caller
+from .._core.config import LoaderConfig
+from .._core.display import progress_bar
+from .._core.errors import add_note, warn_caller
+from .._core.window import WindowGeometry
+from ..backends import Backend, Cursor
+from ..backends.dolphindb import dolphindb_literal_hint
 from .query import (
     GROUP_ALIAS,
     INDEX_SUFFIX,
@@ -31,7 +32,6 @@ from .query import (
     UserQuery,
 )
 from .source import ColumnLayout, nullable_candidates, resolve_layout, resolve_layout_on_rows
-from .window import WindowGeometry
 
 if TYPE_CHECKING:
     from tqdm import tqdm
@@ -55,7 +55,7 @@ class PartitionSpec:
     A subquery whose planned bytes exceed ``fetch_bytes`` is streamed: it becomes ``pieces``
     consecutive partitions of its group, piece ``piece`` holding its result's rows
     ``[first_row, first_row + rows)``; all pieces share ``sql`` and ``params``, and are read by
-    one query (see :mod:`ddbloader.streams`). Invariants: ``0 <= piece < pieces``; the pieces of
+    one query (see :mod:`ddbloader._io.streams`). Invariants: ``0 <= piece < pieces``; the pieces of
     one subquery sit at positions ``position - piece`` to ``position - piece + pieces - 1``.
     """
 
@@ -156,7 +156,7 @@ class QueryPlan:
     """Everything an epoch needs, independent of seed and epoch.
 
     ``query`` and ``keys`` (each key's parameter name and parsed expression, group key first)
-    derive the queries of fetch units (see :mod:`ddbloader.units`); no keys, no units.
+    derive the queries of fetch units (see :mod:`ddbloader._epoch.units`); no keys, no units.
     """
 
     engine: str
@@ -278,7 +278,7 @@ def build_plan(backend: Backend, sql: str, config: LoaderConfig, progress: bool 
     Warns once per key whose NULL values leave rows out (naming the key and the row count), and
     once for the groups too short for one sample (naming them). With ``progress`` a bar counts
     the planning queries (its total known once the subqueries to count are), shown only when
-    planning lasts longer than :data:`~ddbloader.display.PROGRESS_DELAY_SECONDS`.
+    planning lasts longer than :data:`~ddbloader._core.display.PROGRESS_DELAY_SECONDS`.
 
     Raises:
         ValueError / TypeError: the query or a column argument is unusable (message names it).

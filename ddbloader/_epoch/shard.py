@@ -20,7 +20,7 @@ from typing import Literal
 
 import torch
 
-from .plan import GroupPlan, WorkUnit
+from .._sql.plan import GroupPlan, WorkUnit
 
 __all__ = [
     "EvenBatches",

@@ -1,7 +1,7 @@
 """Host → device: batches reach the device on a side CUDA stream, ahead of the consumer.
 
 CCV prefetches on two stream contexts in ping-pong; Caffe's SyncedMemory pushes host data to the
-GPU asynchronously on a stream. Here the assembler thread (see :mod:`ddbloader.prefetch`) builds
+GPU asynchronously on a stream. Here the assembler thread (see :mod:`ddbloader._io.threads`) builds
 each batch and, for a CUDA device, enqueues its copy on a side stream owned by this stage,
 recording an event after it. The consumer, when it takes the batch, makes its own current stream
 wait on that event (a device-side wait: the host does not block) and calls ``record_stream``, so
@@ -31,14 +31,14 @@ from typing import Any
 
 import torch
 
+from .._core.config import Collate
+from .._core.errors import add_note
+from .._core.window import WindowGeometry
+from .._sql.source import ColumnLayout
+from ..keys import Keys
+from ..transforms import step_name
 from .batch import gather, gather_keys, gather_on_device
-from .config import Collate
-from .errors import add_note
-from .keys import Keys
 from .manager import Piece, Segment
-from .source import ColumnLayout
-from .transforms import step_name
-from .window import WindowGeometry
 
 __all__ = ["Batch", "DeviceStage", "Staged"]
 

@@ -14,11 +14,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from .dtypes import torch_dtype
-from .keys import KeyArrays, Keys
+from .._core.dtypes import torch_dtype
+from .._core.window import WindowGeometry, window_view
+from .._sql.source import Block, ColumnLayout
+from ..keys import KeyArrays, Keys
 from .manager import Piece, Segment
-from .source import Block, ColumnLayout
-from .window import WindowGeometry, window_view
 
 __all__ = ["RowSource", "batch_count", "gather", "gather_keys", "gather_on_device"]
 
@@ -84,10 +84,10 @@ def gather(
 
     Shapes: x ``[B, x_window, *x_shape]`` and y ``[B, y_window, *y_shape]`` with windows, else
     ``[B, *x_shape]`` and ``[B, *y_shape]`` (``x_shape`` is ``(Fx,)`` unless x is one tensor
-    column, see :class:`~ddbloader.source.ColumnLayout`). The tensors are freshly allocated, so
+    column, see :class:`~ddbloader._sql.source.ColumnLayout`). The tensors are freshly allocated, so
     the caller owns them.
 
-    Consecutive pieces whose segments share a base (an :class:`~ddbloader.manager.Arena`) are
+    Consecutive pieces whose segments share a base (an :class:`~ddbloader._pipeline.manager.Arena`) are
     one run, and each run costs one ``ndarray.take`` over row numbers per tensor (a batch drawn
     from many groups is then one take, not one per group): it copies in the calling
     thread at memory speed with the GIL released, where torch's ``index_select`` over a window

@@ -16,9 +16,9 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
+from ..transforms import Pipeline, as_pipeline
 from .dtypes import numpy_dtype
 from .errors import warn_caller
-from .transforms import Pipeline, as_pipeline
 
 __all__ = [
     "DDB_ALIASES",

@@ -20,7 +20,7 @@ __all__ = ["WindowGeometry", "window_view"]
 
 @dataclass(frozen=True)
 class WindowGeometry:
-    """Window shape of a loader. Invariants as in :class:`~ddbloader.config.LoaderConfig`."""
+    """Window shape of a loader. Invariants as in :class:`~ddbloader._core.config.LoaderConfig`."""
 
     x_window: int
     y_window: int

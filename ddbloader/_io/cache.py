@@ -12,11 +12,11 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Sequence
 
+from .._epoch.units import PartitionKey
+from .._sql.plan import PartitionSpec
+from .._sql.source import Block
 from .fetch import Fetcher
-from .plan import PartitionSpec
-from .prefetch import Pending
-from .source import Block
-from .units import PartitionKey
+from .threads import Pending
 
 __all__ = ["CachedFetcher", "PartitionCache"]
 
@@ -46,7 +46,7 @@ class PartitionCache:
 
 
 class CachedFetcher:
-    """A :class:`~ddbloader.fetch.Fetcher` whose partitions come from the cache when it has them,
+    """A :class:`~ddbloader._io.fetch.Fetcher` whose partitions come from the cache when it has them,
     and go into it when the assembler receives them."""
 
     def __init__(self, cache: PartitionCache, fetcher: Fetcher) -> None:
@@ -66,7 +66,7 @@ class CachedFetcher:
         return _Kept(self._fetcher.submit(spec), lambda block: self._cache.keep(spec, block))
 
     def release(self, keys: Sequence[PartitionKey]) -> None:
-        """As :meth:`~ddbloader.fetch.Fetcher.release` (the cache keeps its own blocks)."""
+        """As :meth:`~ddbloader._io.fetch.Fetcher.release` (the cache keeps its own blocks)."""
         self._fetcher.release(keys)
 
 

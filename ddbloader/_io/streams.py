@@ -1,11 +1,11 @@
 """Streamed partitions: a subquery larger than ``fetch_bytes``, read by one query in pieces.
 
-Planning cuts such a subquery into pieces (see :func:`~ddbloader.plan.pieces`): consecutive
+Planning cuts such a subquery into pieces (see :func:`~ddbloader._sql.plan.pieces`): consecutive
 partitions of its group, each within the budget, which the manager loads like any others, so
 the kept edge rows stitch windows across their boundaries and every sample comes out exactly
 once. This module reads them: one query per subquery, whose rows arrive through the cursor's
 reader (``cursor.batches``: DuckDB's and ADBC's Arrow record batch readers, DB-API
-``fetchmany``), and each piece's :class:`~ddbloader.prefetch.Pending` resolves as soon as its
+``fetchmany``), and each piece's :class:`~ddbloader._io.threads.Pending` resolves as soon as its
 rows have arrived, so the first samples are served before the last rows leave the engine.
 
 Backpressure: a stream reads a piece only once the manager has asked for it or for a later one
@@ -33,10 +33,10 @@ from typing import Any, Protocol
 
 import pyarrow as pa
 
-from .backends import Cursor, redact_uri
-from .plan import PartitionSpec
-from .prefetch import POLL_SECONDS, Pending, Stopped, ThreadFailure, join_all, start_thread
-from .source import Block, ColumnLayout, check_result_schema, to_block
+from .._sql.plan import PartitionSpec
+from .._sql.source import Block, ColumnLayout, check_result_schema, to_block
+from ..backends import Cursor, redact_uri
+from .threads import POLL_SECONDS, Pending, Stopped, ThreadFailure, join_all, start_thread
 
 __all__ = ["Reading", "Streams", "read_batches"]
 
@@ -54,7 +54,7 @@ class CursorSlot(Protocol):
 
 
 class Retry(Protocol):
-    """How often a failed read is tried again (:class:`~ddbloader.fetch.RetryPolicy`)."""
+    """How often a failed read is tried again (:class:`~ddbloader._io.fetch.RetryPolicy`)."""
 
     @property
     def retries(self) -> int: ...
@@ -79,7 +79,7 @@ def read_batches(cursor: Cursor, sql: str, params: Sequence[Any], rows: int) -> 
 class Reading:
     """What every stream of a fetcher shares: the layout its rows convert to, the stop event,
     the retry policy, the judge of transient errors and the stats callback (see
-    :class:`~ddbloader.fetch.Fetcher`)."""
+    :class:`~ddbloader._io.fetch.Fetcher`)."""
 
     layout: ColumnLayout
     stop: threading.Event

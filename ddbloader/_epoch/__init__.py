@@ -1,0 +1,1 @@
+"""Pure functions of (plan, seed, epoch, rank, world, worker): shuffle, shard, fetch-unit cutting."""

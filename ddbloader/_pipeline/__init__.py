@@ -1,0 +1,1 @@
+"""The executor of an epoch: resident partitions, the batch gather, the device stage, prefetch."""
