@@ -33,6 +33,7 @@ from ._pipeline.prefetch import Prefetcher
 from ._sql.plan import QueryPlan, build_plan
 from .backends import Backend, DuckDBBackend, connect
 from .stats import LoaderStats, StatsRecorder
+from .transforms import as_pipeline
 
 __all__ = ["DDBDataLoader"]
 
@@ -388,7 +389,7 @@ class DDBDataLoader:
             raise ValueError(f"mode={mode!r} is not supported: ddbloader feeds PyTorch only (mode='pytorch')")
         if not isinstance(verbose, bool):
             raise TypeError(f"verbose must be a bool, got {type(verbose).__name__} {verbose!r}")
-        self.config = normalise_config(args)
+        self.config = normalise_config({**args, "transform": as_pipeline(args["transform"])})
         self.sharding = resolve_sharding(rank, world_size, even_batches)
         if not isinstance(progress, bool):
             raise TypeError(f"progress must be a bool, got {type(progress).__name__} {progress!r}")

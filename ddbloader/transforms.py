@@ -42,7 +42,6 @@ adds the partition (its group, repartition, subquery and parameters).
 from __future__ import annotations
 
 import math
-import types
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal, NamedTuple, TypeAlias, Union
 
@@ -54,7 +53,7 @@ import torch
 from sqlglot import exp
 
 from ._core.dtypes import numpy_dtype, torch_dtype
-from ._core.errors import add_note
+from ._core.errors import add_note, step_name
 from ._sql.query import UserQuery
 from ._sql.source import arrow_column_type, arrow_values
 from .backends import Backend, connect, is_backend
@@ -82,13 +81,6 @@ Columns = dict[str, Any]
 #: A partition as a transform sees or returns it.
 Frame: TypeAlias = Union[pa.Table, Columns]  # noqa: UP007 -- pa.Table is untyped: no `|` at runtime
 Accepts = Literal["arrow", "tensors", "any"]
-
-
-def step_name(step: Callable[..., Any]) -> str:
-    """How messages name a transform step: a function by its qualified name, a helper by its repr."""
-    if isinstance(step, (types.FunctionType, types.BuiltinFunctionType, types.MethodType)):
-        return step.__qualname__
-    return repr(step)
 
 
 class Pipeline:

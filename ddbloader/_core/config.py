@@ -11,18 +11,19 @@ import math
 import secrets
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import numpy as np
+import pyarrow as pa
 import torch
 
-from ..transforms import Pipeline, as_pipeline
 from .dtypes import numpy_dtype
 from .errors import warn_caller
 
 __all__ = [
     "DDB_ALIASES",
     "LoaderConfig",
+    "PartitionTransform",
     "SchemeValues",
     "default_device",
     "normalise_config",
@@ -58,6 +59,21 @@ _TORCH_KEYWORD_HINTS: Mapping[str, str] = dict.fromkeys(
     "for DataLoader worker processes use DDBIterableDataset(source, sql, ...) with "
     "torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=N)",
 )
+
+
+class PartitionTransform(Protocol):
+    """What runs on every fetched partition (:class:`ddbloader.transforms.Pipeline` is one): an
+    Arrow table in, the same rows out as a table or a mapping of columns; named for messages.
+
+    A protocol, so that the configuration needs nothing from :mod:`ddbloader.transforms`, which
+    builds on the SQL layer's Arrow conversions; the loader makes the ``transform=`` argument one
+    (:func:`ddbloader.transforms.as_pipeline`) before normalising the rest.
+    """
+
+    @property
+    def name(self) -> str: ...
+
+    def __call__(self, table: pa.Table) -> Any: ...
 
 
 @dataclass(frozen=True)
@@ -97,7 +113,7 @@ class LoaderConfig:
     timeout: float
     retries: int = 2
     retry_backoff: float = 0.1
-    transform: Pipeline | None = None
+    transform: PartitionTransform | None = None
     collate: Collate | None = None
     window_on_device: bool = False
     fetch_bytes: int = 8 * 2**20
@@ -352,7 +368,7 @@ def normalise_config(args: Mapping[str, Any]) -> LoaderConfig:
         timeout=float(timeout),
         retries=_positive_int(args["retries"], "retries", minimum=0),
         retry_backoff=float(backoff),
-        transform=as_pipeline(args["transform"]),
+        transform=args["transform"],
         collate=_collate(args["collate"]),
         window_on_device=bool(args["window_on_device"]),
         fetch_bytes=_positive_int(args["fetch_bytes"], "fetch_bytes", minimum=0),

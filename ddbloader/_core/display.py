@@ -20,6 +20,8 @@ import traceback
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+from .errors import PACKAGE_DIR
+
 if TYPE_CHECKING:
     from tqdm import tqdm
 
@@ -40,7 +42,6 @@ __all__ = [
 #: A phase shorter than this shows no bar at all, so quick loaders stay silent.
 PROGRESS_DELAY_SECONDS = 1.0
 
-_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 
 _TABLE_STYLE = "border-collapse:collapse;font-size:0.9em;text-align:left"
 #: Style of every table cell (stats.py draws its starvation bar in a cell of the same style).
@@ -167,7 +168,7 @@ def _caller(frames: traceback.StackSummary) -> traceback.FrameSummary | None:
     """The last frame before the first one inside ddbloader: the user's call."""
     caller = None
     for frame in frames:
-        if os.path.abspath(frame.filename).startswith(_PACKAGE_DIR + os.sep):
+        if os.path.abspath(frame.filename).startswith(PACKAGE_DIR + os.sep):
             return caller
         caller = frame
     return None

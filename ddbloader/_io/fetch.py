@@ -25,11 +25,11 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from .._core.engine import Backend, Cursor, redact_uri
 from .._core.errors import add_note
 from .._epoch.units import FetchUnit, PartitionKey, UnitPartitions, unit_blocks
 from .._sql.plan import PartitionSpec
 from .._sql.source import Block, ColumnLayout, check_result_schema, to_block
-from ..backends import Backend, Cursor, redact_uri
 from .streams import Reading, Streams
 from .threads import POLL_SECONDS, Pending, Stopped, ThreadFailure, join_all, start_thread
 

@@ -33,9 +33,9 @@ from typing import Any, Protocol
 
 import pyarrow as pa
 
+from .._core.engine import Cursor, redact_uri
 from .._sql.plan import PartitionSpec
 from .._sql.source import Block, ColumnLayout, check_result_schema, to_block
-from ..backends import Cursor, redact_uri
 from .threads import POLL_SECONDS, Pending, Stopped, ThreadFailure, join_all, start_thread
 
 __all__ = ["Reading", "Streams", "read_batches"]

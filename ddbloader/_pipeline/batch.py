@@ -16,8 +16,8 @@ import torch
 
 from .._core.dtypes import torch_dtype
 from .._core.window import WindowGeometry, window_view
+from .._sql.keys import KeyArrays, Keys
 from .._sql.source import Block, ColumnLayout
-from ..keys import KeyArrays, Keys
 from .manager import Piece, Segment
 
 __all__ = ["RowSource", "batch_count", "gather", "gather_keys", "gather_on_device"]

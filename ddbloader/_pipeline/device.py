@@ -32,11 +32,10 @@ from typing import Any
 import torch
 
 from .._core.config import Collate
-from .._core.errors import add_note
+from .._core.errors import add_note, step_name
 from .._core.window import WindowGeometry
+from .._sql.keys import Keys
 from .._sql.source import ColumnLayout
-from ..keys import Keys
-from ..transforms import step_name
 from .batch import gather, gather_keys, gather_on_device
 from .manager import Piece, Segment
 

@@ -18,10 +18,10 @@ import pyarrow as pa
 
 from .._core.config import LoaderConfig
 from .._core.display import progress_bar
+from .._core.engine import Backend, Cursor
 from .._core.errors import add_note, warn_caller
 from .._core.window import WindowGeometry
-from ..backends import Backend, Cursor
-from ..backends.dolphindb import dolphindb_literal_hint
+from .literals import dolphindb_literal_hint
 from .query import (
     GROUP_ALIAS,
     INDEX_SUFFIX,

@@ -32,8 +32,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
+from .._core.config import PartitionTransform
 from .._core.errors import add_note, warn_caller
-from ..keys import KeyArrays, key_arrays
+from .keys import KeyArrays, key_arrays
 
 __all__ = [
     "PROBE_ROWS",
@@ -49,20 +50,6 @@ __all__ = [
     "resolve_layout_on_rows",
     "to_block",
 ]
-
-
-class PartitionTransform(Protocol):
-    """What runs on every fetched partition (:class:`ddbloader.transforms.Pipeline` is one): an
-    Arrow table in, the same rows out as a table or a mapping of columns; named for messages.
-
-    A protocol, so that this module needs nothing from :mod:`ddbloader.transforms`, which builds
-    on its Arrow conversions.
-    """
-
-    @property
-    def name(self) -> str: ...
-
-    def __call__(self, table: pa.Table) -> Any: ...
 
 
 class ColumnChoice(Protocol):

@@ -35,11 +35,11 @@ import numpy as np
 import pyarrow as pa
 
 from .._core.engine import describe_uri, redact_uri
+from .._sql.literals import DOLPHINDB_TEMPORAL
 
 __all__ = [
     "DolphinDBBackend",
     "DolphinDBQuery",
-    "dolphindb_literal_hint",
     "is_dolphindb_session",
     "parse_column_expression",
     "substitute",
@@ -82,12 +82,6 @@ _NOT_IN_EXPRESSIONS = _STATEMENTS | _AFTER_WHERE | {"from", "where", "by", "top"
 _IDENTIFIER = re.compile(r"[A-Za-z_]\w*")
 _SAFE_CHARACTERS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.- ")
 _HEX_DIGITS = frozenset("0123456789abcdefABCDEF")
-_TEMPORAL = re.compile(
-    r"\d{4}\.\d{2}\.\d{2}(?:T\d{2}:\d{2}:\d{2}(?:\.\d{1,9})?)?"  # date, datetime, timestamp
-    r"|\d{4}\.\d{2}M"  # month
-    r"|\d{2}:\d{2}:\d{2}(?:\.\d{1,9})?"  # second, time, nanotime
-    r"|\d{2}:\d{2}m"  # minute
-)
 
 
 @dataclass(frozen=True)
@@ -469,28 +463,10 @@ def to_literal(value: Any) -> str:
             if "`" in symbol:
                 raise ValueError(f"{value!r} is a DolphinDB symbol vector; give its values one by one")
             return _string_literal(symbol)
-        if _TEMPORAL.fullmatch(value):
+        if DOLPHINDB_TEMPORAL.fullmatch(value):
             return value
         return _string_literal(value)
     raise TypeError(f"cannot write {type(value).__name__} {value!r} as a DolphinDB literal")
-
-
-def dolphindb_literal_hint(value: Any) -> str | None:
-    """How to write ``value`` for an engine other than DolphinDB, if it is a DolphinDB-style literal.
-
-    >>> dolphindb_literal_hint("`000001.SH")
-    "'`000001.SH' is DolphinDB symbol syntax: elsewhere write '000001.SH'"
-    """
-    if not isinstance(value, str):
-        return None
-    if value.startswith("`"):
-        return f"{value!r} is DolphinDB symbol syntax: elsewhere write {value[1:]!r}"
-    if _TEMPORAL.fullmatch(value) and "." in value[:8]:
-        if value[4:5] == value[7:8] == ".":
-            iso = value.replace(".", "-", 2)
-            return f"{value!r} is a DolphinDB temporal literal: elsewhere write {iso!r} or a datetime object"
-        return f"{value!r} is a DolphinDB temporal literal: elsewhere write a date or datetime object"
-    return None
 
 
 def substitute(sql: str, params: Sequence[Any]) -> str:
