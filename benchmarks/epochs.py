@@ -162,7 +162,7 @@ def _default_loader(sql: str | None = None, **kwargs: Any) -> Any:
     from ddbloader import DDBDataLoader
 
     shape = DEFAULT
-    options: dict[str, Any] = {"exclude_col": ["target"]} if "input_col" not in kwargs else {}
+    options: dict[str, Any] = {"exclude_col": ["symbol", "ts", "target"]} if "input_col" not in kwargs else {}
     return DDBDataLoader(
         str(shape.db_path),
         sql or shape.loader_sql,
@@ -180,7 +180,7 @@ def _default_loader(sql: str | None = None, **kwargs: Any) -> Any:
 
 def _default_mixing() -> float:
     """Distinct groups per batch of the default loader's first epoch (x = the symbol's number)."""
-    sql = "SELECT CAST(substr(symbol, 2) AS DOUBLE) AS g, target FROM bench ORDER BY ts"
+    sql = "SELECT symbol, ts, CAST(substr(symbol, 2) AS DOUBLE) AS g, target FROM bench ORDER BY ts"
     with _default_loader(sql, input_col=["g"]) as loader:
         return _distinct_per_batch(x[:, 0, 0] for x, _ in loader)
 

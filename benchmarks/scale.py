@@ -242,14 +242,14 @@ def measure_memory(path: str, options: dict[str, Any], memory_limit: str | None)
     source = path if memory_limit == "default" else DuckDBBackend(path, memory_limit=memory_limit)
     loader = DDBDataLoader(
         source,
-        f"SELECT {', '.join(factors)}, target FROM bench ORDER BY ts",
+        f"SELECT symbol, ts, {', '.join(factors)}, target FROM bench ORDER BY ts",
         "target",
         batch_size=64,
         shuffle=True,
         window_size=50,
         group_col="symbol",
         repartition_col="CAST(ts AS DATE)",
-        exclude_col=["target"],
+        exclude_col=["symbol", "ts", "target"],
         seed=0,
         **options,
     )

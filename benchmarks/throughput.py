@@ -111,7 +111,7 @@ class Shape:
 
     @property
     def loader_sql(self) -> str:
-        return f"SELECT {', '.join(self.factor_names)}, target FROM bench ORDER BY ts"
+        return f"SELECT symbol, ts, {', '.join(self.factor_names)}, target FROM bench ORDER BY ts"
 
     def scaled(self, k: int) -> Shape:
         return Shape(self.symbols, self.days * k, self.rows, self.factors, self.window)
@@ -216,7 +216,7 @@ def _make_loader(shape: Shape) -> Any:
         window_size=shape.window,
         group_col="symbol",
         repartition_col="CAST(ts AS DATE)",
-        exclude_col=["target"],
+        exclude_col=["symbol", "ts", "target"],
         seed=SEED,
     )
 

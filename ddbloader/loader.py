@@ -30,7 +30,7 @@ from ._pipeline.batch import batch_count
 from ._pipeline.device import DeviceStage, Staged
 from ._pipeline.manager import Arena, GroupPool, arena_for, epoch_units
 from ._pipeline.prefetch import Prefetcher
-from ._sql.plan import QueryPlan, build_plan
+from ._sql.plan import QueryPlan, build_plan, plan_differences, plan_fingerprint
 from .backends import Backend, DuckDBBackend, connect
 from .stats import LoaderStats, StatsRecorder
 from .transforms import as_pipeline
@@ -588,6 +588,7 @@ class DDBDataLoader:
             "even_batches": self.sharding.even_batches,
             "group_pool_size": self.config.group_pool_size,
             "partitions": self.plan.partitions,
+            "plan": plan_fingerprint(self.plan),
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -618,6 +619,12 @@ class DDBDataLoader:
                 f"state was saved by a loader whose plan has {state['partitions']} partitions; this one "
                 f"has {self.plan.partitions}: the schemes or fetch_bytes differ (a partition larger than "
                 f"fetch_bytes is read in pieces, and the pieces decide the sample order)"
+            )
+        differences = plan_differences(state["plan"], plan_fingerprint(self.plan)) if "plan" in state else []
+        if differences:
+            raise ValueError(
+                f"state was saved by a loader with another plan (it differs in {'; '.join(differences)}), "
+                f"so the saved position names other samples in this loader's epoch"
             )
         current = {
             "batch_size": self.config.batch_size,

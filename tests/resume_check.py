@@ -33,6 +33,7 @@ STATE_KEYS = {
     "even_batches",
     "group_pool_size",
     "partitions",
+    "plan",
 }
 
 

@@ -620,9 +620,10 @@ def test_unknown_group_column_names_it(engine: Engine) -> None:
     engine.create("series", series_table([[3]]))
     with pytest.raises(Exception) as caught:
         DDBDataLoader(engine.source(), SERIES_SQL, "y", group_col="nosuch_col")
-    text = _everything(caught.value)
-    assert "nosuch_col" in text
-    assert "ddbloader was" in text  # the note names the query that failed
+    # Refused before it reaches the engine: the key must be one of the query's result columns.
+    assert isinstance(caught.value, ValueError)
+    assert "by group_col 'nosuch_col'" in str(caught.value)
+    assert "'nosuch_col' is not one of its result columns; select it" in str(caught.value)
 
 
 def test_permanent_fetch_error_names_subquery_and_parameters_without_retrying(engine: Engine) -> None:
@@ -662,7 +663,7 @@ def test_duckdb_session_settings_reach_the_loader_cursors() -> None:
         "SELECT CAST(ts AS DATE) AS day, count(*) FROM ticks GROUP BY day ORDER BY day"
     ).fetchall()
     assert len(days) == 4  # in New York; UTC would see 3 days of 24 hours
-    sql = "SELECT v FROM ticks ORDER BY ts"
+    sql = "SELECT ts, v FROM ticks ORDER BY ts"
     with DDBDataLoader(
         con, sql, "v", batch_size=72, input_col="v", repartition_col="CAST(ts AS DATE)"
     ) as loader:
@@ -882,8 +883,8 @@ def test_postgres_sessions_the_loader_opens_refuse_side_effecting_selects(pg: Po
     sources = {"URI": pg.uri, "ADBC connection (cloned)": mine, "factory": lambda: dbapi.connect(pg.uri)}
     for name, source in sources.items():
         for sql in (
-            "SELECT setval('s', 5)::double precision AS v, y FROM series",
-            "SELECT purge() AS v, y FROM series",
+            "SELECT setval('s', 5)::double precision AS v, y, gid FROM series",
+            "SELECT purge() AS v, y, gid FROM series",
         ):
             with (
                 pytest.raises(Exception, match="in a read-only transaction") as caught,
@@ -896,7 +897,7 @@ def test_postgres_sessions_the_loader_opens_refuse_side_effecting_selects(pg: Po
         lifting = (
             "SELECT CASE WHEN current_setting('transaction_read_only') = 'on' "
             "THEN length(set_config('default_transaction_read_only', 'off', false))::float8 "
-            "ELSE setval('s', 99)::float8 END AS v, y FROM series"
+            "ELSE setval('s', 99)::float8 END AS v, y, gid FROM series"
         )
         with DDBDataLoader(source, lifting, "y", input_col="v", group_col="gid", fetch_threads=1) as loader:
             assert len(list(loader)) == 8
@@ -1185,3 +1186,46 @@ def test_the_temp_table_hint_comes_only_with_a_missing_table(con: duckdb.DuckDBP
     with pytest.raises(duckdb.CatalogException, match="no_such_function") as other:
         DDBDataLoader(con, "SELECT no_such_function(y) AS y FROM t", "y")
     assert not any("TEMP tables" in note for note in notes_of(other.value))
+
+
+def test_duckdb_variables_reach_the_loader_cursors_with_their_types() -> None:
+    # getvariable() was NULL in the loader's cursors: the feature was NaN in every row.
+    con = duckdb.connect()
+    con.execute("CREATE TABLE t AS SELECT i % 4 AS g, i::DOUBLE AS y FROM range(40) r(i)")
+    con.execute("SET VARIABLE scale = 2.5::DECIMAL(4, 1)")
+    con.execute("SET VARIABLE t0 = make_timestamp_ns(1500)")
+    sql = "SELECT g, y, y * getvariable('scale') AS v, epoch_ns(getvariable('t0')) AS n FROM t ORDER BY y"
+    with DDBDataLoader(con, sql, "y", input_col=["v", "n"], group_col="g", batch_size=40) as loader:
+        ((x, y),) = list(loader)
+    assert x[:, 0].tolist() == [v * 2.5 for v in y[:, 0].tolist()]
+    assert set(x[:, 1].tolist()) == {1500.0}  # nanoseconds: the variable kept its type
+    con.close()
+
+
+def test_loaders_built_from_several_threads_on_one_duckdb_connection() -> None:
+    con = duckdb.connect()
+    con.execute("CREATE TABLE t AS SELECT i % 4 AS g, i::DOUBLE AS y FROM range(400) r(i)")
+    con.execute("SET threads = 2")  # a setting every loader copies from the connection
+    errors: list[BaseException] = []
+    rows: list[int] = []
+
+    def build() -> None:
+        try:
+            for _ in range(3):
+                with DDBDataLoader(
+                    con, "SELECT g, y FROM t ORDER BY y", "y", input_col=["g"], group_col="g", batch_size=64
+                ) as loader:
+                    rows.append(sum(len(x) for x, _ in loader))
+        except BaseException as error:  # re-raised below, in the test's thread
+            errors.append(error)
+
+    threads = [threading.Thread(target=build) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert not any(t.is_alive() for t in threads)
+    if errors:
+        raise errors[0]
+    assert rows == [400] * 12
+    con.close()

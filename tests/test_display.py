@@ -168,14 +168,15 @@ def test_progress_bar_appears_when_planning_is_slow_with_the_true_total(
     faulty: Callable[..., FaultyBackend],
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    # Explicit schemes: the schema, then every (group, repartition) cell counted in one query.
+    # Explicit schemes: the schema, the keys' types, then every (group, repartition) cell counted
+    # in one query.
     backend = faulty(series, hang_on=range(1, 100), hang_seconds=0.6)
     backend.planning = False
     loader = windowed(backend, group_scheme=[0, 1, 2], repartition_scheme=[0, 1, 2, 3], progress=True)
     err = capsys.readouterr().err
     assert "ddbloader: planning" in err
-    assert re.search(r"\d+/2 ", err)
-    assert backend.fetches == 2
+    assert re.search(r"\d+/3 ", err)
+    assert backend.fetches == 3
     loader.close()
 
 
@@ -208,8 +209,9 @@ def _fetch_error(con: duckdb.DuckDBPyConnection) -> Exception:
     )
     loader = DDBDataLoader(
         con,
-        "SELECT CAST(txt AS DOUBLE) AS x, y FROM quotes ORDER BY y",
+        "SELECT CAST(txt AS DOUBLE) AS x, y, day FROM quotes ORDER BY y",
         "y",
+        input_col=["x", "y"],
         batch_size=4,
         repartition_col="day",
     )

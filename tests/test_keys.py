@@ -157,3 +157,24 @@ def test_a_null_timestamp_key_is_refused_by_name() -> None:
             pytest.raises(ValueError, match=r"key_col 'ts' \(timestamp\[us\]\) holds NULL"),
         ):
             list(loader)
+
+
+def test_integer_key_with_nulls_keeps_every_id_exact_in_every_batch() -> None:
+    # float64 per partition merged ids above 2^53 into one value and crashed on a NULL beside one.
+    con = duckdb.connect()
+    con.execute(
+        "CREATE TABLE a AS SELECT i // 5 AS g, i::DOUBLE AS y, "
+        "CASE WHEN i = 3 THEN NULL ELSE 9007199254740993 + i END AS account, "
+        "(9007199254740993 + i)::DECIMAL(20, 0) AS amount FROM range(20) r(i)"
+    )
+    sql = "SELECT g, y, account, amount FROM a ORDER BY y"
+    with DDBDataLoader(
+        con, sql, "y", input_col=["y"], group_col="g", key_col=["account", "amount"], batch_size=3
+    ) as loader:
+        batches = list(loader)
+    accounts = [a for _, _, keys in batches for a in keys["account"]]
+    assert all(isinstance(keys["account"], list) for _, _, keys in batches)  # one form in every batch
+    assert accounts == [None if i == 3 else 9007199254740993 + i for i in range(20)]
+    amounts = [int(a) for _, _, keys in batches for a in keys["amount"]]
+    assert amounts == [9007199254740993 + i for i in range(20)]
+    con.close()

@@ -172,7 +172,11 @@ def test_unnamed_non_numeric_columns_are_left_out_with_one_warning(db: duckdb.Du
 @pytest.mark.filterwarnings("error")
 def test_excluding_the_non_numeric_columns_silences_the_warning(db: duckdb.DuckDBPyConnection) -> None:
     loader = load(
-        db, "SELECT i32, txt, f64, day FROM d", target_col="f64", exclude_col=["txt", "day"], window_size=2
+        db,
+        "SELECT i32, txt, f64, day FROM d ORDER BY i32",
+        target_col="f64",
+        exclude_col=["txt", "day"],
+        window_size=2,
     )
     assert loader.plan.layout.x_names == ("i32", "f64")
     loader.close()
@@ -196,7 +200,7 @@ def test_without_windows_a_target_left_in_x_is_warned_about_once(db: duckdb.Duck
 def test_no_target_warning_when_excluded_named_or_windowed(
     db: duckdb.DuckDBPyConnection, kwargs: dict[str, Any]
 ) -> None:
-    load(db, "SELECT i32, f64 FROM d", target_col="f64", **kwargs).close()
+    load(db, "SELECT i32, f64 FROM d ORDER BY i32", target_col="f64", **kwargs).close()
 
 
 @pytest.mark.parametrize("parameter", ["input_col", "target_col"])

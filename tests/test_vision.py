@@ -63,7 +63,7 @@ def image_table(con: duckdb.DuckDBPyConnection, blobs: list[bytes | None]) -> No
     con.execute("CREATE OR REPLACE TABLE images AS SELECT * FROM data")
 
 
-SQL = "SELECT id, png FROM images ORDER BY id"
+SQL = "SELECT id, png, part FROM images ORDER BY id"
 
 
 def load(con: duckdb.DuckDBPyConnection, step: Any, **kwargs: Any) -> DDBDataLoader:

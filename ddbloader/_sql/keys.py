@@ -5,7 +5,7 @@ What a batch then carries, and in which dtype, is described in :mod:`ddbloader.k
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -21,17 +21,22 @@ KeyArrays = Mapping[str, np.ndarray[Any, Any]]
 Keys = dict[str, torch.Tensor | list[Any]]
 
 
-def _key_array(column: pa.ChunkedArray, name: str) -> np.ndarray[Any, Any]:
+def _key_array(column: pa.ChunkedArray, name: str, as_objects: bool) -> np.ndarray[Any, Any]:
     data_type = column.type
+    if as_objects:
+        values = np.empty(len(column), dtype=object)
+        values[:] = column.to_pylist()
+        return values
     if pa.types.is_temporal(data_type):
         if column.null_count:
             raise ValueError(f"key_col {name!r} ({data_type}) holds NULL values; a sample key needs a value")
         storage = pa.int32() if data_type.bit_width == 32 else pa.int64()  # date32, time32: 32 bits
         return np.asarray(pc.cast(column, storage).to_numpy()).astype(np.int64)
-    if pa.types.is_decimal(data_type) or (
-        column.null_count and (pa.types.is_integer(data_type) or pa.types.is_boolean(data_type))
-    ):
-        return np.asarray(pc.cast(column, pa.float64()).to_numpy(zero_copy_only=False))
+    if column.null_count and (pa.types.is_integer(data_type) or pa.types.is_boolean(data_type)):
+        raise ValueError(
+            f"key_col {name!r} ({data_type}) holds NULL values that planning did not see: the data "
+            f"changed after the loader was built"
+        )
     if pa.types.is_integer(data_type) or pa.types.is_floating(data_type) or pa.types.is_boolean(data_type):
         return np.asarray(column.to_numpy())
     values = np.empty(len(column), dtype=object)
@@ -39,11 +44,18 @@ def _key_array(column: pa.ChunkedArray, name: str) -> np.ndarray[Any, Any]:
     return values
 
 
-def key_arrays(table: pa.Table, names: Sequence[str]) -> dict[str, np.ndarray[Any, Any]]:
+def key_arrays(
+    table: pa.Table, names: Sequence[str], objects: Collection[str] = frozenset()
+) -> dict[str, np.ndarray[Any, Any]]:
     """The key columns ``names`` of one fetched partition, one array ``[rows]`` each.
 
+    ``objects``: the columns read as Python values whatever the partition holds (decimals, and
+    integer or boolean columns with NULL anywhere in the query), so a column's representation is
+    the same in every batch.
+
     Raises:
-        ValueError: a temporal key column holds NULL.
+        ValueError: a temporal key column holds NULL, or an integer/boolean one not in
+            ``objects`` does.
     """
     columns = dict(zip(table.column_names, table.columns, strict=True))
-    return {name: _key_array(columns[name], name) for name in names}
+    return {name: _key_array(columns[name], name, name in objects) for name in names}

@@ -7,7 +7,9 @@ exact before the first fetch. Immutable afterwards and safe to share between thr
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import hashlib
 import itertools
 import math
 from collections.abc import Sequence
@@ -21,6 +23,7 @@ from .._core.display import progress_bar
 from .._core.engine import Backend, Cursor
 from .._core.errors import add_note, warn_caller
 from .._core.window import WindowGeometry
+from .binding import POSTGRES_TYPE, binds_exactly, text_identifies
 from .literals import dolphindb_literal_hint
 from .query import (
     GROUP_ALIAS,
@@ -36,7 +39,16 @@ from .source import ColumnLayout, nullable_candidates, resolve_layout, resolve_l
 if TYPE_CHECKING:
     from tqdm import tqdm
 
-__all__ = ["MIN_PIECE_ROWS", "GroupPlan", "PartitionSpec", "QueryPlan", "WorkUnit", "build_plan"]
+__all__ = [
+    "MIN_PIECE_ROWS",
+    "GroupPlan",
+    "PartitionSpec",
+    "QueryPlan",
+    "WorkUnit",
+    "build_plan",
+    "plan_differences",
+    "plan_fingerprint",
+]
 
 #: The fewest rows ``fetch_bytes`` counts as when a subquery is cut into pieces (see
 #: :func:`pieces`): however small it is, a subquery is never cut into more than
@@ -209,6 +221,42 @@ class QueryPlan:
         return {}
 
 
+#: What a plan fingerprint identifies, one digest each, in the fingerprint's order.
+FINGERPRINT_PARTS = (
+    ("query", "the query text"),
+    ("schemes", "the group and repartition values, in order"),
+    ("counts", "the planned row counts per partition"),
+    ("layout", "the columns of x, y and key_col, and their dtypes"),
+    ("window", "the window arguments (window_size, window_stride, offset)"),
+)
+
+
+def plan_fingerprint(plan: QueryPlan) -> str:
+    """A short text naming ``plan``: one 8-hex-digit digest per :data:`FINGERPRINT_PARTS` entry,
+    joined by dots. Equal for equal plans in any process (built from reprs, not ``hash()``)."""
+    layout = plan.layout
+    parts = {
+        "query": plan.query.text if plan.query is not None else "",
+        "schemes": repr([(g.value, [p.repartition_value for p in g.partitions]) for g in plan.groups]),
+        "counts": repr([[(p.rows, p.pieces) for p in g.partitions] for g in plan.groups]),
+        "layout": repr(
+            (layout.x_names, layout.y_names, str(layout.x_dtype), str(layout.y_dtype), layout.key_names)
+        ),
+        "window": repr(dataclasses.astuple(plan.geometry)),
+    }
+    return ".".join(hashlib.sha256(parts[name].encode()).hexdigest()[:8] for name, _ in FINGERPRINT_PARTS)
+
+
+def plan_differences(saved: str, current: str) -> list[str]:
+    """What differs between two :func:`plan_fingerprint` texts, described (empty: the same plan)."""
+    if saved == current:
+        return []
+    pairs = list(zip(saved.split("."), current.split("."), strict=False))
+    if len(pairs) != len(FINGERPRINT_PARTS):
+        return ["the plan's fingerprint format"]
+    return [label for (_, label), (a, b) in zip(FINGERPRINT_PARTS, pairs, strict=True) if a != b]
+
+
 def _refuse_all_null(cursor: Cursor, query: Query, nulls: dict[str, int]) -> None:
     """A column of x or y that is NULL in every row would feed only NaN: refuse it by name."""
     total = int(_run(cursor, query.count(query.filtered([])), "counting rows").column(ROWS_ALIAS)[0].as_py())
@@ -303,16 +351,20 @@ def build_plan(backend: Backend, sql: str, config: LoaderConfig, progress: bool 
         probe = _run(cursor, query.schema(), "reading the result schema")
         schema = probe.schema
         query = query.with_output(schema.names)
+        if keys and isinstance(query, UserQuery):
+            keys = _exact_keys(cursor, query, keys)
         names = {*(config.input_col or schema.names), *config.target_col}
         # Only integer and boolean columns change dtype with nulls, so only they are scanned at
         # planning (a full pass over the query); an all-NULL one of them is refused by name.
-        candidates = nullable_candidates(schema, names)
+        # key_col columns too: their representation is decided once, for every batch.
+        candidates = nullable_candidates(schema, names | set(config.key_col))
         with_nulls: set[str] = set()
         if candidates:
             counts = _run(cursor, query.null_counts(candidates), "counting nulls").to_pylist()[0]
             with_nulls = {name for name in candidates if counts[name]}
-            if with_nulls:
-                _refuse_all_null(cursor, query, counts)
+            fed = {name: count for name, count in counts.items() if name in names}
+            if with_nulls & set(fed):
+                _refuse_all_null(cursor, query, fed)
         planned = resolve_layout(probe, config, with_nulls)
         partition_sql = query.filtered([k.expression for k in keys])
         lists = bool(getattr(backend, "binds_lists", False))
@@ -376,6 +428,12 @@ def build_plan(backend: Backend, sql: str, config: LoaderConfig, progress: bool 
         query,
         tuple((k.parameter, k.expression) for k in keys),
     )
+    if geometry.windowed and not query.is_ordered():
+        warn_caller(
+            f"window_size is set, but the query {_short(query.text)!r} has no ORDER BY: its windows "
+            f"would be rows in whatever order the engine returns them, not a time series; add an "
+            f"ORDER BY that orders each group's rows totally (e.g. by timestamp)"
+        )
     streamed = [p for g in groups for p in g.partitions if p.streamed and p.piece == 0]
     if streamed and not query.is_ordered():
         warn_caller(
@@ -391,6 +449,45 @@ def build_plan(backend: Backend, sql: str, config: LoaderConfig, progress: bool 
             f"the loader yields nothing; check the query, the schemes and window_size"
         )
     return plan
+
+
+def _exact_keys(cursor: Cursor, query: UserQuery, keys: list[_Key]) -> list[_Key]:
+    """The keys, each compared as the engine's text of it where its values would not bind back
+    exactly (see :mod:`ddbloader._sql.binding`).
+
+    Raises:
+        ValueError: an explicit scheme for such a key (its values cannot be bound as given),
+            naming the key and its type.
+    """
+    for key in keys:
+        query.check_key(key.expression, key.name)
+    fields = _run(cursor, query.key_schema([k.expression for k in keys]), "reading the keys' types").schema
+    exact = []
+    for key, field in zip(keys, fields, strict=True):
+        if binds_exactly(field):
+            exact.append(key)
+            continue
+        kind = (field.metadata or {}).get(POSTGRES_TYPE, b"").decode() or str(field.type)
+        if not text_identifies(field):
+            raise ValueError(
+                f"{key.name} is of type {kind}, whose values can neither be bound back to the engine "
+                f"exactly nor be told apart by their text; split by a key of another type"
+            )
+        if key.scheme is not None:
+            raise ValueError(
+                f"{key.name} is of type {kind}, whose values cannot be bound back to the engine "
+                f"exactly, so {key.parameter.replace('_col', '_scheme')} cannot be compared with it; "
+                f"leave the scheme None (the values are then discovered and compared as the "
+                f"engine's text of them), or cast the key to text in the query and list texts"
+            )
+        exact.append(dataclasses.replace(key, expression=query.as_text(key.expression)))
+    return exact
+
+
+def _short(text: str, limit: int = 120) -> str:
+    """``text`` on one line, cut to ``limit`` characters for a message."""
+    line = " ".join(text.split())
+    return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
 def _cut(rows: int, row_bytes: int, budget: int) -> list[tuple[int, int, int, int]]:
@@ -526,7 +623,7 @@ def _counted_cells(
             )
         raise
     aliases = (GROUP_ALIAS, REPARTITION_ALIAS)[: len(keys)]
-    found = table.to_pylist()
+    found = _python_rows(table, keys, aliases)
     discovered = [(k, a) for k, a in zip(keys, aliases, strict=True) if k.scheme is None]
     for key, alias in discovered:
         nulls = sum(r[ROWS_ALIAS] for r in found if r[alias] is None)
@@ -568,6 +665,27 @@ def _counted_cells(
         present = sorted(by_group.get(tg, {}).items(), key=lambda item: order.get(item[0], 0))
         cells.append((g, [(r, (g, r), rows[tg, tr]) for tr, r in present]))
     return cells
+
+
+def _python_rows(table: pa.Table, keys: list[_Key], aliases: Sequence[str]) -> list[dict[str, Any]]:
+    """``table``'s rows as dicts.
+
+    Raises:
+        ValueError: a key's values include one Python cannot represent (an infinite date, a year
+            past 9999), naming the key and its type.
+    """
+    for key, alias in zip(keys, aliases, strict=True):
+        column = table.column(alias)
+        try:
+            column.to_pylist()
+        except (OverflowError, ValueError, pa.ArrowException) as error:
+            raise ValueError(
+                f"{key.name} ({column.type}) holds values Python cannot represent ({error}), so they "
+                f"cannot be bound back to the engine; cast the key to text in the query, or filter "
+                f"those rows out"
+            ) from error
+    rows: list[dict[str, Any]] = table.to_pylist()
+    return rows
 
 
 def _check_scheme(key: _Key, positions: list[int], matched: list[Any]) -> None:

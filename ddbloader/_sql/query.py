@@ -7,19 +7,17 @@ SQL text. The one exception is data, not input: the values a dynamic PIVOT found
 which :meth:`UserQuery.pinned` writes as literals built by the dialect's generator (DuckDB
 accepts no parameter at all in a query that holds a dynamic PIVOT).
 
-How a query is split (a subquery per key value holds exactly the rows of the whole query whose
-keys equal that value, in the whole query's order):
-
-- *Injected*: ``(key) = $1`` is AND-ed into the top-level WHERE (every UNION ALL branch, the
-  source of a PIVOT). The key is then evaluated on the rows of the query's FROM, so it need not
-  be selected, and the query's ORDER BY stays as it is. Only where that is provably the same
-  rows: no LIMIT/OFFSET, DISTINCT, QUALIFY, set-returning function, UNION/INTERSECT/EXCEPT, and
-  every GROUP BY and window PARTITION BY includes the key's columns.
-- *Wrapped*: otherwise ``SELECT * FROM (Q) AS _ddb_q WHERE (key) = $1``: the key is evaluated on
-  the query's output, so its columns must be selected (else a ValueError names the construct
-  and says to select them). Q's ORDER BY is applied again on the outer query, mapped to result
-  columns; a term that is not one is refused by name, except on DuckDB, which keeps a filtered
-  subquery's order (WHERE and SELECT preserve order, per its documentation).
+How a query is split: a partition is the rows of the query's *result* whose key expressions
+(over its result columns) equal the key values, so every subquery is the query wrapped,
+``SELECT * FROM (Q) AS _ddb_q WHERE (key) = $1``, and the engine pushes the predicate down
+where that is the same rows (DuckDB and PostgreSQL push it through projections, UNION ALL
+branches, ORDER BY, and grouping or windows by the key; they keep it above a LIMIT or a window
+that does not partition by it). A key reading a column that is not a result column is refused
+("select it"): whatever it read below the result could be another column of the same name
+(``SELECT day AS g``, a UNION's positional columns, ``* REPLACE``). Q's ORDER BY is applied
+again on the outer query, mapped to result columns; a term that is not one is refused by name,
+except on DuckDB, which keeps a filtered subquery's order (WHERE and SELECT preserve order, per
+its documentation).
 """
 
 from __future__ import annotations
@@ -27,7 +25,7 @@ from __future__ import annotations
 import copy
 import functools
 import itertools
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any, ClassVar, Protocol
 
 import sqlglot
@@ -71,12 +69,8 @@ _WRITES: tuple[type[exp.Expr], ...] = (
     exp.Set,
     exp.Use,
 )
-_ROW_CHANGING: tuple[type[exp.Expr], ...] = (exp.AggFunc, exp.Window, exp.UDTF)
 # A key is compared with ``=`` once per row, so it must be one scalar value per row.
 _NOT_SCALAR: tuple[type[exp.Expr], ...] = (exp.Alias, exp.Star, exp.AggFunc, exp.Window, exp.UDTF)
-# Functions in a SELECT list that turn one row into several (DuckDB's unnest, PostgreSQL's
-# generate_series); their rows cannot be told apart once the predicate is injected below them.
-_SET_RETURNING: tuple[type[exp.Expr], ...] = (exp.UDTF, exp.ExplodingGenerateSeries)
 #: Dialects that keep a subquery's order through an outer filter (DuckDB documents that WHERE
 #: and SELECT preserve their input's order).
 _KEEPS_SUBQUERY_ORDER = frozenset({"duckdb"})
@@ -297,23 +291,16 @@ class UserQuery:
         key (:func:`~ddbloader._epoch.units.split_by_key`). Rows of one key keep the query's order, since
         the predicate and the added columns change no row's place.
 
-        Returns None where selecting the keys would change what the query returns (grouping,
-        DISTINCT, window functions, aggregates, LIMIT, PIVOT): those subqueries are fetched one
-        by one with :meth:`filtered`; likewise where the split wraps the query (a UNION's
-        branches, say, would each compare their rows with the keys added).
+        Never None for this class (the keys are selected by the outer query of the wrap, so
+        they change nothing the query returns); an engine's own :class:`Query` may return None
+        where it cannot select its keys, and those subqueries are fetched one by one.
         """
-        if self._wraps(columns):
-            return None
-        tree = self._tree.copy()
-        branches = _branches(tree)
-        if not all(isinstance(b, exp.Select) and _selects_rows(b) for b in branches):
-            return None
-        for branch in branches:
-            assert isinstance(branch, exp.Select)
-            branch.select(
-                *(c.copy().as_(a) for c, a in zip(columns, KEY_ALIASES[: len(columns)], strict=True)),
-                copy=False,
-            )
+        self._check_keys(columns)
+        inner, order = self._ordered_wrap()
+        outer = exp.select(
+            exp.Star(),
+            *(_operand(c).as_(a) for c, a in zip(columns, KEY_ALIASES[: len(columns)], strict=True)),
+        ).from_(_subquery(inner, "_ddb_q"))
         terms = []
         number = 1
         for column, count in zip(columns, counts, strict=True):
@@ -323,7 +310,11 @@ class UserQuery:
             elif count is not None:
                 terms.append(_parameter_in(column, number, count))
                 number += count
-        return self.render(_inject(tree, exp.and_(*terms)) if terms else tree)
+        if terms:
+            outer = outer.where(exp.and_(*terms), copy=False)
+        if order is not None:
+            outer.set("order", order)
+        return self.render(outer)
 
     def null_rows(self, columns: Sequence[exp.Expr]) -> str:
         """Count the query's rows where any of ``columns`` is NULL: the rows no subquery matches."""
@@ -340,6 +331,14 @@ class UserQuery:
     def schema(self) -> str:
         """The user's query returning no rows, to read its result schema."""
         return self.render(self._wrapped("_ddb_schema").limit(0))
+
+    def key_schema(self, columns: Sequence[exp.Expr]) -> str:
+        """The key expressions over the query's result, returning no rows: to read their types."""
+        return self.render(self._keys(columns).limit(0))
+
+    def as_text(self, column: exp.Expr) -> exp.Expr:
+        """``CAST(column AS TEXT)`` in the engine's dialect: the engine's own text of a key value."""
+        return exp.Cast(this=_operand(column), to=exp.DataType.build("text"))
 
     def null_counts(self, columns: Sequence[str]) -> str:
         """Null count per result column, named like the columns."""
@@ -495,72 +494,65 @@ class UserQuery:
     # --- how the query is split ---------------------------------------------------------------
 
     def _filter(self, columns: Sequence[exp.Expr], predicate: exp.Expr) -> exp.Expr:
-        """The query's tree restricted to ``predicate`` over ``columns``, injected or wrapped."""
-        if not self._wraps(columns):
-            return _inject(self._tree.copy(), predicate)
-        outer = exp.select("*").from_(_subquery(self._tree.copy(), "_ddb_q")).where(predicate, copy=False)
-        order = self._outer_order("constructs")
+        """``SELECT * FROM (Q) AS _ddb_q WHERE predicate``, ordered as Q (see the module docstring)."""
+        self._check_keys(columns)
+        inner, order = self._ordered_wrap()
+        outer = exp.select("*").from_(_subquery(inner, "_ddb_q")).where(predicate, copy=False)
         if order is not None:
             outer.set("order", order)
         return outer
 
-    def _keys(self, columns: Sequence[exp.Expr]) -> exp.Query:
-        """The query's rows reduced to their keys (``_ddb_group``, ``_ddb_repartition``)."""
-        aliases = (GROUP_ALIAS, REPARTITION_ALIAS)[: len(columns)]
-        keyed = [c.copy().as_(a) for c, a in zip(columns, aliases, strict=True)]
-        if self._wraps(columns) or isinstance(_unwrap(self._tree), exp.Pivot):
-            return exp.select(*keyed).from_(_subquery(self._tree.copy(), "_ddb_q"))
-        tree = self._tree.copy()
-        tree.set("order", None)
-        _append_keys(tree, keyed)
-        return exp.select(*aliases).from_(_subquery(tree, "_ddb_rows_keys"))
+    def _ordered_wrap(self) -> tuple[exp.Expr, exp.Order | None]:
+        """The query to wrap and the ORDER BY of the outer query.
 
-    def _wraps(self, columns: Sequence[exp.Expr]) -> bool:
-        """False where injecting the predicate is exact; True where the query must be wrapped.
+        Where the outer ORDER BY restates the query's own, the query's is dropped (unless a
+        LIMIT/OFFSET needs it): the engine then sorts each partition once, not twice.
+        """
+        inner = self._tree.copy()
+        order = self._outer_order()
+        if order is not None and not (inner.args.get("limit") or inner.args.get("offset")):
+            inner.set("order", None)
+        return inner, order
+
+    def _keys(self, columns: Sequence[exp.Expr]) -> exp.Query:
+        """The query's rows reduced to their keys (``_ddb_group``, ``_ddb_repartition``).
+
+        Q's own top-level ORDER BY is dropped where no LIMIT/OFFSET needs it: counts ignore order.
+        """
+        self._check_keys(columns)
+        aliases = (GROUP_ALIAS, REPARTITION_ALIAS)[: len(columns)]
+        keyed = [_operand(c).as_(a) for c, a in zip(columns, aliases, strict=True)]
+        tree = self._tree.copy()
+        if not (tree.args.get("limit") or tree.args.get("offset")):
+            tree.set("order", None)
+        return exp.select(*keyed).from_(_subquery(tree, "_ddb_q"))
+
+    def _check_keys(self, columns: Sequence[exp.Expr]) -> None:
+        """Refuse keys the query's result cannot be filtered by, and an order the split cannot keep.
 
         Raises:
-            ValueError: neither is possible (the message names the construct and the key).
+            ValueError: a key reads a column that is not one of the query's result columns (the
+                message names it and says to select it), or an ORDER BY term cannot order the
+                outer query (see :meth:`_outer_order`).
         """
-        if not columns:
-            return False
-        names = {_name(c) for key in columns for c in key.find_all(exp.Column)}
-        obstacle = _obstacle(self._tree, names, self.dialect)
-        if obstacle is None:
-            self._refuse_shadowed(names)
-            return False
         for key in columns:
-            missing = self._not_output(key)
-            if missing:
-                raise ValueError(
-                    f"cannot split this query by {_text(key, self.dialect)!r}: because of its "
-                    f"{obstacle}, the split must be applied to the query's result, and "
-                    f"{missing!r} is not one of its result columns; select it (or split by a "
-                    f"column the query selects)"
-                )
-        self._outer_order(obstacle)  # refuses an order it cannot keep, before any query runs
-        return True
+            self.check_key(key, repr(_text(key, self.dialect)))
+        if columns:
+            self._outer_order()
 
-    def _refuse_shadowed(self, names: set[str]) -> None:
-        """Refuse a key column that the SELECT list redefines from itself (``SELECT g + 1 AS g``).
+    def check_key(self, column: exp.Expr, name: str) -> None:
+        """Refuse a key (called ``name`` in the message) that reads a column the result lacks.
 
-        Injected, the key reads the FROM's column; the user, reading the result, means the
-        alias. Which one a split by ``g`` should use cannot be told, so neither is guessed.
+        Raises:
+            ValueError: naming the key and the column, and saying to select it.
         """
-        for select in _selects(self._tree):
-            for projection in select.expressions:
-                if not isinstance(projection, exp.Alias) or _name_of(projection.args["alias"]) not in names:
-                    continue
-                inner = projection.this
-                # Only where the expression reads a column of the alias's name is the FROM known
-                # to have one; otherwise the engine may resolve the name to the alias itself.
-                reads = any(_same(c.this, projection.alias) for c in inner.find_all(exp.Column))
-                if reads and not isinstance(inner, exp.Column):
-                    raise ValueError(
-                        f"cannot split this query by {projection.alias!r}: its SELECT list names "
-                        f"{_text(inner, self.dialect)!r} {projection.alias!r}, while the split "
-                        f"compares the FROM's column of that name; split by the expression itself, "
-                        f"or give the result column another name"
-                    )
+        missing = self._not_output(column)
+        if missing:
+            raise ValueError(
+                f"cannot split this query by {name}: a partition is the rows of the query's result "
+                f"whose key equals a value, and {missing!r} is not one of its result columns; "
+                f"select it (or split by a column the query selects)"
+            )
 
     def _not_output(self, key: exp.Expr) -> str | None:
         """The first column of ``key`` that the query's result does not have, as written."""
@@ -580,12 +572,14 @@ class UserQuery:
             return None
         return tuple(p.alias_or_name for p in select.expressions)
 
-    def _outer_order(self, obstacle: str) -> exp.Order | None:
-        """The query's ORDER BY for the outer query of a wrap, over its result columns.
+    def _outer_order(self) -> exp.Order | None:
+        """The query's ORDER BY for the outer query of the wrap, over its result columns.
 
         Applied again even where the engine keeps a filtered subquery's order (DuckDB, unless
         ``preserve_insertion_order`` is off); there a term that is not a result column leaves
-        the order to the engine instead of being refused.
+        the order to the engine instead of being refused. PostgreSQL and SQLite keep it in
+        practice (the filter is pushed below the subquery's sort) but promise nothing, so there
+        such a term is refused.
 
         Raises:
             ValueError: a term that is not a result column (so cannot order the outer query).
@@ -605,9 +599,9 @@ class UserQuery:
                 return None  # the filter keeps the wrapped query's order as it is
             if mapped is None:
                 raise ValueError(
-                    f"cannot keep this query's order when splitting it: because of its {obstacle}, "
-                    f"the split is applied to the query's result, whose order {self.dialect} keeps "
-                    f"only when ORDER BY is applied to it again, and the ORDER BY term "
+                    f"cannot keep this query's order when splitting it: the split is applied to "
+                    f"the query's result, whose order {self.dialect} keeps only when ORDER BY is "
+                    f"applied to it again, and the ORDER BY term "
                     f"{_text(term.this, self.dialect)!r} is not a result column; select it"
                 )
             ordered = term.copy()
@@ -616,7 +610,12 @@ class UserQuery:
         return exp.Order(expressions=terms)
 
     def _output_term(self, term: exp.Expr, projections: list[exp.Expr]) -> exp.Expr | None:
-        """``term`` of the query's ORDER BY as an expression over its result columns, if it is one."""
+        """``term`` of the query's ORDER BY as an expression over its result columns, if it is one.
+
+        A bare name may be a result column's alias; inside an expression a name reads the FROM's
+        column (PostgreSQL's rule), so it maps only to a projection that passes that column
+        through unrenamed and that no alias of the same name shadows.
+        """
         if isinstance(term, exp.Literal) and term.is_int:
             return term.copy()
         starred = any(_starred(p) for p in projections)
@@ -637,8 +636,27 @@ class UserQuery:
             and not term.table
             and output
             and any(_same(term.this, n) for n in output)
+            and not any(_modified_star(p) for p in projections)
         ):
             return exp.Column(this=term.this.copy())
+        if isinstance(term, exp.Column) or term.find(exp.Query, *_NOT_SCALAR) or not term.find(exp.Column):
+            return None
+        mapped = term.copy()
+        for column in list(mapped.find_all(exp.Column)):
+            passed = self._passed_through(column, projections)
+            if passed is None:
+                return None
+            column.replace(passed)
+        return mapped
+
+    def _passed_through(self, column: exp.Column, projections: list[exp.Expr]) -> exp.Column | None:
+        """The result column that passes ``column`` of the FROM through unchanged, if one does."""
+        aliased = {_name_of(p.args["alias"]) for p in projections if isinstance(p, exp.Alias)}
+        if _name(column) in aliased:
+            return None
+        for projection in projections:
+            if isinstance(projection, exp.Column) and projection == column:
+                return exp.Column(this=projection.this.copy())
         return None
 
     def _keep_with(self, tree: exp.Expr) -> None:
@@ -668,19 +686,17 @@ def _name_of(identifier: exp.Expr) -> str:
     return name if identifier.args.get("quoted") else name.casefold()
 
 
-def _selects(node: exp.Expr) -> list[exp.Select]:
-    """The SELECTs whose WHERE an injected predicate lands in (every set-operation branch)."""
-    node = _unwrap(node)
-    if isinstance(node, exp.SetOperation):
-        return [*_selects(node.left), *_selects(node.right)]
-    return [node] if isinstance(node, exp.Select) else []
-
-
 def _starred(projection: exp.Expr) -> bool:
     """True for ``*`` and ``t.*`` (with DuckDB's EXCLUDE/REPLACE): columns unknown to the text."""
     return isinstance(projection, exp.Star) or (
         isinstance(projection, exp.Column) and isinstance(projection.this, exp.Star)
     )
+
+
+def _modified_star(projection: exp.Expr) -> bool:
+    """True for DuckDB's ``* REPLACE (...)`` / ``* RENAME (...)``: result names over other values."""
+    star = projection.this if isinstance(projection, exp.Column) else projection
+    return isinstance(star, exp.Star) and bool(star.args.get("replace") or star.args.get("rename"))
 
 
 def _unwrap(node: exp.Expr) -> exp.Expr:
@@ -695,93 +711,6 @@ def _first_select(node: exp.Expr) -> exp.Select | None:
     while isinstance(node, exp.SetOperation):
         node = _unwrap(node.left)
     return node if isinstance(node, exp.Select) else None
-
-
-def _own(nodes: Sequence[exp.Expr | None]) -> Iterator[exp.Expr]:
-    """Every node under ``nodes`` that belongs to their query, not to a nested subquery."""
-    for node in nodes:
-        if node is not None:
-            yield node
-            yield from _own(
-                [c for c in node.iter_expressions() if not isinstance(c, (exp.Query, exp.Subquery))]
-            )
-
-
-def _covered(names: set[str], expressions: Sequence[exp.Expr]) -> bool:
-    """True when every key column is one of ``expressions`` (plain columns of a grouping)."""
-    plain = {_name(e) for e in expressions if isinstance(e, exp.Column)}
-    return names <= plain
-
-
-def _obstacle(node: exp.Expr, names: set[str], dialect: str) -> str | None:
-    """What makes injecting a predicate on the key columns ``names`` change the result, or None."""
-    if isinstance(node, exp.Subquery):
-        if node.args.get("limit") or node.args.get("offset"):
-            return "LIMIT/OFFSET"
-        return _obstacle(node.this, names, dialect)
-    if isinstance(node, exp.SetOperation):
-        if node.args.get("limit") or node.args.get("offset"):
-            return "LIMIT/OFFSET"
-        if not isinstance(node, exp.Union) or node.args.get("distinct"):
-            return f"{node.key.upper()} (it compares whole rows, keys included)"
-        if any(isinstance(_unwrap(b), exp.Pivot) for b in (node.left, node.right)):
-            return "PIVOT inside a UNION ALL"
-        return _obstacle(node.left, names, dialect) or _obstacle(node.right, names, dialect)
-    if isinstance(node, exp.Pivot):
-        source = node.this
-        if isinstance(source, exp.Subquery) and (inner := _obstacle(source, names, dialect)):
-            return f"{inner} in the PIVOT's source"
-        group = node.args.get("group")
-        if group is not None:
-            return None if _covered(names, group.expressions) else "PIVOT ... GROUP BY without the key"
-        used = {
-            _name(c)
-            for part in (node.expressions, node.args.get("using") or [])
-            for e in part
-            for c in e.find_all(exp.Column)
-        }
-        return "PIVOT ON/USING the key" if names & used else None
-    if isinstance(node, exp.Select):
-        return _select_obstacle(node, names, dialect)
-    return f"{node.key.upper()} statement"
-
-
-def _select_obstacle(select: exp.Select, names: set[str], dialect: str) -> str | None:
-    source = select.args.get("from_")
-    if source is not None and not select.args.get("joins") and isinstance(source.this, exp.Subquery):
-        # ``SELECT * FROM (PIVOT ...)`` (how a PIVOT statement with ORDER BY is read): the pivot's
-        # result is what the WHERE filters, so the key must be one of its columns.
-        pivot = _unwrap(source.this)
-        if isinstance(pivot, exp.Pivot) and (inner := _obstacle(pivot, names, dialect)):
-            return inner
-    for clause, label in (
-        ("limit", "LIMIT/OFFSET"),
-        ("offset", "LIMIT/OFFSET"),
-        ("distinct", "DISTINCT"),
-    ):
-        if select.args.get(clause):
-            return label
-    # QUALIFY filters on window values: exact like the windows themselves (covered by the key).
-    clauses = ("having", "qualify", "order")
-    own = list(_own([*select.expressions, *(select.args.get(c) for c in clauses)]))
-    for node in own:
-        if isinstance(node, _SET_RETURNING):
-            return f"set-returning function {_text(node, dialect)!r}"
-    for node in own:
-        if isinstance(node, exp.Window) and not _covered(names, node.args.get("partition_by") or []):
-            return f"window function {_text(node, dialect)!r} (its PARTITION BY does not include the key)"
-    group = select.args.get("group")
-    if group is not None:
-        plain = not any(group.args.get(k) for k in ("all", "rollup", "cube", "grouping_sets", "totals"))
-        if not (plain and _covered(names, group.expressions)):
-            return f"{_text(group, dialect)} (it does not group by the key)"
-        return None
-    aggregate = next((n for n in own if isinstance(n, exp.AggFunc) and not n.find_ancestor(exp.Window)), None)
-    if aggregate is not None:
-        return f"aggregate {_text(aggregate, dialect)!r} over all rows"
-    if select.args.get("having"):
-        return "HAVING"
-    return None
 
 
 def _scheme_list(positions: list[int], listed: list[Any], values: list[Any], lists: bool) -> exp.Expr:
@@ -821,19 +750,6 @@ def _matched_keys(aliases: Sequence[str], tables: Sequence[str | None]) -> exp.S
     return select
 
 
-def _append_keys(node: exp.Expr, keyed: Sequence[exp.Expr]) -> None:
-    """Add the aliased keys to the SELECT list of every branch of an injectable query."""
-    if isinstance(node, exp.Subquery):
-        _append_keys(node.this, keyed)
-    elif isinstance(node, exp.SetOperation):
-        _append_keys(node.left, keyed)
-        _append_keys(node.right, keyed)
-    elif isinstance(node, exp.Select):
-        node.select(*(k.copy() for k in keyed), append=True, copy=False)
-    else:
-        raise AssertionError(f"an injectable query has no {node.key.upper()} branch")
-
-
 def _dynamic_pivots(tree: exp.Expr) -> list[exp.Pivot]:
     """PIVOT statements (anywhere in ``tree``) with an ``ON`` field whose values come from data."""
     return [
@@ -844,40 +760,3 @@ def _dynamic_pivots(tree: exp.Expr) -> list[exp.Pivot]:
         and not p.args.get("unpivot")
         and not all(isinstance(f, exp.In) for f in p.expressions)
     ]
-
-
-def _inject(node: exp.Expr, predicate: exp.Expr) -> exp.Expr:
-    if isinstance(node, exp.Subquery):
-        node.set("this", _inject(node.this, predicate))
-        return node
-    if isinstance(node, exp.Select):
-        return node.where(predicate, append=True, copy=False)
-    if isinstance(node, exp.SetOperation):
-        node.set("this", _inject(node.left, predicate.copy()))
-        node.set("expression", _inject(node.right, predicate.copy()))
-        return node
-    if isinstance(node, exp.Pivot):
-        source = node.this
-        if isinstance(source, exp.Subquery):
-            node.set("this", _inject(source, predicate))
-        else:
-            filtered = exp.select("*").from_(source.copy()).where(predicate, copy=False)
-            node.set("this", exp.Subquery(this=filtered))
-        return node
-    raise ValueError(f"cannot split a {node.key.upper()} query by group_col/repartition_col")
-
-
-def _selects_rows(select: exp.Select) -> bool:
-    """True when ``select`` returns its FROM/WHERE rows one for one: no grouping, DISTINCT,
-    limit, nor a projection that aggregates, windows or unnests."""
-    if any(select.args.get(k) for k in ("group", "having", "qualify", "distinct", "limit", "offset")):
-        return False
-    return not any(e.find(*_ROW_CHANGING) for e in select.expressions)
-
-
-def _branches(node: exp.Expr) -> list[exp.Expr]:
-    if isinstance(node, exp.Subquery):
-        return _branches(node.this)
-    if isinstance(node, exp.SetOperation):
-        return [*_branches(node.left), *_branches(node.right)]
-    return [node]

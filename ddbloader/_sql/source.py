@@ -113,6 +113,7 @@ class ColumnLayout:
     x_stacked: bool = False
     y_stacked: bool = False
     key_names: tuple[str, ...] = ()
+    key_objects: frozenset[str] = frozenset()
 
     def column_shape(self, name: str) -> Shape:
         """Shape of ``name``'s value in one row: ``()`` for a scalar column."""
@@ -525,7 +526,19 @@ def _resolve(
         x_stacked,
         y_stacked,
         _key_names(config.key_col, tuple(result.names)),
+        frozenset(
+            n
+            for n in config.key_col
+            if n in result.names and _exact_only_as_objects(result.field(n).type, n in columns_with_nulls)
+        ),
     )
+
+
+def _exact_only_as_objects(data_type: pa.DataType, nullable: bool) -> bool:
+    """Whether a key column's values are exact only as Python values: decimals, and integers or
+    booleans that hold NULL somewhere in the query (decided once, so every batch agrees)."""
+    nullable_number = nullable and (pa.types.is_integer(data_type) or pa.types.is_boolean(data_type))
+    return bool(nullable_number or pa.types.is_decimal(data_type))
 
 
 def _key_names(key_col: tuple[str, ...], result_names: tuple[str, ...]) -> tuple[str, ...]:
@@ -735,7 +748,7 @@ def to_block(table: pa.Table, layout: ColumnLayout) -> Block:
     """
     table = _renamed(table, layout.result_names)
     rows = table.num_rows
-    keys = key_arrays(table, layout.key_names) if layout.key_names else None
+    keys = key_arrays(table, layout.key_names, layout.key_objects) if layout.key_names else None
     frame = table if layout.transform is None else layout.transform(table)
     x = np.empty((rows, layout.x_features), dtype=layout.x_dtype)
     y = np.empty((rows, layout.y_features), dtype=layout.y_dtype)

@@ -96,7 +96,9 @@ def _floats_for_numeric(table: pa.Table) -> pa.Table:
             column = table.column(index)
             storage = pa.chunked_array([chunk.storage for chunk in column.chunks], type=kind.storage_type)
             table = table.set_column(
-                index, pa.field(field.name, pa.float64()), pc.cast(storage, pa.float64())
+                index,
+                pa.field(field.name, pa.float64(), metadata=field.metadata),  # keeps the PostgreSQL type
+                pc.cast(storage, pa.float64()),
             )
     return table
 

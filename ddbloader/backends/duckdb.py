@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -68,8 +69,58 @@ _NOT_COPIED = frozenset(
 _SETTINGS_SQL = "SELECT name, value FROM duckdb_settings()"
 
 
+_VARIABLES_SQL = "SELECT name, value, type FROM duckdb_variables() ORDER BY name"
+
+#: Serialises the loader's own queries on connections the user passes in: a DuckDB connection
+#: runs one query at a time, and loaders may be built on one connection from several threads.
+_PASSED_CONNECTION = threading.Lock()
+
+
 def _settings(connection: duckdb.DuckDBPyConnection) -> dict[str, str | None]:
-    return dict(connection.execute(_SETTINGS_SQL).fetchall())
+    return dict(connection.sql(_SETTINGS_SQL).fetchall())
+
+
+def _variables(connection: duckdb.DuckDBPyConnection) -> tuple[tuple[str, str, str], ...]:
+    """``SET VARIABLE`` values as (name, value as text, type), which cursors do not inherit."""
+    return tuple(connection.sql(_VARIABLES_SQL).fetchall())
+
+
+def _session_variables(connection: duckdb.DuckDBPyConnection) -> tuple[tuple[str, str, str], ...]:
+    """``connection``'s variables, checked to carry over to a cursor exactly (value and type).
+
+    Raises:
+        ValueError: a variable that a cursor does not take as it is; names it.
+    """
+    with _PASSED_CONNECTION:
+        variables = _variables(connection)
+        cursor = connection.cursor()
+    try:
+        _set_variables(cursor, variables)
+        taken = _variables(cursor)
+    finally:
+        cursor.close()
+    for variable in set(variables) - set(taken):
+        raise ValueError(
+            f"the DuckDB connection's variable {variable[0]} = {variable[1]!r} ({variable[2]}) does not "
+            f"carry over to the loader's cursors exactly, so getvariable() would differ in the "
+            f"subqueries; reset it, or pass a database path"
+        )
+    return variables
+
+
+def _set_variables(cursor: duckdb.DuckDBPyConnection, variables: tuple[tuple[str, str, str], ...]) -> None:
+    for name, value, type_name in variables:
+        try:
+            kind = exp.DataType.build(type_name, dialect="duckdb")
+        except Exception as error:  # sqlglot raises several types for a type it cannot read
+            raise ValueError(
+                f"the DuckDB connection's variable {name} is of type {type_name}, which ddbloader "
+                f"cannot carry over to its cursors; reset it, or pass a database path"
+            ) from error
+        statement = f"SET VARIABLE {exp.to_identifier(name, quoted=True).sql('duckdb')} = " + (
+            "NULL" if value is None else f"CAST(CAST($1 AS VARCHAR) AS {kind.sql('duckdb')})"
+        )
+        cursor.execute(statement, [] if value is None else [value])
 
 
 def _session_settings(connection: duckdb.DuckDBPyConnection) -> tuple[tuple[str, str], ...]:
@@ -78,8 +129,9 @@ def _session_settings(connection: duckdb.DuckDBPyConnection) -> tuple[tuple[str,
     Raises:
         ValueError: a cursor refuses one of them, or does not take its value; names the setting.
     """
-    mine = _settings(connection)
-    cursor = connection.cursor()
+    with _PASSED_CONNECTION:
+        mine = _settings(connection)
+        cursor = connection.cursor()
     try:
         fresh = _settings(cursor)
         differing = tuple(
@@ -203,6 +255,7 @@ class DuckDBBackend:
             ValueError: a session setting of a passed connection cannot be set on its cursors.
         """
         self._session: tuple[tuple[str, str], ...] = ()
+        self._variables: tuple[tuple[str, str, str], ...] = ()
         if source is None:
             self._connection = _cap_memory(duckdb.connect(":memory:"), memory_limit)
             self._owned = True
@@ -211,6 +264,7 @@ class DuckDBBackend:
             self._connection = source
             self._owned = owned
             self._session = _session_settings(source)
+            self._variables = _session_variables(source)
         else:
             path = Path(source)
             if not path.exists():
@@ -234,9 +288,13 @@ class DuckDBBackend:
         return source is None or isinstance(source, (duckdb.DuckDBPyConnection, str, os.PathLike))
 
     def cursor(self) -> _DuckDBCursor:
-        cursor = self._connection.cursor()
+        """A cursor of the database with the passed connection's settings and variables."""
+        with _PASSED_CONNECTION:
+            cursor = self._connection.cursor()
         if self._session:
             _apply(cursor, self._session)
+        if self._variables:
+            _set_variables(cursor, self._variables)
         return _DuckDBCursor(cursor)
 
     @staticmethod

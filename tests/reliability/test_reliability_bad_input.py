@@ -367,8 +367,8 @@ BAD_DATA: list[Case] = [
     Case(
         "group_col not a column",
         series(group_col="nosuch"),
-        duckdb.BinderException,
-        r'column "nosuch" not found',
+        ValueError,
+        r"by group_col 'nosuch'.*'nosuch' is not one of its result columns; select it",
     ),
     Case(
         "group_col two statements",
