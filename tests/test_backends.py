@@ -1229,3 +1229,61 @@ def test_loaders_built_from_several_threads_on_one_duckdb_connection() -> None:
         raise errors[0]
     assert rows == [400] * 12
     con.close()
+
+
+def test_a_passed_postgres_connection_keeps_its_session_for_every_loader_cursor(pg: PostgresEngine) -> None:
+    # Cloned into fresh sessions, the loader read a stale `public.ticks` and UTC days.
+    pg.execute("DROP SCHEMA IF EXISTS fresh CASCADE")
+    pg.execute("CREATE SCHEMA fresh")
+    pg.execute("DROP TABLE IF EXISTS public.ticks")
+    pg.execute("CREATE TABLE public.ticks AS SELECT now() AS ts, -1.0::float8 AS v")
+    pg.execute(
+        "CREATE TABLE fresh.ticks AS SELECT TIMESTAMPTZ '2024-01-01 00:00:00+00' + i * INTERVAL '1 hour' AS ts, "
+        "i::float8 AS v FROM generate_series(0, 71) i"
+    )
+    pg.execute("DROP ROLE IF EXISTS ddb_reader")
+    pg.execute("CREATE ROLE ddb_reader")
+    pg.execute("GRANT USAGE ON SCHEMA fresh TO ddb_reader")
+    pg.execute("GRANT SELECT ON fresh.ticks TO ddb_reader")
+    from adbc_driver_postgresql import dbapi
+
+    mine = dbapi.connect(pg.uri, autocommit=True)
+    with mine.cursor() as cursor:
+        for statement in (
+            "SET search_path = fresh",
+            "SET TimeZone = 'America/New_York'",
+            "SET ROLE ddb_reader",
+        ):
+            cursor.execute(statement)
+    sql = "SELECT ts, v, current_user::text AS who FROM ticks ORDER BY ts"
+    try:
+        with DDBDataLoader(
+            mine,
+            sql,
+            "v",
+            input_col=["v"],
+            repartition_col="CAST(ts AS DATE)",
+            batch_size=72,
+            fetch_threads=2,
+        ) as loader:
+            (group,) = loader.plan.groups
+            assert [p.rows for p in group.partitions] == [5, 24, 24, 19]  # New York days, not UTC's 3
+            ((x, _),) = list(loader)
+            partition = group.partitions[0]
+            backend = connect(mine)
+            cursor = backend.cursor()
+            assert set(cursor.fetch(partition.sql, partition.params).column("who").to_pylist()) == {
+                "ddb_reader"
+            }
+            cursor.close()
+            backend.close()
+        assert x[:, 0].tolist() == [float(i) for i in range(72)]
+        with mine.cursor() as cursor:
+            cursor.execute("CREATE TEMP TABLE scratch AS SELECT 1 AS a")
+        with pytest.raises(ValueError, match=r"holds temporary relations \['scratch'\]"):
+            DDBDataLoader(mine, sql, "v", input_col=["v"])
+    finally:
+        mine.close()
+        pg.execute("DROP SCHEMA fresh CASCADE")
+        pg.execute("DROP TABLE public.ticks")
+        pg.execute("DROP ROLE ddb_reader")

@@ -4,9 +4,10 @@ Connections are one per cursor, so one per fetch thread, never shared between th
 
 - a ``postgresql://`` URI: each cursor connects with adbc-driver-postgresql;
 - an ADBC DB-API connection the user made: each cursor opens a sibling connection on the same
-  ADBC database handle (``adbc_clone``: for PostgreSQL a new libpq session with the same
-  settings); the user's own connection is never used, nor closed, so its transaction state and
-  temporary objects are untouched (and, like DuckDB cursors, not visible to the loader);
+  ADBC database handle (``adbc_clone``: for PostgreSQL a new libpq session, given every GUC the
+  user's session changed, search_path, TimeZone and role included, checked to have taken); the
+  user's own connection is only read from at construction (its changed settings; temporary
+  relations, which no other session sees, are refused by name), never used to fetch, nor closed;
 - a factory returning ADBC connections: called once per cursor.
 
 Every connection the backend opens runs in autocommit mode, so reads hold no transaction open,
@@ -101,6 +102,62 @@ def _floats_for_numeric(table: pa.Table) -> pa.Table:
                 pc.cast(storage, pa.float64()),
             )
     return table
+
+
+#: GUCs a session changed (``SET``), as PostgreSQL lists them for the session that asks.
+_SESSION_GUCS_SQL = (
+    "SELECT name, current_setting(name) FROM pg_settings WHERE source = 'session' ORDER BY name"
+)
+#: Session GUCs the loader sets itself (its sessions are read-only) or that describe the client.
+_OWN_GUCS = frozenset({"default_transaction_read_only", "transaction_read_only", "application_name"})
+_TEMP_RELATIONS_SQL = "SELECT relname FROM pg_class WHERE relnamespace = pg_my_temp_schema() ORDER BY 1"
+
+
+def _rows(connection: Any, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+    cursor = connection.cursor()
+    try:
+        cursor.execute(sql, list(params) or None)
+        return [tuple(row.values()) for row in cursor.fetch_arrow_table().to_pylist()]
+    finally:
+        cursor.close()
+
+
+def _postgres_session(connection: Any) -> tuple[tuple[str, str], ...]:
+    """The GUCs the user's session changed (search_path, TimeZone, role, ...), to replicate.
+
+    Raises:
+        ValueError: the session holds temporary tables, which no other session can see (a
+            clone would read another relation of the same name, or none); names them.
+    """
+    temporary = [name for (name,) in _rows(connection, _TEMP_RELATIONS_SQL)]
+    if temporary:
+        raise ValueError(
+            f"the PostgreSQL connection holds temporary relations {temporary[:5]}, which the "
+            f"loader's sessions cannot see; make them regular tables, or pass a URI or a factory"
+        )
+    changed = [(n, v) for n, v in _rows(connection, _SESSION_GUCS_SQL) if n not in _OWN_GUCS]
+    # SET ROLE is a GUC that pg_settings does not list; "none" means no SET ROLE.
+    ((role,),) = _rows(connection, "SELECT current_setting('role')")
+    return tuple([*changed, *([("role", role)] if role != "none" else [])])
+
+
+def _replicate(connection: Any, session: tuple[tuple[str, str], ...]) -> Any:
+    """Set ``session``'s GUCs on a new connection (bound, never spliced), and check they took.
+
+    Raises:
+        ValueError: a GUC the new session does not take as the user's session has it; names it.
+    """
+    for name, value in session:
+        _rows(connection, "SELECT set_config($1, $2, false)", (name, value))
+    for name, value in session:
+        ((taken,),) = _rows(connection, "SELECT current_setting($1)", (name,))
+        if taken != value:
+            connection.close()
+            raise ValueError(
+                f"the PostgreSQL connection's session setting {name} = {value!r} does not carry over "
+                f"to the loader's sessions (they get {taken!r}); reset it, or pass a URI"
+            )
+    return connection
 
 
 def _check_postgres_values(params: Sequence[Any]) -> None:
@@ -230,6 +287,7 @@ class ADBCBackend:
         else:
             raise TypeError(f"ADBCBackend needs a URI, an ADBC connection or a factory, got {type(source)!r}")
         self._lock = threading.Lock()
+        self._session: tuple[tuple[str, str], ...] = ()
         self._spare = _autocommit(self._open())
         vendor = str(self._spare.adbc_get_info().get("vendor_name", ""))
         found = dialect or _DIALECTS.get(vendor.lower())
@@ -237,6 +295,15 @@ class ADBCBackend:
             self.close()
             raise TypeError(f"cannot tell the SQL dialect of ADBC vendor {vendor!r}: pass dialect=")
         self.dialect: str = found
+        if found == "postgres" and is_adbc_connection(source):
+            # A clone is a fresh libpq session: the user's SET search_path / TimeZone / ROLE are
+            # not in it, so the loader would read other tables or other days than the user's query.
+            try:
+                self._session = _postgres_session(source)
+                self._spare = _replicate(self._spare, self._session)
+            except BaseException:
+                self.close()
+                raise
         #: PostgreSQL binds a fetch unit's key values as one array parameter (``key = ANY($1)``).
         self.binds_lists = found == "postgres"
         if self.engine.startswith("adbc"):
@@ -247,7 +314,7 @@ class ADBCBackend:
         """A new autocommit connection (the one made to read the vendor is handed out first)."""
         with self._lock:
             spare, self._spare = self._spare, None
-        return spare if spare is not None else _autocommit(self._open())
+        return spare if spare is not None else _replicate(_autocommit(self._open()), self._session)
 
     @staticmethod
     def is_transient(error: BaseException) -> bool:
