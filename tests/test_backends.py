@@ -1238,8 +1238,9 @@ def test_a_passed_postgres_connection_keeps_its_session_for_every_loader_cursor(
     pg.execute("DROP TABLE IF EXISTS public.ticks")
     pg.execute("CREATE TABLE public.ticks AS SELECT now() AS ts, -1.0::float8 AS v")
     pg.execute(
-        "CREATE TABLE fresh.ticks AS SELECT TIMESTAMPTZ '2024-01-01 00:00:00+00' + i * INTERVAL '1 hour' AS ts, "
-        "i::float8 AS v FROM generate_series(0, 71) i"
+        "CREATE TABLE fresh.ticks AS SELECT "
+        "TIMESTAMPTZ '2024-01-01 00:00:00+00' + i * INTERVAL '1 hour' AS ts, i::float8 AS v "
+        "FROM generate_series(0, 71) i"
     )
     pg.execute("DROP ROLE IF EXISTS ddb_reader")
     pg.execute("CREATE ROLE ddb_reader")

@@ -134,7 +134,9 @@ def test_explicit_schemes_keep_the_users_order(db: duckdb.DuckDBPyConnection) ->
 
 def test_group_and_repartition_columns_must_be_result_columns(db: duckdb.DuckDBPyConnection) -> None:
     sql = "SELECT f0, y FROM series ORDER BY gid, part, pos"
-    with pytest.raises(ValueError, match=r"by 'gid'.*'gid' is not one of its result columns; select it"):
+    with pytest.raises(
+        ValueError, match=r"by group_col 'gid'.*'gid' is not one of its result columns; select it"
+    ):
         DDBDataLoader(db, sql, target_col="y", group_col="gid", repartition_col="part")
     selected = "SELECT f0, y, gid, part FROM series ORDER BY gid, part, pos"
     with DDBDataLoader(
@@ -351,9 +353,9 @@ def nulls() -> Iterator[duckdb.DuckDBPyConnection]:
 
 
 NULL_QUERIES = [
-    "SELECT g, r, v FROM n",
-    "SELECT g, r, v FROM n UNION ALL SELECT g, r, v + 0.5 FROM n",
-    "SELECT g, r, max(v) AS v FROM n GROUP BY g, r, v",
+    "SELECT g, r, v FROM n ORDER BY v",
+    "SELECT g, r, v FROM n UNION ALL SELECT g, r, v + 0.5 FROM n ORDER BY v",
+    "SELECT g, r, max(v) AS v FROM n GROUP BY g, r, v ORDER BY v",
 ]
 
 
@@ -404,7 +406,9 @@ def test_window_larger_than_a_group_warns_naming_it(db: duckdb.DuckDBPyConnectio
 
 def test_window_larger_than_the_whole_query_warns(db: duckdb.DuckDBPyConnection) -> None:
     with pytest.warns(UserWarning) as caught:
-        loader = DDBDataLoader(db, "SELECT f0, y FROM series WHERE gid = 3", target_col="y", window_size=5)
+        loader = DDBDataLoader(
+            db, "SELECT f0, y FROM series WHERE gid = 3 ORDER BY pos", target_col="y", window_size=5
+        )
     assert [str(w.message) for w in caught] == [
         "samples need 6 consecutive rows, more than group(s) ['<all rows>'] have; they yield no samples",
         "the plan has 0 samples (3 rows in 1 partitions, 6 rows per sample): the loader yields nothing; "

@@ -138,7 +138,7 @@ def _postgres_session(connection: Any) -> tuple[tuple[str, str], ...]:
     changed = [(n, v) for n, v in _rows(connection, _SESSION_GUCS_SQL) if n not in _OWN_GUCS]
     # SET ROLE is a GUC that pg_settings does not list; "none" means no SET ROLE.
     ((role,),) = _rows(connection, "SELECT current_setting('role')")
-    return tuple([*changed, *([("role", role)] if role != "none" else [])])
+    return (*changed, *([("role", role)] if role != "none" else []))
 
 
 def _replicate(connection: Any, session: tuple[tuple[str, str], ...]) -> Any:

@@ -386,7 +386,7 @@ BAD_DATA: list[Case] = [
         "closed connection",
         lambda env: DDBDataLoader(env.closed, "SELECT 1.0 AS y", "y"),
         duckdb.ConnectionException,
-        r"Connection already closed",
+        r"Connection (has )?already (been )?closed",
     ),
     Case(
         "missing database file",
