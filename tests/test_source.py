@@ -586,3 +586,36 @@ def test_a_view_of_a_view_names_the_rows_of_the_block_it_was_cut_from() -> None:
     assert inner.origin is block and inner.offset == 5
     assert np.array_equal(inner.x, block.x[5:7]) and np.array_equal(inner.y, block.y[5:7])
     assert block.rows_between(2, 4).origin is None  # a compact copy stands alone
+
+
+def test_a_sqlite_column_of_integers_then_floats_is_reported_as_mixed_types(tmp_path: Path) -> None:
+    import functools
+    import sqlite3
+
+    path = tmp_path / "mixed.sqlite"
+    con = sqlite3.connect(path)
+    con.execute("CREATE TABLE t (g INTEGER, x, y REAL)")
+    # Planning samples the first 1000 rows (integers); the second group's x are floats.
+    con.executemany(
+        "INSERT INTO t VALUES (?, ?, ?)",
+        [(i // 1500, i if i < 1500 else i + 0.5, float(i)) for i in range(3000)],
+    )
+    con.commit()
+    con.close()
+    with (
+        warnings.catch_warnings(),
+        DDBDataLoader(
+            functools.partial(sqlite3.connect, path),
+            "SELECT g, x, y FROM t ORDER BY y",
+            "y",
+            input_col=["x"],
+            group_col="g",
+            batch_size=500,
+            fetch_bytes=0,
+        ) as loader,
+    ):
+        warnings.simplefilter("ignore")  # the fetch unit's failure, retried partition by partition
+        with pytest.raises(
+            ValueError, match=r"column 'x' as double, where planning saw int64; the column holds"
+        ):
+            list(loader)

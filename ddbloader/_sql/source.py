@@ -673,10 +673,21 @@ def check_result_schema(schema: pa.Schema, layout: ColumnLayout, where: Callable
     read = set(planned) if layout.transform is not None else {*layout.x_names, *layout.y_names}
     for name, planned_type, fetched in zip(planned, layout.result_types, schema.types, strict=False):
         if name in read and not _keeps_type(planned_type, fetched, name in layout.as_float64):
+            mixed = (
+                f"the column holds values of several types (an engine that types each value, as "
+                f"SQLite does, gives a partition the type of its own values): cast it in the query, "
+                f"e.g. CAST({name} AS REAL); or "
+                if _both_numeric(planned_type, fetched)
+                else ""
+            )
             raise ValueError(
                 f"{subquery} returned column {name!r} as {fetched}, where planning saw {planned_type}; "
-                f"{_RESULT_CHANGED}"
+                f"{mixed}{_RESULT_CHANGED}"
             )
+
+
+def _both_numeric(planned: pa.DataType, fetched: pa.DataType) -> bool:
+    return all(pa.types.is_integer(t) or pa.types.is_floating(t) for t in (planned, fetched))
 
 
 def _keeps_type(planned: pa.DataType, fetched: pa.DataType, as_float64: bool) -> bool:
