@@ -180,3 +180,47 @@ def test_gather_matches_slicing_the_rows(
     if want_x:
         assert np.array_equal(x.numpy(), np.stack(want_x))
         assert np.array_equal(y.numpy(), np.stack(want_y))
+
+
+def test_gather_one_run_reads_read_only_rows_and_returns_writable_tensors() -> None:
+    """One run into unpinned memory copies whole window blocks out of rows nobody may write."""
+    geometry = WindowGeometry(x_window=4, y_window=2, stride=1, offset=3, windowed=True)
+    rows = block(12, 3, 2, np.float64, np.float32, 0)
+    rows.x.setflags(write=False)
+    rows.y.setflags(write=False)
+    x, y = gather([piece(Segment(rows), [7, 0, 5, 5])], geometry, layout(3, 2, "f8", "f4"), pin=False)
+    assert np.array_equal(x.numpy(), np.stack([rows.x[s : s + 4] for s in (7, 0, 5, 5)]))
+    assert np.array_equal(y.numpy(), np.stack([rows.y[s + 3 : s + 5] for s in (7, 0, 5, 5)]))
+    assert x.dtype == torch.float64 and y.dtype == torch.float32
+    assert x.is_contiguous() and y.is_contiguous()
+    x += 1  # the batch is the caller's: writable, and not the segment's memory
+    assert rows.x[0, 0] == 0
+
+
+def test_gather_one_run_of_rows_that_are_not_one_array() -> None:
+    """x as every other column of a wider array: its windows are not contiguous blocks, so they are
+    taken row by row, with the same result."""
+    geometry = WindowGeometry(x_window=3, y_window=1, stride=1, offset=3, windowed=True)
+    wide = np.arange(8 * 6, dtype=np.int32).reshape(8, 6)
+    rows = Block(wide[:, ::2], np.ascontiguousarray(wide[:, :1]))
+    assert not rows.x.flags.c_contiguous
+    x, y = gather([piece(Segment(rows), [4, 1])], geometry, layout(3, 1, "i4", "i4"), pin=False)
+    assert np.array_equal(x.numpy(), np.stack([rows.x[4:7], rows.x[1:4]]))
+    assert np.array_equal(y.numpy(), np.stack([rows.y[7:8], rows.y[4:5]]))
+
+
+def test_gather_one_run_with_tensor_columns() -> None:
+    """x as one tensor column of shape (2, 2) per row: one run keeps that shape, as several runs do."""
+    geometry = WindowGeometry(x_window=2, y_window=1, stride=1, offset=2, windowed=True)
+    rows = block(6, 4, 1, np.float32, np.float32, 0)
+    tensor_layout = ColumnLayout(
+        ("x",), ("y0",), np.dtype("f4"), np.dtype("f4"), frozenset(), shapes=(("x", (2, 2)),)
+    )
+    one_run = [piece(Segment(rows), [3, 0])]
+    x, y = gather(one_run, geometry, tensor_layout, pin=False)
+    assert x.shape == (2, 2, 2, 2)
+    assert np.array_equal(x.numpy(), np.stack([rows.x[3:5], rows.x[0:2]]).reshape(2, 2, 2, 2))
+    other = block(6, 4, 1, np.float32, np.float32, 0)
+    two_runs = [*one_run, piece(Segment(other), [])]
+    split_x, split_y = gather(two_runs, geometry, tensor_layout, pin=False)
+    assert torch.equal(x, split_x) and torch.equal(y, split_y)
