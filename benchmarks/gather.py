@@ -29,10 +29,10 @@ round.
 shuffled): a fresh loader's first epoch (constructor to last batch: cold), three warm epochs
 and one more for each thread's CPU seconds; and the in-RAM contender: the whole table as one
 float64 array in RAM, a uniform shuffle of every window, 64 at a time gathered into a fresh
-tensor by block copies (the ``gather()`` kernel) and by ``index_select`` with one intra-op thread, epoch after epoch;
-the faster of the two per round is the contender. Ratios are taken within a round, then the
-median over rounds. The machine's load average is printed before and after: on a shared machine
-read the ratios, not the digits.
+tensor by block copies (the ``gather()`` kernel) and by ``index_select`` with one intra-op
+thread, epoch after epoch; the faster of the two per round is the contender. Ratios are taken
+within a round, then the median over rounds. The machine's load average is printed before and
+after: on a shared machine read the ratios, not the digits.
 """
 
 from __future__ import annotations
