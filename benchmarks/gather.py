@@ -54,7 +54,8 @@ import torch
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent))
+# a child for --ddbloader-from imports that version of ddbloader
+sys.path.insert(0, os.environ.get(FROM_ENV := "GATHER_BENCH_DDBLOADER_FROM", str(HERE.parent)))
 
 import throughput  # noqa: E402  (benchmarks/throughput.py: the data and the loader's arguments)
 
@@ -296,9 +297,11 @@ def child_inram() -> dict[str, Any]:
 CHILDREN: dict[str, Callable[[], dict[str, Any]]] = {"loader": child_loader, "inram": child_inram}
 
 
-def spawn(name: str) -> dict[str, Any]:
+def spawn(name: str, ddbloader_from: str | None = None) -> dict[str, Any]:
+    env = dict(os.environ) if ddbloader_from is None else {**os.environ, FROM_ENV: ddbloader_from}
     done = subprocess.run(
         [sys.executable, __file__, "--child", name],
+        env=env,
         capture_output=True,
         text=True,
         timeout=CHILD_TIMEOUT_S,
@@ -311,20 +314,28 @@ def spawn(name: str) -> dict[str, Any]:
     return result
 
 
-def epoch_section(rounds: int) -> dict[str, Any]:
+def epoch_section(rounds: int, ddbloader_from: str | None) -> dict[str, Any]:
     throughput.ensure_data(throughput.Shape(10, 5, 2000, 100, 50))
     per_round = []
     for r in range(rounds):
-        order = ("loader", "inram") if r % 2 == 0 else ("inram", "loader")
-        got = {name: spawn(name) for name in order}
+        order = ["loader", "inram"] if r % 2 == 0 else ["inram", "loader"]
+        if ddbloader_from is not None:
+            order.insert(r % 3, "before")
+        got = {
+            name: spawn("loader" if name == "before" else name, ddbloader_from if name == "before" else None)
+            for name in order
+        }
         loader, inram = got["loader"], got["inram"]
         best_kernel = min(inram["epochs_s"], key=lambda k: statistics.median(inram["epochs_s"][k]))
         inram_rate = inram["windows"] / statistics.median(inram["epochs_s"][best_kernel])
         warm_rate = loader["windows"] / statistics.median(loader["warm_s"])
         cold_rate = loader["windows"] / loader["cold_s"]
+        before = got.get("before")
+        before_rate = None if before is None else before["windows"] / statistics.median(before["warm_s"])
         per_round.append(
             {
                 "load_avg": load_average(),
+                "before_warm_windows_per_s": before_rate,
                 "loader_warm_windows_per_s": warm_rate,
                 "loader_cold_windows_per_s": cold_rate,
                 "inram_windows_per_s": inram_rate,
@@ -333,6 +344,7 @@ def epoch_section(rounds: int) -> dict[str, Any]:
                     k: inram["windows"] / statistics.median(v) for k, v in inram["epochs_s"].items()
                 },
                 "warm_ratio": warm_rate / inram_rate,
+                "warm_over_before": None if before_rate is None else warm_rate / before_rate,
                 "cold_ratio": cold_rate / inram_rate,
                 "cold_over_warm": loader["cold_s"] / statistics.median(loader["warm_s"]),
                 "thread_cpu_us_per_window": {
@@ -388,6 +400,11 @@ def render(data: dict[str, Any]) -> str:
             f"| in-RAM gather windows/s ({', '.join(kernels_used)}) "
             f"| {median('inram_windows_per_s'):,.0f} |  |  |",
             f"| warm ÷ in-RAM | {warm:.2f}× | ≥ {TARGET_WARM}× | {verdict} |",
+            *(
+                [f"| warm ÷ warm of {data['ddbloader_from']} | {median('warm_over_before'):.2f}× |  |  |"]
+                if data.get("ddbloader_from")
+                else []
+            ),
             f"| cold ÷ in-RAM | {median('cold_ratio'):.2f}× |  |  |",
             f"| cold epoch ÷ warm epoch (seconds) | {median('cold_over_warm'):.2f}× |  |  |",
             "",
@@ -419,17 +436,24 @@ def main() -> None:
     )
     parser.add_argument("--section", choices=["all", "kernel", "epoch"], default="all")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument(
+        "--ddbloader-from", help="also time the loader of another checkout (e.g. `git archive main`)"
+    )
     parser.add_argument("--no-save", action="store_true", help="print only; leave RESULTS.md as it is")
     parser.add_argument("--child", choices=sorted(CHILDREN), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         print(MARKER + json.dumps(CHILDREN[args.child]()), flush=True)
         return
-    data: dict[str, Any] = {"load_before": load_average(), "rounds": args.rounds}
+    data: dict[str, Any] = {
+        "load_before": load_average(),
+        "rounds": args.rounds,
+        "ddbloader_from": args.ddbloader_from,
+    }
     if args.section in ("all", "kernel"):
         data["kernel"] = kernel_section(args.rounds)
     if args.section in ("all", "epoch"):
-        data["epoch"] = epoch_section(args.rounds)
+        data["epoch"] = epoch_section(args.rounds, args.ddbloader_from)
     data["load_after"] = load_average()
     data["machine"] = throughput.machine(None)
     if not args.no_save:

@@ -855,7 +855,11 @@ def render(data: dict[str, Any]) -> str:
         from epochs import render as render_epochs  # benchmarks/epochs.py, which imports this module
 
         out.append(render_epochs(data["epochs"]))
-    for key in ("throughput", "memory_check"):
+    if "gather" in data:
+        from gather import render as render_gather  # benchmarks/gather.py, which imports this module
+
+        out.append(render_gather(data["gather"]))
+    for key in ("throughput", "memory_check", "gather"):
         if key in data:
             m = data[key]["machine"]
             out.append(
