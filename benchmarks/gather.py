@@ -11,8 +11,9 @@ copying a batch of windows out of a row-major block, interleaved round by round:
 
 * ``row take``: ``ndarray.take`` of ``B × W`` row numbers into a fresh buffer (ddbloader's gather
   before block copies, and still its path for pinned or multi-run batches);
-* ``gather()``: ddbloader's own :func:`~ddbloader._pipeline.batch.gather` of one run (one arena)
-  into unpinned memory: one indexing of a view whose items are whole windows;
+* ``gather()``: ddbloader's own :func:`~ddbloader._pipeline.batch.gather` of one run (one arena);
+* ``block copies``: one numpy indexing of a view whose items are whole windows (a ``void`` dtype of
+  ``W × F`` elements' bytes): one ``memcpy`` per window, into a fresh array;
 * ``slice loop``: a Python loop of ``B`` slice copies into a fresh buffer;
 * ``index_select 1 thread``: torch over an ``as_strided`` window view with
   ``torch.set_num_threads(1)`` around the call: a reference only, since that setting is global and
@@ -29,7 +30,7 @@ round.
 shuffled): a fresh loader's first epoch (constructor to last batch: cold), three warm epochs
 and one more for each thread's CPU seconds; and the in-RAM contender: the whole table as one
 float64 array in RAM, a uniform shuffle of every window, 64 at a time gathered into a fresh
-tensor by block copies (the ``gather()`` kernel) and by ``index_select`` with one intra-op
+tensor by block copies and by ``index_select`` with one intra-op
 thread, epoch after epoch; the faster of the two per round is the contender. Ratios are taken
 within a round, then the median over rounds. The machine's load average is printed before and
 after: on a shared machine read the ratios, not the digits.
@@ -105,6 +106,11 @@ def kernels(rows: np.ndarray[Any, Any], window: int) -> dict[str, Kernel]:
     def ddbloader_gather(starts: np.ndarray[Any, Any]) -> Any:
         return gather([Piece(segment, starts)], geometry, batch_layout, pin=False)
 
+    def block_copies(starts: np.ndarray[Any, Any]) -> Any:
+        return torch.from_numpy(
+            block_windows(rows, window)[starts].view(rows.dtype).reshape(-1, window, features)
+        )
+
     def slice_loop(starts: np.ndarray[Any, Any]) -> Any:
         out = np.empty((len(starts), window, features), rows.dtype)
         for i, start in enumerate(starts.tolist()):
@@ -126,10 +132,23 @@ def kernels(rows: np.ndarray[Any, Any], window: int) -> dict[str, Kernel]:
     return {
         "row take": row_take,
         "gather()": ddbloader_gather,
+        "block copies": block_copies,
         "slice loop": slice_loop,
         "index_select 1 thread": index_select_one_thread,
         "index_select": index_select,
     }
+
+
+def block_windows(rows: np.ndarray[Any, Any], length: int) -> np.ndarray[Any, Any]:
+    """Every window of ``length`` rows of the C-contiguous ``rows`` as one raw item (a view)."""
+    row_bytes = rows.shape[1] * rows.itemsize
+    windows: np.ndarray[Any, Any] = np.ndarray(
+        (rows.shape[0] - length + 1,),
+        np.dtype((np.void, length * row_bytes)),
+        buffer=rows,
+        strides=(row_bytes,),
+    )
+    return windows
 
 
 def _check_equal(candidates: dict[str, Kernel], rows: np.ndarray[Any, Any], window: int, batch: int) -> None:
@@ -246,19 +265,15 @@ def _inram_epochs(
     x: np.ndarray[Any, Any], y: np.ndarray[Any, Any], starts: np.ndarray[Any, Any], window: int
 ) -> Iterator[tuple[str, float]]:
     """Alternating epochs of the two in-RAM kernels: (kernel, seconds) per epoch."""
-    segment = Segment(Block(x, y))
-    batch_layout = ColumnLayout(
-        tuple(f"f{j}" for j in range(x.shape[1])), ("target",), x.dtype, y.dtype, frozenset()
-    )
-    geometry = WindowGeometry(window, 1, 1, window, True)
+    x_blocks = block_windows(x, window)
     x_windows, y_rows = window_view(torch.from_numpy(x), window), torch.from_numpy(y)
     for epoch in range(WARM_EPOCHS):
         order = starts[np.random.default_rng(epoch).permutation(len(starts))]
         began = time.perf_counter()
         for b in range(0, len(order), throughput.BATCH):
-            bx, _ = gather(
-                [Piece(segment, order[b : b + throughput.BATCH])], geometry, batch_layout, pin=False
-            )
+            index = order[b : b + throughput.BATCH]
+            bx = torch.from_numpy(x_blocks[index].view(x.dtype).reshape(-1, window, x.shape[1]))
+            torch.from_numpy(y.take(index + window, 0, mode="clip"))
         yield "block copies", time.perf_counter() - began
         threads = torch.get_num_threads()
         torch.set_num_threads(1)
@@ -266,8 +281,8 @@ def _inram_epochs(
             order_t = torch.from_numpy(order)
             began = time.perf_counter()
             for b in range(0, len(order), throughput.BATCH):
-                index = order_t[b : b + throughput.BATCH]
-                bx, _ = x_windows.index_select(0, index), y_rows.index_select(0, index + window)
+                index_t = order_t[b : b + throughput.BATCH]
+                bx, _ = x_windows.index_select(0, index_t), y_rows.index_select(0, index_t + window)
             yield "index_select 1 thread", time.perf_counter() - began
         finally:
             torch.set_num_threads(threads)

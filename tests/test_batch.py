@@ -183,7 +183,7 @@ def test_gather_matches_slicing_the_rows(
 
 
 def test_gather_one_run_reads_read_only_rows_and_returns_writable_tensors() -> None:
-    """One run into unpinned memory copies whole window blocks out of rows nobody may write."""
+    """Rows nobody may write are gathered into a batch the caller may."""
     geometry = WindowGeometry(x_window=4, y_window=2, stride=1, offset=3, windowed=True)
     rows = block(12, 3, 2, np.float64, np.float32, 0)
     rows.x.setflags(write=False)
@@ -198,8 +198,7 @@ def test_gather_one_run_reads_read_only_rows_and_returns_writable_tensors() -> N
 
 
 def test_gather_one_run_of_rows_that_are_not_one_array() -> None:
-    """x as every other column of a wider array: its windows are not contiguous blocks, so they are
-    taken row by row, with the same result."""
+    """x as every other column of a wider array (rows that are not one contiguous array)."""
     geometry = WindowGeometry(x_window=3, y_window=1, stride=1, offset=3, windowed=True)
     wide = np.arange(8 * 6, dtype=np.int32).reshape(8, 6)
     rows = Block(wide[:, ::2], np.ascontiguousarray(wide[:, :1]))
@@ -210,7 +209,7 @@ def test_gather_one_run_of_rows_that_are_not_one_array() -> None:
 
 
 def test_gather_one_run_with_tensor_columns() -> None:
-    """x as one tensor column of shape (2, 2) per row: one run keeps that shape, as several runs do."""
+    """x as one tensor column of shape (2, 2) per row: one run and several give the same batch."""
     geometry = WindowGeometry(x_window=2, y_window=1, stride=1, offset=2, windowed=True)
     rows = block(6, 4, 1, np.float32, np.float32, 0)
     tensor_layout = ColumnLayout(

@@ -85,35 +85,28 @@ def gather(
     Shapes: x ``[B, x_window, *x_shape]`` and y ``[B, y_window, *y_shape]`` with windows, else
     ``[B, *x_shape]`` and ``[B, *y_shape]`` (``x_shape`` is ``(Fx,)`` unless x is one tensor
     column, see :class:`~ddbloader._sql.source.ColumnLayout`). The tensors are freshly allocated, so
-    the caller owns them. Thread-safety: reads the segments' rows only, so any thread may gather
-    while others read the same segments.
+    the caller owns them.
 
     Consecutive pieces whose segments share a base (an :class:`~ddbloader._pipeline.manager.Arena`) are
-    one run. A batch of one run into unpinned memory (the arena's case) is one call per tensor:
-    :func:`_gather_fresh`. Otherwise each run costs one ``ndarray.take`` over row numbers per tensor
-    into the batch's buffer, which copies in the calling thread with the GIL released.
-    ``mode="clip"`` because the rows are in range by construction, and ``"raise"`` would buffer the
-    result before writing ``out``. Neither path lets torch split a copy across OpenMP workers,
-    which would compete with the engine's threads and the training loop; the copies go through
-    numpy (a torch call costs microseconds of dispatch, a visible share of the assembler's time at
-    thousands of batches per second).
+    one run, and each run costs one ``ndarray.take`` over row numbers per tensor (a batch drawn
+    from many groups is then one take, not one per group): it copies in the calling
+    thread at memory speed with the GIL released, where torch's ``index_select`` over a window
+    view measured half as fast per thread and splits large copies across OpenMP workers that
+    compete with the engine's threads and the training loop. ``mode="clip"`` because the rows
+    are in range by construction, and ``"raise"`` would buffer the result before writing ``out``.
+    The copies write through numpy views (a torch call costs microseconds of dispatch, which at
+    thousands of batches per second is a visible share of the assembler's time).
     """
-    runs = list(_runs(pieces))
     size = sum(len(p.starts) for p in pieces)
     x_window, y_window = _windows(geometry)
     x_shape, y_shape = _batch_shapes(size, geometry, layout)
-    offset = geometry.offset
-    if len(runs) == 1 and not pin:
-        base, starts = runs[0]
-        x_fresh = _gather_fresh(base.x, starts, x_window, x_shape)
-        y_fresh = _gather_fresh(base.y, starts + offset if offset else starts, y_window, y_shape)
-        return torch.from_numpy(x_fresh), torch.from_numpy(y_fresh)
     x, x_array = _host_buffer(x_shape, layout.x_dtype, pin)
     y, y_array = _host_buffer(y_shape, layout.y_dtype, pin)
     x_rows = x_array.reshape(size * x_window, layout.x_features)
     y_rows = y_array.reshape(size * y_window, layout.y_features)
+    offset = geometry.offset
     filled = 0
-    for base, starts in runs:
+    for base, starts in _runs(pieces):
         stop = filled + len(starts)
         base.x.take(_row_numbers(starts, x_window), 0, x_rows[filled * x_window : stop * x_window], "clip")
         base.y.take(
@@ -121,43 +114,6 @@ def gather(
         )
         filled = stop
     return x, y
-
-
-def _gather_fresh(
-    rows: np.ndarray[Any, Any], starts: np.ndarray[Any, Any], length: int, shape: tuple[int, ...]
-) -> np.ndarray[Any, Any]:
-    """The windows of ``length`` rows of ``rows`` (``[n, F]``) that start at ``starts``, as a new
-    array of ``shape``.
-
-    Windows of several rows are copied as whole blocks: in a row-major array window ``k`` is one
-    contiguous run of ``length × F`` elements, so indexing :func:`_block_windows` copies one block
-    per window in a single numpy call (one ``memcpy`` each, the GIL released), where a take of
-    ``length`` rows per window pays numpy's per-row overhead ``length`` times. Single rows, and
-    rows that are not one contiguous array, are taken row by row.
-    """
-    blocks = _block_windows(rows, length) if length > 1 else None
-    if blocks is None:
-        gathered: np.ndarray[Any, Any] = rows.take(_row_numbers(starts, length), 0, mode="clip")
-        return gathered.reshape(shape)
-    windows: np.ndarray[Any, Any] = blocks[starts].view(rows.dtype)
-    return windows.reshape(shape)
-
-
-def _block_windows(rows: np.ndarray[Any, Any], length: int) -> np.ndarray[Any, Any] | None:
-    """Every window of ``length`` consecutive rows of ``rows`` (``[n, F]``) as one raw item.
-
-    Returns a 1-D array of ``n - length + 1`` items of ``length × F`` elements' bytes (a ``void``
-    dtype) over ``rows``' memory, item ``k`` being rows ``[k, k + length)``; None when ``rows`` is
-    not C-contiguous, has no bytes per row, or is shorter than a window.
-    """
-    count = rows.shape[0] - length + 1
-    row_bytes = rows.shape[1] * rows.itemsize
-    if count <= 0 or row_bytes == 0 or not rows.flags.c_contiguous:
-        return None
-    blocks: np.ndarray[Any, Any] = np.ndarray(
-        (count,), np.dtype((np.void, length * row_bytes)), buffer=rows, strides=(row_bytes,)
-    )
-    return blocks
 
 
 def _runs(pieces: Sequence[Piece]) -> Iterator[tuple[Block, np.ndarray[Any, Any]]]:
