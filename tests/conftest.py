@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import random
 import signal
 import threading
@@ -15,6 +16,7 @@ import duckdb
 import pgserver
 import pyarrow as pa
 import pytest
+import servers
 import sparkserver
 
 from ddbloader import DDBDataLoader
@@ -77,6 +79,32 @@ def spark_server() -> Iterator[sparkserver.SparkServer]:
     server = sparkserver.start()
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def chdb_uri(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The one chDB database of the run: chDB opens one storage path per process."""
+    _require("adbc_driver_chdb", "chdb is not installed (pip install 'ddbloader[clickhouse]')", "ClickHouse")
+    return f"chdb://{tmp_path_factory.mktemp('chdb')}"
+
+
+@pytest.fixture(scope="session")
+def flight_sql_uri() -> Iterator[str]:
+    """A Sail Flight SQL server in this process (127.0.0.1, a free port) for the whole run."""
+    _require("adbc_driver_flightsql", "adbc-driver-flightsql is not installed", "Flight SQL")
+    _require("pysail", "pysail (the Flight SQL test server) is not installed", "Flight SQL")
+    from pysail.flight import FlightSqlServer
+
+    server = FlightSqlServer("127.0.0.1", 0)
+    server.start(background=True)
+    host, port = server.listening_address
+    yield f"grpc://{host}:{port}"
+    server.stop()
+
+
+def _require(module: str, reason: str, engine: str) -> None:
+    if importlib.util.find_spec(module) is None:
+        servers.unavailable(reason, engine, "pyproject.toml's dev extra")
 
 
 @pytest.fixture

@@ -11,6 +11,7 @@ changing anything, and name the query and parameters when the engine fails.
 from __future__ import annotations
 
 import functools
+import importlib.util
 import sqlite3
 import threading
 import time
@@ -23,7 +24,9 @@ import duckdb
 import numpy as np
 import pgserver
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
+import servers
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -35,13 +38,14 @@ from ddbloader.backends import (
     DBAPIBackend,
     DolphinDBBackend,
     DuckDBBackend,
+    FlightSQLBackend,
     connect,
     redact_uri,
 )
 from ddbloader.backends.dbapi import bind_parameters
 from tests.conftest import make_series
 
-ENGINES = ("duckdb", "postgres", "sqlite", "spark")
+ENGINES = ("duckdb", "postgres", "sqlite", "spark", "datafusion", "clickhouse", "flightsql")
 SERIES_SQL = "SELECT gid, part, pos, rid, f0, f1, y FROM series ORDER BY gid, pos"
 PARTS = [[10, 7, 12], [15, 6], [8, 9, 11, 10]]
 
@@ -231,6 +235,116 @@ class SparkEngine(Engine):
         self.admin.stop()
 
 
+class DataFusionEngine(Engine):
+    """Tables in one DataFusion SessionContext, which is the loader's source."""
+
+    name = "datafusion"
+
+    def __init__(self) -> None:
+        from datafusion import SessionContext
+
+        self.ctx = SessionContext()
+
+    def create(self, table: str, data: pa.Table, ddl: str | None = None) -> None:
+        self.execute(f"DROP TABLE IF EXISTS {table}")
+        if not ddl:
+            self.ctx.register_record_batches(table, [data.to_batches()])
+            return
+        self.execute(ddl)
+        self.ctx.register_record_batches("_incoming", [data.to_batches()])
+        self.execute(f"INSERT INTO {table} SELECT * FROM _incoming")
+        self.ctx.deregister_table("_incoming")
+
+    def execute(self, sql: str) -> None:
+        self.ctx.sql(sql).collect()
+
+    def rows(self, sql: str) -> list[tuple[Any, ...]]:
+        return [tuple(r.values()) for r in self.ctx.sql(sql).to_arrow_table().to_pylist()]
+
+    def source(self) -> Any:
+        return self.ctx
+
+    def close(self) -> None:
+        """Nothing to release: the context goes with the engine."""
+
+
+class ADBCAdminEngine(Engine):
+    """An engine set up through an ADBC connection of its own; the tables it made dropped on close."""
+
+    def __init__(self, admin: Any) -> None:
+        self.admin = admin
+        self.tables: set[str] = set()
+
+    def execute(self, sql: str) -> None:
+        self.rows(sql)
+
+    def rows(self, sql: str) -> list[tuple[Any, ...]]:
+        with self.admin.cursor() as cursor:
+            cursor.execute(sql)
+            return [tuple(r.values()) for r in cursor.fetch_arrow_table().to_pylist()]
+
+    def close(self) -> None:
+        for table in self.tables:
+            self.execute(f"DROP TABLE IF EXISTS {table}")
+        self.admin.close()
+
+
+class ClickHouseEngine(ADBCAdminEngine):
+    """MergeTree tables in the run's one chDB database (chDB holds one per process)."""
+
+    name = "clickhouse"
+
+    def __init__(self, uri: str) -> None:
+        from adbc_driver_chdb import dbapi
+
+        super().__init__(dbapi.connect(uri))
+        self.uri = uri
+
+    def create(self, table: str, data: pa.Table, ddl: str | None = None) -> None:
+        self.execute(f"DROP TABLE IF EXISTS {table}")
+        self.tables.add(table)
+        if ddl:
+            self.execute(ddl)
+        with self.admin.cursor() as cursor:
+            cursor.adbc_ingest(table, data, mode="append" if ddl else "create")
+
+    def source(self) -> Any:
+        return self.uri
+
+
+class FlightSQLEngine(ADBCAdminEngine):
+    """Parquet tables of a Sail Flight SQL server (Spark SQL), written here by pyarrow.
+
+    Sail takes no bulk ingestion through Flight SQL, and writing rows as SQL literals would
+    test the loader's literal builder with itself: the data goes in as Parquet files.
+    """
+
+    name = "flightsql"
+
+    def __init__(self, uri: str, directory: Path) -> None:
+        from adbc_driver_flightsql import dbapi
+
+        super().__init__(dbapi.connect(uri, autocommit=True))
+        self.uri = uri
+        self.directory = directory
+
+    def create(self, table: str, data: pa.Table, ddl: str | None = None) -> None:
+        self.execute(f"DROP TABLE IF EXISTS {table}")
+        self.tables.add(table)
+        staged = "_staging" if ddl else table
+        location = self.directory / f"{staged}-{len(list(self.directory.iterdir()))}"
+        location.mkdir()
+        pq.write_table(data, location / "part-0.parquet")
+        self.execute(f"CREATE TABLE {staged} USING parquet LOCATION '{location}'")
+        if ddl:
+            self.execute(ddl)
+            self.execute(f"INSERT INTO {table} SELECT * FROM _staging")
+            self.execute("DROP TABLE _staging")
+
+    def source(self) -> Any:
+        return FlightSQLBackend(self.uri, dialect="spark")
+
+
 #: Spark answers a query in 0.1-1 s (more on a busy machine): its tests get longer to run.
 SPARK_TIMEOUT = pytest.mark.timeout(300)
 
@@ -243,6 +357,14 @@ def engine(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Engine]:
         made = PostgresEngine(request.getfixturevalue("pg_server").uri)
     elif request.param == "spark":
         made = SparkEngine(request.getfixturevalue("spark_server").uri)
+    elif request.param == "datafusion":
+        if importlib.util.find_spec("datafusion") is None:
+            servers.unavailable("datafusion is not installed", "DataFusion", "pyproject.toml's dev extra")
+        made = DataFusionEngine()
+    elif request.param == "clickhouse":
+        made = ClickHouseEngine(request.getfixturevalue("chdb_uri"))
+    elif request.param == "flightsql":
+        made = FlightSQLEngine(request.getfixturevalue("flight_sql_uri"), tmp_path)
     else:
         made = SqliteEngine(tmp_path)
     yield made
@@ -434,7 +556,9 @@ def test_fetch_units_fetch_every_group_in_one_query(engine: Engine) -> None:
 STREAMED_PARTS = [[300, 5, 200], [450]]
 
 
-@pytest.mark.parametrize("engine", ["duckdb", "postgres", "sqlite"], indirect=True)
+@pytest.mark.parametrize(
+    "engine", ["duckdb", "postgres", "sqlite", "datafusion", "clickhouse", "flightsql"], indirect=True
+)
 @pytest.mark.parametrize("shuffle", [False, True])
 def test_streamed_partitions_cover_every_window_once_and_resume_exactly(
     engine: Engine, shuffle: bool
@@ -470,11 +594,16 @@ def test_streamed_partitions_cover_every_window_once_and_resume_exactly(
 
 # --- dtypes and nulls ---------------------------------------------------------------------------
 
+_TYPED_SPARK = "CREATE TABLE typed (i4 INT, i8 BIGINT, f8 DOUBLE, n DECIMAL(10, 2), y DOUBLE) USING parquet"
 _TYPED_DDL = {
     "duckdb": "CREATE TABLE typed (i4 INTEGER, i8 BIGINT, f8 DOUBLE, n DECIMAL(10, 2), y DOUBLE)",
     "postgres": "CREATE TABLE typed (i4 int4, i8 int8, f8 float8, n numeric(10, 2), y float8)",
     "sqlite": "CREATE TABLE typed (i4 INTEGER, i8 INTEGER, f8 REAL, n NUMERIC, y REAL)",
-    "spark": "CREATE TABLE typed (i4 INT, i8 BIGINT, f8 DOUBLE, n DECIMAL(10, 2), y DOUBLE) USING parquet",
+    "spark": _TYPED_SPARK,
+    "datafusion": "CREATE TABLE typed (i4 INT, i8 BIGINT, f8 DOUBLE, n DECIMAL(10, 2), y DOUBLE)",
+    "clickhouse": "CREATE TABLE typed (i4 Int32, i8 Int64, f8 Float64, n Decimal(10, 2), y Float64) "
+    "ENGINE = MergeTree ORDER BY tuple()",
+    "flightsql": _TYPED_SPARK,
 }
 # sqlite stores every integer as 64 bits, so its int4 arrives as int64.
 _TYPED_DTYPES = {
@@ -482,6 +611,9 @@ _TYPED_DTYPES = {
     "postgres": {"i4": torch.int32, "i8": torch.int64, "f8": torch.float64, "n": torch.float64},
     "sqlite": {"i4": torch.int64, "i8": torch.int64, "f8": torch.float64, "n": torch.float64},
     "spark": {"i4": torch.int32, "i8": torch.int64, "f8": torch.float64, "n": torch.float64},
+    "datafusion": {"i4": torch.int32, "i8": torch.int64, "f8": torch.float64, "n": torch.float64},
+    "clickhouse": {"i4": torch.int32, "i8": torch.int64, "f8": torch.float64, "n": torch.float64},
+    "flightsql": {"i4": torch.int32, "i8": torch.int64, "f8": torch.float64, "n": torch.float64},
 }
 
 

@@ -71,6 +71,8 @@ class Backend(Protocol):
 _READ_ONLY_SESSION = {
     "postgres": "SET SESSION CHARACTERISTICS AS TRANSACTION READ ONLY",
     "sqlite": "PRAGMA query_only = ON",
+    # 2, not 1: the query's own SETTINGS clause still works; neither lets a query lift it.
+    "clickhouse": "SET readonly = 2",
 }
 
 

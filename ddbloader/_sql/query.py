@@ -729,6 +729,10 @@ def _scheme_list(positions: list[int], listed: list[Any], values: list[Any], lis
         values.append(value)
         parameter = exp.Parameter(this=exp.Literal.number(len(values)))
         rows.append(exp.Tuple(expressions=[exp.Literal.number(position), parameter]))
+    if len(rows) == 1:
+        # sqlglot writes a one-row VALUES for ClickHouse as its values() table function, which
+        # reads each item as a row of one column: one row is a plain SELECT on every engine.
+        return exp.select(*rows[0].expressions)
     return exp.Values(expressions=rows)
 
 

@@ -8,6 +8,9 @@
 | ``"dolphindb://..."`` / a factory        | DolphinDBBackend  | one session per cursor         |
 | a ``dolphindb.Session``                  | DolphinDBBackend  | the one session, serialised    |
 | ``"sc://..."``, a ``SparkSession``        | SparkBackend      | one session, shared by threads |
+| ``"chdb://<path>"``                      | ClickHouseBackend | one per cursor (thread)        |
+| ``"grpc://..."`` (Flight SQL)            | FlightSQLBackend  | one per cursor (thread)        |
+| a ``datafusion.SessionContext``          | DataFusionBackend | the one context, shared        |
 | a plain DB-API 2.0 connection            | DBAPIBackend      | the one connection, serialised |
 | a factory (callable) returning any above | by what it returns | one per cursor                |
 
@@ -24,19 +27,26 @@ from duckdb import DuckDBPyConnection
 
 from .._core.engine import Backend, Cursor, redact_uri
 from .adbc import POSTGRES_SCHEMES, ADBCBackend, is_adbc_connection
+from .clickhouse import CHDB_SCHEME, ClickHouseBackend
+from .datafusion import DataFusionBackend, is_datafusion_context
 from .dbapi import DBAPIBackend
 from .dolphindb import URI_SCHEME, DolphinDBBackend, is_dolphindb_session
 from .duckdb import DuckDBBackend
+from .flightsql import URI_SCHEMES as FLIGHT_SQL_SCHEMES
+from .flightsql import FlightSQLBackend, is_flightsql_connection
 from .spark import URI_SCHEME as SPARK_SCHEME
 from .spark import SparkBackend, is_spark_session
 
 __all__ = [
     "ADBCBackend",
     "Backend",
+    "ClickHouseBackend",
     "Cursor",
     "DBAPIBackend",
+    "DataFusionBackend",
     "DolphinDBBackend",
     "DuckDBBackend",
+    "FlightSQLBackend",
     "SparkBackend",
     "connect",
     "is_backend",
@@ -73,10 +83,16 @@ def connect(source: Any) -> Backend:
         return DolphinDBBackend(source)
     if (isinstance(source, str) and source.startswith(SPARK_SCHEME)) or is_spark_session(source):
         return SparkBackend(source)
+    if isinstance(source, str) and source.startswith(CHDB_SCHEME):
+        return ClickHouseBackend(source)
+    if isinstance(source, str) and source.startswith(FLIGHT_SQL_SCHEMES):
+        return FlightSQLBackend(source)
+    if is_datafusion_context(source):
+        return DataFusionBackend(source)
     if DuckDBBackend.accepts(source):
         return DuckDBBackend(source)
     if is_adbc_connection(source):
-        return ADBCBackend(source)
+        return FlightSQLBackend(source) if is_flightsql_connection(source) else ADBCBackend(source)
     if is_dolphindb_session(source):
         return DolphinDBBackend(source)
     if _is_dbapi_connection(source):
@@ -84,8 +100,9 @@ def connect(source: Any) -> Backend:
     if callable(source):
         return _from_factory(source)
     raise TypeError(
-        f"source must be a DuckDB connection or path, a postgresql://, dolphindb:// or sc:// URI, a "
-        f"SparkSession, an ADBC, DolphinDB or DB-API connection, or a factory returning one; "
+        f"source must be a DuckDB connection or path, a postgresql://, dolphindb://, sc://, chdb:// or "
+        f"grpc:// URI, a SparkSession, a DataFusion SessionContext, an ADBC, DolphinDB or DB-API "
+        f"connection, or a factory returning one; "
         f"got {type(source).__module__}.{type(source).__qualname__}"
     )
 
@@ -105,7 +122,7 @@ def _from_factory(factory: Any) -> Backend:
         # DuckDB cursors share one database: the first connection is the only one needed.
         return _Owning(DuckDBBackend(first), first, factory)
     if is_adbc_connection(first):
-        return ADBCBackend(replay)
+        return FlightSQLBackend(replay) if is_flightsql_connection(first) else ADBCBackend(replay)
     if is_dolphindb_session(first):
         return DolphinDBBackend(replay)
     if _is_dbapi_connection(first):

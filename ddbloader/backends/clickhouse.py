@@ -1,0 +1,70 @@
+"""ClickHouse in-process (chDB), through the ADBC driver chDB ships.
+
+A ``chdb://<path>`` URI (``chdb://`` alone: an in-memory database) gives every cursor its own
+ADBC connection to that database (``adbc_driver_chdb.dbapi.connect``); an ADBC connection to
+chDB that the user made is cloned per cursor, as every ADBC connection is
+(:class:`~ddbloader.backends.adbc.ADBCBackend`). Either way the connections are the loader's,
+so every query runs right after ``SET readonly = 2``: the engine refuses writes, and neither
+a later ``SET`` nor a query's ``SETTINGS readonly = 0`` lifts it (2, not 1, so the query's own
+``SETTINGS`` clause still works).
+
+chDB holds one database per process: every ``chdb://`` URI (and connection) of a process must
+name the same path, or chDB refuses the connection.
+
+The SQL is ClickHouse's (sqlglot's ``clickhouse`` dialect); parameters are bound by the driver
+(``?``), one per key value in a fetch unit. Rows come through the driver's Arrow record batch
+reader. Not supported by chDB 4.4 (so not by the loader): ``interrupt()`` reaches the driver,
+but chDB finishes the running query; closing a streamed read stops it at the next batch.
+
+For a row fingerprint ClickHouse has ``cityHash64(col, ...)`` / ``sipHash64`` per row and the
+aggregate ``groupBitXor`` (order-independent) over them.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+from .._core.engine import redact_uri
+from .adbc import ADBCBackend
+
+__all__ = ["CHDB_SCHEME", "ClickHouseBackend"]
+
+CHDB_SCHEME = "chdb://"
+
+_INSTALL_HINT = "ClickHouse (chDB) needs the chdb package: pip install 'ddbloader[clickhouse]'"
+
+
+def _chdb_connect(uri: str) -> Callable[[], Any]:
+    try:
+        from adbc_driver_chdb import dbapi
+    except ImportError as error:
+        raise ImportError(_INSTALL_HINT) from error
+    return functools.partial(dbapi.connect, uri)
+
+
+class ClickHouseBackend(ADBCBackend):
+    """chDB through one ADBC connection per cursor. Thread-safe.
+
+    Args:
+        source: a ``chdb://<path>`` URI, an ADBC connection to chDB, or a callable returning one.
+
+    Raises:
+        ImportError: chdb is not installed.
+        ValueError: a URI that is not ``chdb://``.
+    """
+
+    def __init__(self, source: Any) -> None:
+        if isinstance(source, str):
+            if not source.startswith(CHDB_SCHEME):
+                raise ValueError(f"ClickHouseBackend takes chdb:// URIs, got {redact_uri(source)!r}")
+            super().__init__(_chdb_connect(source), dialect="clickhouse")
+            self.engine = f"chdb ({source.removeprefix(CHDB_SCHEME) or 'in-memory'})"
+        else:
+            super().__init__(source, dialect="clickhouse")
+
+    @staticmethod
+    def is_transient(error: BaseException) -> bool:
+        """Never: an in-process engine has no connection to lose."""
+        return False
