@@ -1,0 +1,88 @@
+"""The ClickHouse (chDB) backend's own behaviour: URIs, read-only connections, passed connections.
+
+The backend contract runs in tests/test_backends.py with ``clickhouse`` among its engines. chDB
+holds one database per process, so every test here uses the run's one (``chdb_uri``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pyarrow as pa
+import pytest
+from test_backends import SERIES_SQL, ClickHouseEngine, series_table
+
+from ddbloader import DDBDataLoader
+from ddbloader.backends import ADBCBackend, ClickHouseBackend, connect
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture
+def clickhouse(chdb_uri: str) -> Iterator[ClickHouseEngine]:
+    made = ClickHouseEngine(chdb_uri)
+    yield made
+    made.close()
+
+
+def test_connect_takes_a_chdb_uri_or_an_adbc_connection(clickhouse: ClickHouseEngine) -> None:
+    backend = connect(clickhouse.uri)
+    assert isinstance(backend, ClickHouseBackend) and backend.dialect == "clickhouse"
+    assert backend.engine == f"chdb ({clickhouse.uri.removeprefix('chdb://')})"
+    # parameters as sqlglot renders them for ClickHouse (@1), bound by the driver
+    assert backend.cursor().fetch("SELECT 41 + @1 AS v", [1]).column("v").to_pylist() == [42]
+    backend.close()
+    passed = connect(clickhouse.admin)  # cloned per cursor, dialect from the vendor
+    assert isinstance(passed, ADBCBackend) and passed.dialect == "clickhouse"
+    passed.close()
+    assert clickhouse.rows("SELECT 1 AS one") == [(1,)]  # the user's connection is left open
+    with pytest.raises(ValueError, match="chdb://"):
+        ClickHouseBackend("postgresql://u:pw@h/db")
+
+
+@pytest.mark.parametrize("passed", [False, True], ids=["uri", "connection"])
+def test_the_loader_s_connections_refuse_writes_and_cannot_lift_it(
+    clickhouse: ClickHouseEngine, passed: bool
+) -> None:
+    clickhouse.create("series", series_table([[3, 3]]))
+    source = clickhouse.admin if passed else clickhouse.uri
+    cursor = connect(source).cursor()
+    for statement in (
+        "INSERT INTO series SELECT * FROM series",
+        "SELECT 1 AS one SETTINGS readonly = 0",
+        "SET readonly = 0",
+    ):
+        with pytest.raises(Exception, match="READONLY"):
+            cursor.fetch(statement, [])
+    # the query's own SETTINGS clause still works (readonly = 2, not 1)
+    assert cursor.fetch("SELECT 1 AS one SETTINGS max_threads = 1", []).num_rows == 1
+    cursor.close()
+    assert clickhouse.rows("SELECT count() FROM series") == [(6,)]
+    clickhouse.execute("INSERT INTO series SELECT * FROM series LIMIT 1")  # the user's: still writable
+    assert clickhouse.rows("SELECT count() FROM series") == [(7,)]
+
+
+def test_low_cardinality_and_nullable_columns_load(clickhouse: ClickHouseEngine) -> None:
+    clickhouse.execute("DROP TABLE IF EXISTS lc")
+    clickhouse.tables.add("lc")
+    clickhouse.execute(
+        "CREATE TABLE lc (sym LowCardinality(String), v Nullable(Int32), y Float64) "
+        "ENGINE = MergeTree ORDER BY tuple()"
+    )
+    with clickhouse.admin.cursor() as cursor:
+        data = {"sym": ["a", "b", "a"], "v": pa.array([1, None, 3], pa.int32()), "y": [0.5, 1.5, 2.5]}
+        cursor.adbc_ingest("lc", pa.table(data), mode="append")
+    sql = "SELECT sym, v, y FROM lc ORDER BY y"
+    with DDBDataLoader(clickhouse.uri, sql, "y", batch_size=3, input_col="v", group_col="sym") as loader:
+        assert [g.value for g in loader.plan.groups] == ["a", "b"]
+        ((x, _),) = list(loader)
+    assert x[:, 0].tolist()[:2] == [1.0, 3.0]  # group a first; v has a NULL, so float64 with NaN
+
+
+def test_a_fetch_unit_is_one_query(clickhouse: ClickHouseEngine) -> None:
+    clickhouse.create("series", series_table([[5, 5], [4]]))
+    options = {"input_col": ["f0"], "group_col": "gid", "repartition_col": "part", "batch_size": 4}
+    with DDBDataLoader(clickhouse.uri, SERIES_SQL, "y", **options) as loader:
+        rows = sum(x.shape[0] for x, _ in loader)
+        stats = loader.stats()
+    assert rows == 14 and (stats.queries, stats.partitions_fetched) == (1, 3)
