@@ -142,15 +142,17 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _spawn(engine: str, groups: int, rows: int, epochs: int) -> dict[str, Any]:
+    import os
     import subprocess
 
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(scale.REPO), os.environ.get("PYTHONPATH", "")])}
     command = [
         sys.executable,
         str(Path(__file__).resolve()),
         "--child",
         json.dumps([engine, groups, rows, epochs]),
     ]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=1800, check=False)
+    done = subprocess.run(command, capture_output=True, text=True, timeout=1800, check=False, env=env)
     lines = [line for line in done.stdout.splitlines() if line.startswith(scale.MARKER)]
     if done.returncode != 0 or not lines:
         raise RuntimeError(f"{engine} {groups}x{rows} failed (rc {done.returncode}):\n{done.stderr[-3000:]}")

@@ -222,6 +222,8 @@ class FlightSQLBackend(ADBCBackend):
         finally:
             with contextlib.suppress(Exception):
                 probe.close()
+        # a list has no literal here: a fetch unit binds one value per key where values are literals
+        self.binds_lists = self.binds_lists and self.binds_parameters
 
     def cursor(self) -> _FlightSQLCursor:
         return _FlightSQLCursor(self)
