@@ -336,8 +336,8 @@ class FlightSQLEngine(ADBCAdminEngine):
         location.mkdir()
         pq.write_table(data, location / "part-0.parquet")
         self.execute(f"CREATE TABLE {staged} USING parquet LOCATION '{location}'")
-        if ddl:
-            self.execute(ddl)
+        if ddl:  # its files in the test's directory, not in Sail's warehouse (the working directory)
+            self.execute(f"{ddl} LOCATION '{self.directory / table}'")
             self.execute(f"INSERT INTO {table} SELECT * FROM _staging")
             self.execute("DROP TABLE _staging")
 
