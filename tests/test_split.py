@@ -159,6 +159,17 @@ ENGINES = ("duckdb", "postgres", "sqlite")
 MORE_ENGINES = ("datafusion", "clickhouse")
 #: ClickHouse takes UNION only with DISTINCT or ALL (by default: union_default_mode is empty).
 CLICKHOUSE_BARE_UNION = r"sql does not parse as clickhouse SQL: Expected DISTINCT or ALL for Union"
+#: Not run on ClickHouse: its ORDER BY after UNION ALL sorts the last branch only, while sqlglot
+#: (so the loader) reads it as sorting the whole union, so the whole query has no order to compare.
+CLICKHOUSE_UNION_ORDER = frozenset(
+    {
+        "union-all",
+        "union-all-key-not-selected",
+        "union-all-constant-key",
+        "union-all-renamed-positions",
+        "union-all-second-branch-alias",
+    }
+)
 #: ClickHouse names a joined table's column after its table (b.y, b.g) where the other has one too.
 CLICKHOUSE_JOINED_NAME = r"target_col names 'y', which is not a column of the query; .*'b\.y'"
 
@@ -707,6 +718,7 @@ def check_split(engine: Engine, shape: Shape, **schemes: Any) -> dict[tuple[Any,
         pytest.param(e, s, id=f"{e}-{s.name}")
         for s in SHAPES
         for e in s.engines + (MORE_ENGINES if s.engines == ENGINES else ())
+        if not (e == "clickhouse" and s.name in CLICKHOUSE_UNION_ORDER)
     ],
 )
 def test_split_matches_the_whole_query_or_is_refused(
