@@ -1,0 +1,111 @@
+"""What an engine-computed content fingerprint would cost on throughput.py's default shape (DuckDB).
+
+A fingerprint per partition is its row count plus the sum (mod 2**64) of an engine hash of every
+row. Planning would compute it in the grouped count query; each fetch would add one column with
+each row's hash, summed by the client and dropped. This script measures both costs against a real
+epoch of the loader, in interleaved rounds, side by side in one run:
+
+* epoch: one epoch of ``DDBDataLoader`` as throughput.py builds it (the reference);
+* fetch: the loader's own 50 subqueries run to Arrow with one cursor, as they are and with
+  ``hash(...) AS _ddb_hash`` added (summed with numpy, uint64 wraparound, then dropped), for
+  each way DuckDB can hash a row;
+* plan: the grouped count over (symbol, day), as it is and with ``sum(hash(_ddb_q)::HUGEINT)``.
+
+    python benchmarks/fingerprint_cost.py [--rounds N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+import warnings
+from collections.abc import Callable
+
+import duckdb
+import numpy as np
+import throughput
+
+SHAPE = throughput.Shape(10, 5, 2000, 100, 50)
+
+
+def _with_hash(sql: str, row_hash: str) -> str:
+    prefix = "SELECT * FROM ("
+    if not sql.startswith(prefix):
+        raise ValueError(f"a subquery that does not start with {prefix!r}: {sql[:80]!r}")
+    return f"SELECT *, {row_hash} AS _ddb_hash" + sql[len("SELECT *") :]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--rounds", type=int, default=5)
+    rounds = parser.parse_args().rounds
+    warnings.simplefilter("ignore")
+    throughput.ensure_data(SHAPE)
+    loader = throughput._make_loader(SHAPE)
+    specs = [(p.sql, list(p.params)) for g in loader.plan.groups for p in g.partitions]
+    connection = duckdb.connect(str(SHAPE.db_path), read_only=True)
+    columns = ", ".join(["symbol", "ts", *SHAPE.factor_names, "target"])
+    row_hashes = {
+        "hash(_ddb_q)": "hash(_ddb_q)",
+        "hash(*COLUMNS(*))": "hash(*COLUMNS(*))",
+        "hash(c1, ...)": f"hash({columns})",
+    }
+    grouped = f"FROM ({SHAPE.loader_sql}) AS _ddb_q GROUP BY ALL"
+    count_sql = f"SELECT symbol, CAST(ts AS DATE) AS day, count(*) {grouped}"
+    fingerprint_sql = (
+        f"SELECT symbol, CAST(ts AS DATE) AS day, count(*), sum(hash(_ddb_q)::HUGEINT) {grouped}"
+    )
+
+    def epoch() -> None:
+        for _ in loader:
+            pass
+
+    def fetch(row_hash: str | None) -> Callable[[], None]:
+        def run() -> None:
+            cursor = connection.cursor()
+            for sql, params in specs:
+                table = cursor.sql(
+                    sql if row_hash is None else _with_hash(sql, row_hash), params=params
+                ).to_arrow_table()
+                if row_hash is not None:
+                    table.column("_ddb_hash").to_numpy().sum(dtype=np.uint64)
+                    table = table.drop_columns(["_ddb_hash"])
+
+        return run
+
+    def plan(sql: str) -> Callable[[], None]:
+        def run() -> None:
+            connection.sql(sql).to_arrow_table()
+
+        return run
+
+    phases: dict[str, Callable[[], None]] = {"epoch (reference)": epoch, "fetch, as today": fetch(None)}
+    phases |= {f"fetch + {name}": fetch(expr) for name, expr in row_hashes.items()}
+    phases |= {"plan count, as today": plan(count_sql), "plan count + sum(hash)": plan(fingerprint_sql)}
+    times: dict[str, list[float]] = {name: [] for name in phases}
+    for _ in range(rounds):
+        for name, phase in phases.items():
+            started = time.perf_counter()
+            phase()
+            times[name].append(time.perf_counter() - started)
+    loader.release()
+    median = {name: statistics.median(values) for name, values in times.items()}
+    epoch_s, fetch_s, count_s = (
+        median["epoch (reference)"],
+        median["fetch, as today"],
+        median["plan count, as today"],
+    )
+    print(f"shape {SHAPE.tag}, {len(specs)} partitions, median of {rounds} interleaved rounds")
+    print(f"{'phase':28s} {'ms':>8s} {'vs today':>9s} {'added, % of epoch':>18s}")
+    for name, seconds in median.items():
+        base = fetch_s if name.startswith("fetch") else count_s if name.startswith("plan") else epoch_s
+        print(
+            f"{name:28s} {seconds * 1e3:8.0f} {seconds / base:9.3f} {(seconds - base) / epoch_s * 100:17.1f}%"
+        )
+
+
+if __name__ == "__main__":
+    main()
