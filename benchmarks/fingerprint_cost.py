@@ -59,6 +59,21 @@ def main() -> None:
         f"SELECT symbol, CAST(ts AS DATE) AS day, count(*), sum(hash(_ddb_q)::HUGEINT) {grouped}"
     )
 
+    planned = {
+        (symbol, day): int(total) % 2**64
+        for symbol, day, _, total in connection.sql(fingerprint_sql).fetchall()
+    }
+    cursor = connection.cursor()
+    for sql, params in specs:
+        hashes = (
+            cursor.sql(_with_hash(sql, "hash(_ddb_q)"), params=params).to_arrow_table().column("_ddb_hash")
+        )
+        fetched = int(hashes.to_numpy().sum(dtype=np.uint64))
+        if fetched != planned[tuple(params)]:
+            raise AssertionError(
+                f"fetched rows of {params} sum to {fetched}, planning to {planned[tuple(params)]}"
+            )
+
     def epoch() -> None:
         for _ in loader:
             pass
@@ -98,7 +113,8 @@ def main() -> None:
         median["fetch, as today"],
         median["plan count, as today"],
     )
-    print(f"shape {SHAPE.tag}, {len(specs)} partitions, median of {rounds} interleaved rounds")
+    print(f"shape {SHAPE.tag}, {len(specs)} partitions: fetched hash sums equal the planned ones")
+    print(f"median of {rounds} interleaved rounds")
     print(f"{'phase':28s} {'ms':>8s} {'vs today':>9s} {'added, % of epoch':>18s}")
     for name, seconds in median.items():
         base = fetch_s if name.startswith("fetch") else count_s if name.startswith("plan") else epoch_s
