@@ -7,7 +7,8 @@ from typing import Any
 
 from torch.utils.data import IterableDataset, get_worker_info
 
-from .loader import _NO_SOURCE, DDBDataLoader, Delivered, _EpochIterator
+from ._pipeline.epoch import Delivered, EpochIterator
+from .loader import _NO_SOURCE, DDBDataLoader
 
 __all__ = ["DDBIterableDataset"]
 
@@ -47,7 +48,7 @@ class DDBIterableDataset(IterableDataset[Delivered]):
         self.num_workers = num_workers
         self.loader = DDBDataLoader(source, sql, target_col, *args, **kwargs)
 
-    def __iter__(self) -> _EpochIterator:
+    def __iter__(self) -> EpochIterator:
         info = get_worker_info()
         workers = 0 if info is None else info.num_workers
         if self.num_workers is not None and workers != self.num_workers:

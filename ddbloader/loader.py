@@ -7,30 +7,25 @@ import functools
 import inspect
 import logging
 import os
-import threading
-import time
 import weakref
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal, TypeVar
 
 import duckdb
 import torch
 from sqlglot import exp
 
-from ._core.config import LoaderConfig, normalise_config, resolve_aliases
-from ._core.display import plan_html, plan_text, readable_in_notebooks
+from ._core.config import normalise_config, resolve_aliases
+from ._core.display import plan_html, plan_text
 from ._core.errors import warn_caller
-from ._epoch.shard import WorkUnit, agree_seed, part_range, resolve_sharding, shard_samples
+from ._epoch.shard import agree_seed, part_range, resolve_sharding, shard_samples
 from ._epoch.summary import plan_rows
-from ._epoch.units import fetch_units
 from ._io.cache import PartitionCache
-from ._io.fetch import Fetcher, RetryPolicy
 from ._pipeline.batch import batch_count
-from ._pipeline.device import DeviceStage, Staged
-from ._pipeline.manager import Arena, GroupPool, arena_for, epoch_units
-from ._pipeline.prefetch import Prefetcher
-from ._sql.plan import QueryPlan, build_plan, plan_differences, plan_fingerprint
+from ._pipeline.device import DeviceStage
+from ._pipeline.epoch import EpochIterator, EpochRun
+from ._pipeline.manager import Arena, arena_for, epoch_units
+from ._sql.plan import build_plan, plan_differences, plan_fingerprint
 from .backends import Backend, DuckDBBackend, connect
 from .stats import LoaderStats, StatsRecorder
 from .transforms import as_pipeline
@@ -40,202 +35,6 @@ __all__ = ["DDBDataLoader"]
 _log = logging.getLogger("ddbloader")
 
 Batch = tuple[torch.Tensor, torch.Tensor]
-#: What an iteration yields: ``(x, y)``, or ``(x, y, keys)`` with ``key_col`` (a
-#: :data:`~ddbloader.keys.Keys` dict); typed loosely so that ``for x, y in loader`` type-checks.
-Delivered = tuple[Any, ...]
-
-
-class _EpochBatches:
-    """The batches of one epoch's work units, assembled in the calling (assembler) thread.
-
-    The first ``skip`` batches are drawn from row counts alone, without fetching or gathering
-    (exact resume, see :class:`~ddbloader._pipeline.manager.GroupPool`). Its fetch threads stop in
-    ``close()``, never on a failure: the driver reports the failure first and closes after, so a
-    slow join (a fetch stuck in the engine) cannot delay the error past the consumer's own timeout
-    and replace it with a vaguer one.
-    """
-
-    def __init__(self, run: _EpochRun, backend: Backend, stop: threading.Event) -> None:
-        config = run.config
-        # an epoch served from the cache alone fetches nothing: no units to cut
-        cached = run.cache is not None and run.cache.holds(run.plan.partitions)
-        self._fetcher = Fetcher(
-            backend,
-            run.plan.layout,
-            config.fetch_threads,
-            run.recorder.fetched,
-            retry=RetryPolicy(config.retries, config.retry_backoff),
-            units=()
-            if cached
-            else fetch_units(
-                run.plan,
-                run.units,
-                config,
-                run.epoch,
-                config.fetch_bytes,
-                lists=bool(getattr(backend, "binds_lists", False)),
-            ),
-        )
-        self._batches = self._assemble(run, stop)
-
-    def _assemble(self, run: _EpochRun, stop: threading.Event) -> Iterator[Staged]:
-        plan, config = run.plan, run.config
-        pool = GroupPool(
-            run.units,
-            plan.geometry,
-            config,
-            run.epoch,
-            self._fetcher if run.cache is None else run.cache.around(self._fetcher),
-            stop,
-            fetching=run.skip == 0,
-            arena=run.arena,
-        )
-        left = sum(u.samples for u in run.units)
-        for index in range(run.batches):
-            size = min(config.batch_size, left)
-            left -= size
-            if index == run.skip and index:
-                pool.start_fetching()
-            pieces = pool.take(size)
-            if index >= run.skip:
-                yield run.stage.assemble(pieces, plan.geometry, plan.layout)
-        if run.arena is not None:
-            # every batch is gathered: the next epoch may write its segments there
-            run.shelve(run.arena)
-
-    def __iter__(self) -> _EpochBatches:
-        return self
-
-    def __next__(self) -> Staged:
-        return next(self._batches)
-
-    def close(self) -> None:
-        self._fetcher.close()
-
-
-@dataclass(frozen=True)
-class _EpochRun:
-    """What one iteration serves: the units of this (rank, worker), its batch count, the resume skip."""
-
-    plan: QueryPlan
-    config: LoaderConfig
-    epoch: int
-    units: tuple[WorkUnit, ...]
-    batches: int
-    skip: int
-    recorder: StatsRecorder
-    stage: DeviceStage
-    arena: Arena | None
-    shelve: Callable[[Arena], None]
-    cache: PartitionCache | None
-    #: batches assembled ahead in a thread; 0 assembles them in the consumer's thread
-    prefetch: int
-
-
-class _EpochIterator:
-    """One pass over the plan. Single consumer; ``close()`` (or GC) stops its threads.
-
-    Holds its loader, so ``for batch in DDBDataLoader(...)`` does not free (and close) the loader,
-    and reports its position to it after every batch (for ``state_dict``).
-
-    Invariant: once the epoch has ended, every step raises StopIteration; once the iteration was
-    stopped before that (superseded by a new one, closed, or failed), every step raises
-    RuntimeError saying why, so a training loop never ends early as if the epoch were done.
-    """
-
-    def __init__(self, loader: DDBDataLoader, run: _EpochRun, backend: Backend) -> None:
-        self._loader = loader
-        self._run = run
-        self.epoch = run.epoch
-        self.yielded = run.skip
-        self._started = time.perf_counter()
-        self._owner = threading.current_thread()
-        self._stepping = threading.Lock()
-        self._finished = False
-        self._stopped_because: str | None = None
-        prefetcher: Prefetcher[Staged] = Prefetcher(
-            functools.partial(_EpochBatches, run, backend),
-            depth=run.prefetch,
-            name="ddbloader-assemble",
-            timeout=2 * run.config.timeout,
-        )
-        self._prefetcher = prefetcher
-        self._close = weakref.finalize(self, prefetcher.close)
-
-    def __iter__(self) -> _EpochIterator:
-        return self
-
-    def __len__(self) -> int:
-        return self._run.batches - self.yielded
-
-    @property
-    def host_to_device_bytes(self) -> int:
-        """Bytes enqueued for copy to the device so far this epoch (0 when delivering on the CPU)."""
-        return self._run.stage.bytes_to_device
-
-    def owner_elsewhere(self) -> threading.Thread | None:
-        """The other, still running thread that started this unfinished iteration, if any."""
-        if self._finished or self._stopped_because is not None:
-            return None
-        owner = self._owner
-        return owner if owner is not threading.current_thread() and owner.is_alive() else None
-
-    def __next__(self) -> Delivered:
-        if not self._stepping.acquire(blocking=False):
-            raise RuntimeError(
-                "two threads are stepping the same DDBDataLoader iterator at once; "
-                "a loader serves one consumer thread: give each thread its own loader"
-            )
-        try:
-            return self._step()
-        finally:
-            self._stepping.release()
-
-    def _step(self) -> Delivered:
-        if self._stopped_because is not None:
-            raise RuntimeError(self._stopped_because)
-        waiting = time.perf_counter()
-        ready = self._prefetcher.ready()
-        try:
-            batch = self._run.stage.deliver(next(self._prefetcher))
-        except StopIteration:
-            if self._stopped_because is not None:  # stopped from another thread during this step
-                raise RuntimeError(self._stopped_because) from None
-            if not self._finished:
-                self._finished = True
-                elapsed = time.perf_counter() - self._started
-                _log.info("epoch %d done: %d batches in %.2f s", self.epoch, self.yielded, elapsed)
-                self._loader._progress = (self.epoch, self.yielded, True)
-                self._run.recorder.finish()
-                self._close()
-            raise
-        except BaseException as error:
-            if self._stopped_because is not None:
-                raise RuntimeError(self._stopped_because) from error
-            self.stop(
-                f"this DDBDataLoader iteration failed earlier ({type(error).__name__}); "
-                f"start a new one with iter(loader)"
-            )
-            readable_in_notebooks(error)
-            raise
-        self.yielded += 1
-        self._loader._progress = (self.epoch, self.yielded, False)
-        x, y = batch[0], batch[1]
-        self._run.recorder.delivered(len(x), x.nbytes + y.nbytes, time.perf_counter() - waiting, ready)
-        return batch
-
-    def stop(self, reason: str) -> None:
-        """Stop the threads; unless the epoch had ended, every later step raises RuntimeError(reason).
-
-        Safe to call from any thread, during a step too: that step raises the RuntimeError.
-        """
-        if not self._finished and self._stopped_because is None:
-            self._stopped_because = reason
-        self._close()
-
-    def close(self) -> None:
-        """Stop this iteration and its threads; a later step raises RuntimeError."""
-        self.stop("this DDBDataLoader iteration was closed (iterator.close())")
 
 
 _Init = TypeVar("_Init", bound=Callable[..., None])
@@ -415,7 +214,7 @@ class DDBDataLoader:
         self._epoch = 0
         self._resume_skip = 0
         self._progress: tuple[int, int, bool] | None = None
-        self._iterator: weakref.ref[_EpochIterator] | None = None
+        self._iterator: weakref.ref[EpochIterator] | None = None
         self._recorder: StatsRecorder | None = None
         self._closed = False
         self._arena: Arena | None = None
@@ -473,10 +272,10 @@ class DDBDataLoader:
         self._resume_skip = 0
         self._progress = None
 
-    def __iter__(self) -> _EpochIterator:
+    def __iter__(self) -> EpochIterator:
         return self.iterate()
 
-    def iterate(self, worker: int = 0, num_workers: int = 1) -> _EpochIterator:
+    def iterate(self, worker: int = 0, num_workers: int = 1) -> EpochIterator:
         """Start the next epoch for one of ``num_workers`` workers (``iter(loader)`` is worker 0 of 1)."""
         if self._closed:
             raise RuntimeError("this DDBDataLoader is closed")
@@ -522,7 +321,7 @@ class DDBDataLoader:
         # what the gather of a batch costs), so the consumer's thread assembles its batches.
         from_memory = self._cache is not None and self._cache.holds(self.plan.partitions)
         prefetch = 0 if from_memory and stage.device.type == "cpu" else config.prefetch_batch
-        run = _EpochRun(
+        run = EpochRun(
             self.plan,
             config,
             epoch,
@@ -536,7 +335,7 @@ class DDBDataLoader:
             self._cache,
             prefetch,
         )
-        iterator = _EpochIterator(self, run, self._backend_here())
+        iterator = EpochIterator(self, self._report, run, self._backend_here())
         _log.info(
             "epoch %d: %d groups, %d partitions, %d samples, %d batches%s",
             epoch,
@@ -672,6 +471,9 @@ class DDBDataLoader:
             )
             return None
         return PartitionCache()
+
+    def _report(self, progress: tuple[int, int, bool]) -> None:
+        self._progress = progress
 
     def _shelve(self, arena: Arena) -> None:
         self._arena = arena
