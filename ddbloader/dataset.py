@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from typing import Any
 
+import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from ._pipeline.epoch import Delivered, EpochIterator
 from .loader import _NO_SOURCE, DDBDataLoader
 
 __all__ = ["DDBIterableDataset"]
+
+#: worker slots of the shared epoch counters (a DataLoader rarely has more than a few dozen)
+_MAX_WORKERS = 256
 
 
 class DDBIterableDataset(IterableDataset[Delivered]):
@@ -25,8 +30,10 @@ class DDBIterableDataset(IterableDataset[Delivered]):
     equals the batches an epoch delivers, and a DataLoader with another count is refused.
     Without it, ``len()`` counts the batches of one worker.
 
-    Workers iterate copies of the dataset, so call :meth:`set_epoch` before every epoch (as with
-    ``DistributedSampler``) unless workers are persistent. ``state_dict``/``load_state_dict``
+    Workers iterate copies of the dataset; they count epochs in memory shared with this process
+    (one slot per worker id), so successive epochs differ without :meth:`set_epoch` calls, with or
+    without persistent workers; ``set_epoch(e)`` here pins the next epoch every worker starts.
+    ``state_dict``/``load_state_dict``
     follow torchdata's ``Stateful`` protocol, so ``StatefulDataLoader`` resumes it per worker;
     give an explicit ``seed`` then, since a resumed state reaches only the workers' copies and the
     epochs after it are built from this one.
@@ -47,6 +54,8 @@ class DDBIterableDataset(IterableDataset[Delivered]):
             raise ValueError(f"num_workers must be an int >= 0 (the DataLoader's), got {num_workers!r}")
         self.num_workers = num_workers
         self.loader = DDBDataLoader(source, sql, target_col, *args, **kwargs)
+        # shared memory: a forked or spawned worker writes the slot this process's copy reads
+        self._worker_epochs = torch.zeros(_MAX_WORKERS, dtype=torch.int64).share_memory_()  # type: ignore[no-untyped-call]
 
     def __iter__(self) -> EpochIterator:
         info = get_worker_info()
@@ -58,7 +67,14 @@ class DDBIterableDataset(IterableDataset[Delivered]):
             )
         if info is None:
             return self.loader.iterate()
-        return self.loader.iterate(info.id, info.num_workers)
+        if info.num_workers > _MAX_WORKERS:
+            raise ValueError(f"DDBIterableDataset serves at most {_MAX_WORKERS} DataLoader workers")
+        slot = info.id
+        self.loader.set_epoch(int(self._worker_epochs[slot]))
+        return self.loader.iterate(slot, info.num_workers, functools.partial(self._claimed, slot))
+
+    def _claimed(self, slot: int, epoch: int) -> None:
+        self._worker_epochs[slot] = epoch + 1
 
     def __len__(self) -> int:
         """Batches per epoch under a DataLoader with this dataset's ``num_workers`` (default 1)."""
@@ -69,7 +85,9 @@ class DDBIterableDataset(IterableDataset[Delivered]):
         return self.loader.batches(max(num_workers, 1))
 
     def set_epoch(self, epoch: int) -> None:
+        """Pin the next epoch that starts, here and in every worker (also persistent ones)."""
         self.loader.set_epoch(epoch)
+        self._worker_epochs.fill_(epoch)
 
     def state_dict(self) -> dict[str, Any]:
         """The loader's state, except that an ended iteration still names its own epoch.
@@ -86,6 +104,11 @@ class DDBIterableDataset(IterableDataset[Delivered]):
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.loader.load_state_dict(state)
+        info = get_worker_info()
+        if info is None:
+            self._worker_epochs.fill_(self.loader.epoch)
+        else:
+            self._worker_epochs[info.id] = self.loader.epoch
 
     def close(self) -> None:
         self.loader.close()

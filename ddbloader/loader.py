@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import itertools
 import logging
 import os
 import weakref
@@ -14,11 +15,12 @@ from typing import Any, Literal, TypeVar
 import duckdb
 import torch
 from sqlglot import exp
+from torch.utils.data import get_worker_info
 
 from ._core.config import normalise_config, resolve_aliases
 from ._core.display import plan_html, plan_text
 from ._core.errors import warn_caller
-from ._epoch.shard import agree_seed, part_range, resolve_sharding, shard_samples
+from ._epoch.shard import Sharding, agree_seed, part_range, resolve_sharding, shard_samples
 from ._epoch.summary import plan_rows
 from ._io.cache import PartitionCache
 from ._pipeline.batch import batch_count
@@ -189,12 +191,14 @@ class DDBDataLoader:
         if not isinstance(verbose, bool):
             raise TypeError(f"verbose must be a bool, got {type(verbose).__name__} {verbose!r}")
         self.config = normalise_config({**args, "transform": as_pipeline(args["transform"])})
-        self.sharding = resolve_sharding(rank, world_size, even_batches)
+        # validates the arguments; the sharding an epoch uses is read when it starts
+        built = resolve_sharding(rank, world_size, even_batches)
+        self._fixed_sharding = built if rank is not None or world_size is not None else None
+        self._even_batches = built.even_batches
         if not isinstance(progress, bool):
             raise TypeError(f"progress must be a bool, got {type(progress).__name__} {progress!r}")
-        if args["seed"] is None:
-            shared = agree_seed(self.config.seed, self.sharding, self.config.shuffle)
-            self.config = dataclasses.replace(self.config, seed=shared)
+        self._seed_given = args["seed"] is not None
+        self._agreed_world = 1
         self._source = source
         self._backend_pid = os.getpid()
         self._backend: Backend | None = connect(source)
@@ -203,13 +207,7 @@ class DDBDataLoader:
         except BaseException:
             self._backend.close()
             raise
-        query = self.plan.query
-        if self.sharding.world_size > 1 and query is not None and not query.is_ordered():
-            warn_caller(
-                f"world_size={self.sharding.world_size} splits groups between ranks, and the query has no "
-                f"ORDER BY: a partition that two ranks both read may come back in another order on each, "
-                f"losing or repeating rows across ranks; add an ORDER BY that orders the rows totally"
-            )
+        self._agree(built)
         self.sql = sql
         self._epoch = 0
         self._resume_skip = 0
@@ -219,11 +217,50 @@ class DDBDataLoader:
         self._closed = False
         self._arena: Arena | None = None
         self._cache = self._partition_cache()
-        self._len = self.batches()
+        #: an unfinished iteration that has handed out only its first batch: (token, epoch, skip)
+        self._peek: tuple[int, int, int] | None = None
+        self._tokens = itertools.count()
+        self._resume_world: int | None = None
 
     def __len__(self) -> int:
-        """Batches this rank yields per epoch (the same on every rank)."""
-        return self._len
+        """Batches this rank yields per epoch (the same on every rank) under the current world size."""
+        return self.batches()
+
+    @property
+    def sharding(self) -> Sharding:
+        """This process's rank and world size now: the explicit ones, else torch.distributed's."""
+        if self._fixed_sharding is not None:
+            return self._fixed_sharding
+        return resolve_sharding(None, None, self._even_batches)
+
+    def _agree(self, sharding: Sharding) -> None:
+        """Agree on the seed among ``sharding``'s ranks (once per world size), warn of an unordered query.
+
+        Raises:
+            ValueError: ``shuffle`` without a seed in a DataLoader worker of a multi-rank run whose
+                loader was built before the process group (a worker cannot broadcast the seed).
+        """
+        world = sharding.world_size
+        if world in (1, self._agreed_world):
+            return
+        if not self._seed_given:
+            if get_worker_info() is not None and self.config.shuffle:
+                raise ValueError(
+                    f"shuffle=True and seed=None under {world} ranks, in a DataLoader worker of a loader "
+                    f"built before the process group: the ranks cannot agree on a seed here; give the same "
+                    f"seed= on every rank"
+                )
+            if get_worker_info() is None:
+                shared = agree_seed(self.config.seed, sharding, self.config.shuffle)
+                self.config = dataclasses.replace(self.config, seed=shared)
+        self._agreed_world = world
+        query = self.plan.query
+        if query is not None and not query.is_ordered():
+            warn_caller(
+                f"world_size={world} splits groups between ranks, and the query has no "
+                f"ORDER BY: a partition that two ranks both read may come back in another order on each, "
+                f"losing or repeating rows across ranks; add an ORDER BY that orders the rows totally"
+            )
 
     @property
     def batch_size(self) -> int:
@@ -257,7 +294,8 @@ class DDBDataLoader:
         return self._epoch
 
     def set_epoch(self, epoch: int) -> None:
-        """Make the next iteration run ``epoch`` (its order is a function of seed and epoch).
+        """Make the next epoch that starts (the next first batch) ``epoch``; its order is a function of
+        seed and epoch.
 
         In DataLoader worker mode call it before every epoch, as with ``DistributedSampler``:
         worker processes iterate copies, so the original cannot count epochs itself. Setting the
@@ -266,6 +304,7 @@ class DDBDataLoader:
         """
         if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
             raise ValueError(f"epoch must be a non-negative int, got {epoch!r}")
+        self._give_back(None)
         if epoch == self._epoch:
             return
         self._epoch = epoch
@@ -275,8 +314,14 @@ class DDBDataLoader:
     def __iter__(self) -> EpochIterator:
         return self.iterate()
 
-    def iterate(self, worker: int = 0, num_workers: int = 1) -> EpochIterator:
-        """Start the next epoch for one of ``num_workers`` workers (``iter(loader)`` is worker 0 of 1)."""
+    def iterate(
+        self, worker: int = 0, num_workers: int = 1, claimed: Callable[[int], None] | None = None
+    ) -> EpochIterator:
+        """An iteration for one of ``num_workers`` workers (``iter(loader)`` is worker 0 of 1).
+
+        It claims the next epoch at its first batch (then calls ``claimed(epoch)``); an iteration
+        abandoned after its first batch only (a peek) gives its epoch back.
+        """
         if self._closed:
             raise RuntimeError("this DDBDataLoader is closed")
         previous = self._iterator() if self._iterator is not None else None
@@ -292,23 +337,53 @@ class DDBDataLoader:
             "ended, which starts the next epoch and stops this one (to look at a batch inside the "
             "loop, keep the one you have; for shapes see loader.plan)"
         )
-        epoch = self._epoch
+        self._give_back(None)
+        iteration = _Iteration(self, next(self._tokens), worker, num_workers, claimed)
+        iterator = EpochIterator(iteration)
+        weakref.finalize(iterator, self._give_back, iteration.token).atexit = False
+        self._iterator = weakref.ref(iterator)
+        if self._resume_skip and not len(iterator):
+            # a state saved at the end of its epoch: that epoch is over, whether this iterator
+            # is stepped or dropped (StatefulDataLoader restores one it never steps)
+            iterator.start()
+        return iterator
+
+    def _pending(self, worker: int, num_workers: int) -> tuple[int, int]:
+        """``(epoch, batches)`` an iteration of this worker would serve if it started now."""
+        sharding = self.sharding
+        samples = shard_samples(self.plan.samples, sharding.world_size, sharding.even_batches)
+        share = len(part_range(samples, num_workers, worker))
+        batches = batch_count(share, self.config.batch_size, self.config.drop_last)
+        return self._epoch, batches - min(self._resume_skip, batches)
+
+    def _claim(self, iteration: _Iteration) -> tuple[EpochRun, Backend]:
+        """Start the next epoch for ``iteration`` (its first step)."""
+        if self._closed:
+            raise RuntimeError("this DDBDataLoader is closed")
+        sharding = self.sharding
+        self._agree(sharding)
+        if self._resume_skip and self._resume_world not in (None, sharding.world_size):
+            raise ValueError(
+                f"the loaded state stopped mid-epoch under world_size={self._resume_world}, and this epoch "
+                f"starts under world_size={sharding.world_size}: the rest of that epoch was split for "
+                f"{self._resume_world} ranks; resume with the same world size"
+            )
+        epoch, config = self._epoch, self.config
         units = tuple(
             epoch_units(
                 self.plan,
-                self.config,
+                config,
                 epoch,
-                self.sharding.rank,
-                self.sharding.world_size,
-                worker,
-                num_workers,
-                self.sharding.even_batches,
+                sharding.rank,
+                sharding.world_size,
+                iteration.worker,
+                iteration.num_workers,
+                sharding.even_batches,
             )
         )
-        batches = batch_count(sum(u.samples for u in units), self.config.batch_size, self.config.drop_last)
+        batches = batch_count(sum(u.samples for u in units), config.batch_size, config.drop_last)
         skip = min(self._resume_skip, batches)
         self._recorder = StatsRecorder(epoch)
-        config = self.config
         stage = DeviceStage(config.device, config.pin_memory, config.window_on_device, config.collate)
         # an arena is taken by one epoch at a time and shelved when its last batch is gathered
         arena, self._arena = (
@@ -335,7 +410,7 @@ class DDBDataLoader:
             self._cache,
             prefetch,
         )
-        iterator = EpochIterator(self, self._report, run, self._backend_here())
+        backend = self._backend_here()
         _log.info(
             "epoch %d: %d groups, %d partitions, %d samples, %d batches%s",
             epoch,
@@ -345,11 +420,33 @@ class DDBDataLoader:
             batches,
             f" (resuming after batch {skip})" if skip else "",
         )
-        self._epoch += 1
+        self._epoch = epoch + 1
         self._resume_skip = 0
+        self._resume_world = None
         self._progress = (epoch, skip, False)
-        self._iterator = weakref.ref(iterator)
-        return iterator
+        iteration.started(epoch, skip, sharding.world_size)
+        return run, backend
+
+    def _report(self, token: int, skip: int, progress: tuple[int, int, bool]) -> None:
+        self._progress = progress
+        epoch, yielded, ended = progress
+        self._peek = (token, epoch, skip) if yielded == skip + 1 and not ended else None
+
+    def _give_back(self, token: int | None) -> None:
+        """Return the epoch of an iteration abandoned after its first batch (``None``: any such one)."""
+        peek = self._peek
+        if peek is None or (token is not None and peek[0] != token):
+            return
+        self._peek = None
+        _, self._epoch, self._resume_skip = peek
+        self._progress = None
+
+    def _check_world(self, world: int) -> None:
+        if self._fixed_sharding is None and self.sharding.world_size != world:
+            raise ValueError(
+                f"the world size changed from {world} to {self.sharding.world_size} during an epoch: the "
+                f"epoch was split for {world} ranks; finish the epoch before changing the process group"
+            )
 
     def stats(self) -> LoaderStats:
         """Throughput of the current (or last) epoch; renders as a table in Jupyter."""
@@ -439,6 +536,8 @@ class DDBDataLoader:
                     f"so its batches would not continue the saved sequence"
                 )
         self._stop_iterator("this DDBDataLoader iteration was superseded by load_state_dict()")
+        self._peek = None
+        self._resume_world = int(state["world_size"])
         if state["seed"] != self.config.seed:
             self.config = dataclasses.replace(self.config, seed=int(state["seed"]))
         self._epoch = int(state["epoch"])
@@ -472,9 +571,6 @@ class DDBDataLoader:
             return None
         return PartitionCache()
 
-    def _report(self, progress: tuple[int, int, bool]) -> None:
-        self._progress = progress
-
     def _shelve(self, arena: Arena) -> None:
         self._arena = arena
 
@@ -485,7 +581,9 @@ class DDBDataLoader:
                 "give source as a database path, a URI or a factory that opens a connection"
             )
         state = self.__dict__.copy()
-        state.update(_backend=None, _iterator=None, _recorder=None, _progress=None, _arena=None)
+        state.update(_backend=None, _iterator=None, _recorder=None, _progress=None, _arena=None, _peek=None)
+        # a worker started by pickling (spawn) has no process group: it keeps this process's place
+        state.update(_fixed_sharding=self.sharding, _tokens=itertools.count())
         # a worker process keeps the partitions it fetches itself
         state.update(_cache=None if self._cache is None else PartitionCache())
         return state
@@ -551,7 +649,7 @@ class DDBDataLoader:
         return cls.from_arrow(frame, target_col, sql, **kwargs)
 
     def _plan_rows(self) -> list[tuple[str, str]]:
-        return plan_rows(self.plan, self.config, self.sharding, self._len)
+        return plan_rows(self.plan, self.config, self.sharding, self.batches())
 
     def __repr__(self) -> str:
         return plan_text(self._plan_rows())
@@ -559,6 +657,40 @@ class DDBDataLoader:
     def _repr_html_(self) -> str:
         layout = self.plan.layout
         return plan_html(self._plan_rows(), {"x": layout.x_names, "y": layout.y_names})
+
+
+class _Iteration:
+    """One ``iter(loader)``: the :class:`~ddbloader._pipeline.epoch.EpochSource` of its iterator."""
+
+    def __init__(
+        self,
+        loader: DDBDataLoader,
+        token: int,
+        worker: int,
+        num_workers: int,
+        claimed: Callable[[int], None] | None,
+    ) -> None:
+        self.loader, self.token, self.worker, self.num_workers = loader, token, worker, num_workers
+        self._claimed = claimed
+        self._skip = 0
+        self._world = 1
+
+    def pending(self) -> tuple[int, int]:
+        return self.loader._pending(self.worker, self.num_workers)
+
+    def claim(self) -> tuple[EpochRun, Backend]:
+        return self.loader._claim(self)
+
+    def started(self, epoch: int, skip: int, world: int) -> None:
+        self._skip, self._world = skip, world
+        if self._claimed is not None:
+            self._claimed(epoch)
+
+    def report(self, progress: tuple[int, int, bool]) -> None:
+        self.loader._report(self.token, self._skip, progress)
+
+    def check(self) -> None:
+        self.loader._check_world(self._world)
 
 
 def _reopenable(source: Any) -> bool:

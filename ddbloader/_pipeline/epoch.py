@@ -23,7 +23,7 @@ from .device import DeviceStage, Staged
 from .manager import Arena, GroupPool
 from .prefetch import Prefetcher
 
-__all__ = ["Delivered", "EpochIterator", "EpochRun"]
+__all__ = ["Delivered", "EpochIterator", "EpochRun", "EpochSource"]
 
 _log = logging.getLogger("ddbloader")
 
@@ -130,31 +130,64 @@ class EpochRun:
     prefetch: int
 
 
+class EpochSource(Protocol):
+    """Where an :class:`EpochIterator` gets its epoch from (the loader): asked at its first step."""
+
+    def pending(self) -> tuple[int, int]:
+        """``(epoch, batches)`` the iteration would serve if its first step came now."""
+        ...
+
+    def claim(self) -> tuple[EpochRun, Backend]:
+        """Start the epoch: what to serve and from where. Called once, by the first step."""
+        ...
+
+    def report(self, progress: tuple[int, int, bool]) -> None:
+        """``(epoch, batches yielded, ended)`` after every batch and at the end."""
+        ...
+
+    def check(self) -> None:
+        """Raise if the epoch can no longer be served as claimed (the world size changed)."""
+        ...
+
+
 class EpochIterator:
     """One pass over the plan. Single consumer; ``close()`` (or GC) stops its threads.
 
-    Holds its ``owner`` (the loader), so ``for batch in DDBDataLoader(...)`` does not free (and
-    close) the loader, and reports its position through ``report`` after every batch (for
-    ``state_dict``): ``(epoch, batches yielded, ended)``.
+    The epoch is claimed by the first step, not by ``iter()``: an iterator that never steps (a
+    progress-bar wrapper, a framework's probe) starts no threads and uses up no epoch. Holds its
+    ``source`` (which holds the loader), so ``for batch in DDBDataLoader(...)`` does not free (and
+    close) the loader, and reports its position to it after every batch (for ``state_dict``).
 
     Invariant: once the epoch has ended, every step raises StopIteration; once the iteration was
     stopped before that (superseded by a new one, closed, or failed), every step raises
     RuntimeError saying why, so a training loop never ends early as if the epoch were done.
     """
 
-    def __init__(
-        self, owner: object, report: Callable[[tuple[int, int, bool]], None], run: EpochRun, backend: Backend
-    ) -> None:
-        self._owner_object = owner
-        self._report = report
-        self._run = run
-        self.epoch = run.epoch
-        self.yielded = run.skip
+    def __init__(self, source: EpochSource) -> None:
+        self._source = source
+        self._run: EpochRun | None = None
+        self.yielded = 0
         self._started = time.perf_counter()
         self._owner = threading.current_thread()
         self._stepping = threading.Lock()
         self._finished = False
         self._stopped_because: str | None = None
+        self._prefetcher: Prefetcher[Staged] | None = None
+        self._close: Callable[[], Any] = _nothing
+
+    @property
+    def epoch(self) -> int:
+        """The epoch this iteration serves (before its first step: the one it would claim now)."""
+        return self._run.epoch if self._run is not None else self._source.pending()[0]
+
+    def start(self) -> None:
+        """Claim the epoch now, before the first step (for a resumed epoch with nothing left)."""
+        if self._prefetcher is None:
+            self._begin()
+
+    def _begin(self) -> Prefetcher[Staged]:
+        run, backend = self._source.claim()
+        self._run, self.yielded, self._started = run, run.skip, time.perf_counter()
         prefetcher: Prefetcher[Staged] = Prefetcher(
             functools.partial(EpochBatches, run, backend),
             depth=run.prefetch,
@@ -163,17 +196,20 @@ class EpochIterator:
         )
         self._prefetcher = prefetcher
         self._close = weakref.finalize(self, prefetcher.close)
+        return prefetcher
 
     def __iter__(self) -> EpochIterator:
         return self
 
     def __len__(self) -> int:
+        if self._run is None:
+            return self._source.pending()[1]
         return self._run.batches - self.yielded
 
     @property
     def host_to_device_bytes(self) -> int:
         """Bytes enqueued for copy to the device so far this epoch (0 when delivering on the CPU)."""
-        return self._run.stage.bytes_to_device
+        return 0 if self._run is None else self._run.stage.bytes_to_device
 
     def owner_elsewhere(self) -> threading.Thread | None:
         """The other, still running thread that started this unfinished iteration, if any."""
@@ -196,19 +232,28 @@ class EpochIterator:
     def _step(self) -> Delivered:
         if self._stopped_because is not None:
             raise RuntimeError(self._stopped_because)
+        if self._finished:
+            raise StopIteration
         waiting = time.perf_counter()
-        ready = self._prefetcher.ready()
+        if self._prefetcher is None:
+            prefetcher = self._begin()
+        else:
+            self._source.check()
+            prefetcher = self._prefetcher
+        run = self._run
+        assert run is not None  # set by _begin
+        ready = prefetcher.ready()
         try:
-            batch = self._run.stage.deliver(next(self._prefetcher))
+            batch = run.stage.deliver(next(prefetcher))
         except StopIteration:
             if self._stopped_because is not None:  # stopped from another thread during this step
                 raise RuntimeError(self._stopped_because) from None
             if not self._finished:
                 self._finished = True
                 elapsed = time.perf_counter() - self._started
-                _log.info("epoch %d done: %d batches in %.2f s", self.epoch, self.yielded, elapsed)
-                self._report((self.epoch, self.yielded, True))
-                self._run.recorder.finish()
+                _log.info("epoch %d done: %d batches in %.2f s", run.epoch, self.yielded, elapsed)
+                self._source.report((run.epoch, self.yielded, True))
+                run.recorder.finish()
                 self._close()
             raise
         except BaseException as error:
@@ -221,9 +266,9 @@ class EpochIterator:
             readable_in_notebooks(error)
             raise
         self.yielded += 1
-        self._report((self.epoch, self.yielded, False))
+        self._source.report((run.epoch, self.yielded, False))
         x, y = batch[0], batch[1]
-        self._run.recorder.delivered(len(x), x.nbytes + y.nbytes, time.perf_counter() - waiting, ready)
+        run.recorder.delivered(len(x), x.nbytes + y.nbytes, time.perf_counter() - waiting, ready)
         return batch
 
     def stop(self, reason: str) -> None:
@@ -238,3 +283,7 @@ class EpochIterator:
     def close(self) -> None:
         """Stop this iteration and its threads; a later step raises RuntimeError."""
         self.stop("this DDBDataLoader iteration was closed (iterator.close())")
+
+
+def _nothing() -> None:
+    """Closing an iteration that never started: no threads to stop."""
