@@ -778,3 +778,77 @@ def test_ranks_over_a_query_without_order_by_are_warned_about(
     else:
         assert len(about_order) == 1
         assert about_order[0].startswith("world_size=2 splits groups between ranks")
+
+
+def _named(batches: Any) -> list[list[float]]:
+    """Per batch, the names (first x row) of its samples."""
+    return [_starts([batch]) for batch in batches]
+
+
+def _epochs(source: Any, count: int) -> list[list[list[float]]]:
+    """The first-x-row names of every batch of epochs 0..count-1, each pinned with set_epoch."""
+    with _shuffled(source) as loader:
+        epochs = []
+        for epoch in range(count):
+            loader.set_epoch(epoch)
+            epochs.append(_named(loader))
+    assert len({str(e) for e in epochs}) == count, "the reference epochs differ from each other"
+    return epochs
+
+
+def test_iterators_that_never_step_use_up_no_epoch(series: duckdb.DuckDBPyConnection) -> None:
+    """tqdm wrappers (tqdm.auto calls iter() in its constructor) and probes claim nothing."""
+    from tqdm import tqdm
+    from tqdm.auto import tqdm as auto_tqdm
+
+    reference = _epochs(series, 3)
+    with _shuffled(series) as loader:
+        for _ in range(3):
+            iter(loader)  # a framework's probe
+        assert loader.epoch == 0
+        seen = [_named(auto_tqdm(loader)), _named(tqdm(loader))]
+        seen.append(_named(auto_tqdm(loader, total=len(loader))))
+        assert loader.epoch == 3
+    assert seen == reference
+
+
+def test_a_peek_gives_its_epoch_back(series: duckdb.DuckDBPyConnection) -> None:
+    reference = _epochs(series, 2)
+    with _shuffled(series) as loader:
+        first = next(iter(loader))  # dropped at once: the iterator is collected
+        assert _named([first]) == reference[0][:1]
+        assert (loader.state_dict()["epoch"], loader.state_dict()["batches"]) == (0, 0)
+        kept = iter(loader)
+        next(kept)
+        assert loader.state_dict()["batches"] == 1, "inside the loop the state counts the batch"
+        assert _named(loader) == reference[0], "superseding a peek gives its epoch back too"
+        assert _named(loader) == reference[1]
+        with pytest.raises(RuntimeError, match="superseded"):
+            next(kept)
+
+
+def test_two_batches_claim_the_epoch(series: duckdb.DuckDBPyConnection) -> None:
+    reference = _epochs(series, 2)
+    with _shuffled(series) as loader:
+        iterator = iter(loader)
+        assert _named([next(iterator), next(iterator)]) == reference[0][:2]
+        del iterator
+        assert loader.epoch == 1
+        assert _named(loader) == reference[1]
+
+
+def test_set_epoch_pins_the_epoch_that_starts_next(series: duckdb.DuckDBPyConnection) -> None:
+    reference = _epochs(series, 3)
+    with _shuffled(series) as loader:
+        iterator = iter(loader)
+        assert iterator.epoch == 0
+        loader.set_epoch(2)
+        assert iterator.epoch == 2, "an iterator that has not stepped serves the pinned epoch"
+        assert len(iterator) == len(reference[2])
+        assert _named(iterator) == reference[2]
+        peek = iter(loader)
+        next(peek)
+        loader.set_epoch(1)  # pinning drops the peek's claim to give epoch 3 back
+        del peek
+        assert loader.epoch == 1
+        assert _named(loader) == reference[1]
