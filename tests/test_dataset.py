@@ -226,3 +226,24 @@ def test_stateful_dataloader_resumes_after_a_finished_epoch(db_path: str, num_wo
     resumed.load_state_dict(state)
     data.set_epoch(1)
     assert names(resumed) == epoch1
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_worker_epochs_differ_without_set_epoch(
+    db_path: str, every_sample: Counter[int], persistent: bool
+) -> None:
+    """Workers count epochs in memory shared with the main process: no set_epoch needed."""
+    data = dataset(db_path)
+    reference = []
+    for epoch in range(3):
+        data.set_epoch(epoch)
+        reference.append(names(DataLoader(data, batch_size=None, num_workers=2)))
+    data.set_epoch(0)
+    loader = DataLoader(data, batch_size=None, num_workers=2, persistent_workers=persistent)
+    epochs = [names(loader) for _ in range(3)]
+    assert epochs == reference
+    assert len({str(e) for e in epochs}) == 3, "each epoch has its own order"
+    assert all(flat(e) == every_sample for e in epochs)
+    data.set_epoch(1)
+    assert names(loader) == reference[1], "set_epoch reaches the workers, persistent ones too"
+    data.close()
