@@ -32,7 +32,7 @@ from .backends import Backend, DuckDBBackend, connect
 from .stats import LoaderStats, StatsRecorder
 from .transforms import as_pipeline
 
-__all__ = ["DDBDataLoader"]
+__all__ = ["DDBDataLoader", "LoaderSamples"]
 
 _log = logging.getLogger("ddbloader")
 
@@ -276,6 +276,25 @@ class DDBDataLoader:
     def shuffle(self) -> bool:
         """Whether group, partition and sample order are random (a function of seed and epoch)."""
         return self.config.shuffle
+
+    @property
+    def pin_memory(self) -> bool:
+        """Whether host batches are pinned (``"auto"`` resolved: when CUDA is available)."""
+        return self.config.pin_memory
+
+    #: DataLoader's worker-process count: ddbloader fetches in threads of this process.
+    num_workers = 0
+
+    @property
+    def dataset(self) -> LoaderSamples:
+        """The epoch's samples, as ``DataLoader.dataset``: ``len(loader.dataset)`` counts them all."""
+        return LoaderSamples(self)
+
+    @property
+    def sampler(self) -> LoaderSamples:
+        """``DataLoader.sampler``'s place: ``loader.sampler.set_epoch(e)`` pins the next epoch and
+        ``len(loader.sampler)`` counts this rank's samples, as with ``DistributedSampler``."""
+        return LoaderSamples(self, per_rank=True)
 
     def batches(self, num_workers: int = 1) -> int:
         """Batches per epoch on this rank when its share is split over ``num_workers`` workers."""
@@ -657,6 +676,32 @@ class DDBDataLoader:
     def _repr_html_(self) -> str:
         layout = self.plan.layout
         return plan_html(self._plan_rows(), {"x": layout.x_names, "y": layout.y_names})
+
+
+class LoaderSamples:
+    """A loader's samples where torch code reads ``DataLoader.dataset`` or ``.sampler``.
+
+    ``len()`` is the epoch's samples (``per_rank``: this rank's, padding included) under the
+    current world size; ``set_epoch`` is the loader's. It holds no data: the loader serves it.
+    """
+
+    def __init__(self, loader: DDBDataLoader, per_rank: bool = False) -> None:
+        self.loader = loader
+        self._per_rank = per_rank
+
+    def __len__(self) -> int:
+        samples = self.loader.plan.samples
+        if not self._per_rank:
+            return samples
+        sharding = self.loader.sharding
+        return shard_samples(samples, sharding.world_size, sharding.even_batches)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.loader.set_epoch(epoch)
+
+    def __repr__(self) -> str:
+        kind = "this rank's samples" if self._per_rank else "samples"
+        return f"<{len(self)} {kind} of a DDBDataLoader>"
 
 
 class _Iteration:

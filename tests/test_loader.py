@@ -852,3 +852,16 @@ def test_set_epoch_pins_the_epoch_that_starts_next(series: duckdb.DuckDBPyConnec
         del peek
         assert loader.epoch == 1
         assert _named(loader) == reference[1]
+
+
+def test_the_dataloader_attributes_torch_code_reads(series: duckdb.DuckDBPyConnection) -> None:
+    reference = _epochs(series, 3)
+    with _shuffled(series, batch_size=5, drop_last=True) as loader:
+        assert (loader.batch_size, loader.drop_last, loader.num_workers) == (5, True, 0)
+        assert loader.pin_memory is torch.cuda.is_available()  # pin_memory="auto", resolved
+        assert len(loader.dataset) == len(loader.sampler) == loader.plan.samples == 79
+        assert len(loader) == 79 // 5
+    with _shuffled(series) as loader, _shuffled(series, rank=1, world_size=2) as half:
+        loader.sampler.set_epoch(1)
+        assert _named(loader) == reference[1]
+        assert len(half.sampler) == 40 and len(half.dataset) == 79

@@ -223,7 +223,7 @@ SIGINT_SCRIPT = """
 
 @pytest.mark.parametrize("prefetch", [0, 1])
 def test_ctrl_c_while_waiting_for_a_stalled_fetch_leaves_no_thread(tmp_path: Path, prefetch: int) -> None:
-    result, elapsed = _run(SIGINT_SCRIPT.replace("{prefetch}", str(prefetch)), tmp_path)
+    result, _elapsed = _run(SIGINT_SCRIPT.replace("{prefetch}", str(prefetch)), tmp_path)
     assert result.returncode == 0, result.stderr
     match = re.fullmatch(r"interrupted after ([\d.]+) s; threads: \[\]", result.stdout.strip())
     assert match, result.stdout + result.stderr
