@@ -865,3 +865,28 @@ def test_the_dataloader_attributes_torch_code_reads(series: duckdb.DuckDBPyConne
         loader.sampler.set_epoch(1)
         assert _named(loader) == reference[1]
         assert len(half.sampler) == 40 and len(half.dataset) == 79
+
+
+@pytest.mark.parametrize(("argument", "value"), [("group_col", "nope"), ("repartition_col", "part + nope")])
+def test_an_unknown_key_column_names_the_argument_and_the_result_columns(
+    series: duckdb.DuckDBPyConnection, argument: str, value: str
+) -> None:
+    message = f"{argument}='{re.escape(value)}': the engine cannot resolve column 'nope'.*'gid', 'part'"
+    with pytest.raises(ValueError, match=message):
+        DDBDataLoader(series, SERIES_SQL, "y", input_col=["f0"], **{argument: value})
+
+
+@pytest.mark.parametrize(
+    ("sql", "shown"),
+    [
+        ("SELECT f0 * FROM series", "an incomplete mul expression .* column 16, near 'SELECT f0 \\* FROM'"),
+        ("SELECT f0 FRM series", "at line 1, column 20, near 'SELECT f0 FRM series'"),
+    ],
+)
+def test_a_sql_syntax_error_shows_where_without_parser_internals(
+    series: duckdb.DuckDBPyConnection, sql: str, shown: str
+) -> None:
+    with pytest.raises(ValueError, match="sql does not parse as duckdb SQL: ") as raised:
+        DDBDataLoader(series, sql, "y")
+    assert re.search(shown, str(raised.value)), raised.value
+    assert "sqlglot" not in str(raised.value) and "<class" not in str(raised.value)

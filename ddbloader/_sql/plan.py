@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
+from sqlglot import exp
 
 from .._core.config import LoaderConfig
 from .._core.display import progress_bar
@@ -290,6 +291,24 @@ class _Key:
         return f"{self.parameter} {self.text!r}"
 
 
+def _name_the_key(error: Exception, keys: Sequence[_Key], columns: Sequence[str]) -> None:
+    """Raise a ValueError naming the argument when the engine could not resolve a key's column.
+
+    The engine's message (a binder error) names the column but not ``group_col`` /
+    ``repartition_col``; it stays attached as the cause.
+    """
+    message = str(error)
+    for key in keys:
+        if not isinstance(key.expression, exp.Expr):
+            continue  # DolphinDB text: its engine's message stands
+        for column in key.expression.find_all(exp.Column):
+            if f'"{column.name}"' in message or f"'{column.name}'" in message:
+                raise ValueError(
+                    f"{key.parameter}={key.text!r}: the engine cannot resolve column {column.name!r} "
+                    f"({message.splitlines()[0]}); the query's result columns: {list(columns)}"
+                ) from error
+
+
 class _TickingCursor:
     """A planning cursor that advances a progress bar once per query, failed ones included."""
 
@@ -345,11 +364,13 @@ def build_plan(backend: Backend, sql: str, config: LoaderConfig, progress: bool 
     lost: _Lost = {}
     bar = progress_bar("ddbloader: planning", "query", progress)
     cursor = _TickingCursor(backend.cursor(), bar)
+    result_columns: list[str] = []
     try:
         if keys:
             query = _pin_pivots(cursor, query)
         probe = _run(cursor, query.schema(), "reading the result schema")
         schema = probe.schema
+        result_columns = list(schema.names)
         query = query.with_output(schema.names)
         if keys and isinstance(query, UserQuery):
             keys = _exact_keys(cursor, query, keys)
@@ -373,6 +394,9 @@ def build_plan(backend: Backend, sql: str, config: LoaderConfig, progress: bool 
             rows, where = _probe_partition(cursor, partition_sql, cells)
             planned = resolve_layout_on_rows(probe, rows, where, config, with_nulls)
         layout = planned
+    except Exception as error:
+        _name_the_key(error, keys, result_columns)
+        raise
     finally:
         bar.close()
         cursor.close()

@@ -25,6 +25,7 @@ from __future__ import annotations
 import copy
 import functools
 import itertools
+import re
 from collections.abc import Sequence
 from typing import Any, ClassVar, Protocol
 
@@ -147,7 +148,18 @@ def _describe(error: SqlglotError) -> str:
     if not errors:
         return str(error)
     first = errors[0]
-    return f"{first.get('description')} at line {first.get('line')}, column {first.get('col')}"
+    description = str(first.get("description"))
+    missing = _MISSING_PART.fullmatch(description)
+    if missing:
+        description = (
+            f"an incomplete {missing.group(2).lower()} expression (its {missing.group(1)} is missing)"
+        )
+    near = f"{first.get('start_context') or ''}{first.get('highlight') or ''}"[-40:]
+    return f"{description} at line {first.get('line')}, column {first.get('col')}, near {near!r}"
+
+
+#: sqlglot's message for an expression lacking a part, naming its internal class
+_MISSING_PART = re.compile(r"Required keyword: '(\w+)' missing for <class '[\w.]*\.(\w+)'>")
 
 
 def _operand(expression: exp.Expr) -> exp.Expr:
