@@ -890,3 +890,25 @@ def test_a_sql_syntax_error_shows_where_without_parser_internals(
         DDBDataLoader(series, sql, "y")
     assert re.search(shown, str(raised.value)), raised.value
     assert "sqlglot" not in str(raised.value) and "<class" not in str(raised.value)
+
+
+def test_a_duckdb_file_locked_by_another_process_says_who_and_what_to_do(tmp_path: Path) -> None:
+    path = tmp_path / "locked.duckdb"
+    writer = (
+        f"import duckdb, sys; c = duckdb.connect({str(path)!r}); "
+        "c.execute('CREATE TABLE t AS SELECT 1.0 AS y'); print('held', flush=True); sys.stdin.read()"
+    )
+    holder = subprocess.Popen(
+        [sys.executable, "-c", writer],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        with pytest.raises(
+            duckdb.IOException, match=rf"PID {holder.pid}\)(.|\n)*one writer(.|\n)*read_only=True"
+        ):
+            DDBDataLoader(str(path), "SELECT y FROM t", "y")
+    finally:
+        holder.communicate(timeout=30)

@@ -279,6 +279,15 @@ class DuckDBBackend:
                     f"ddbloader cannot open it again read-only: pass that connection as source instead "
                     f"of the path (or close it first)"
                 ) from exc
+            except duckdb.IOException as exc:
+                if "lock" not in str(exc):
+                    raise
+                raise duckdb.IOException(
+                    f"{exc}\nAnother process holds {str(path)!r} open read-write (the process and PID "
+                    f"above), and DuckDB lets a file have one writer or any number of readers, never "
+                    f"both. Close that connection (or open it with read_only=True there too), or let the "
+                    f"loader read a copy of the file."
+                ) from exc
             self._owned = True
             self.engine = f"duckdb ({path.name}, read-only)"
 
