@@ -83,3 +83,28 @@ def test_lightning_with_persistent_workers_runs_new_epochs_without_set_epoch(db:
     every = every_key(db)
     run("lightning_run.py", db, str(tmp_path), "persistent", "1", cwd=tmp_path)
     check_epochs(reports(tmp_path, 1), every)
+
+
+def test_accelerate_prepare_of_a_ddbdataloader_shards_once(db: str, tmp_path: Path) -> None:
+    every = every_key(db)
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{HERE}", "PYTHONWARNINGS": "ignore"}
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node=2",
+        str(HERE / "accelerate_run.py"),
+    ]
+    done = subprocess.run(
+        [*command, db, str(tmp_path)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=200,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    found = reports(tmp_path, 2)
+    check_epochs(found, every)
+    assert [r["planned"] for r in found] == [5, 5]
