@@ -303,10 +303,13 @@ def _name_the_key(error: Exception, keys: Sequence[_Key], columns: Sequence[str]
             continue  # DolphinDB text: its engine's message stands
         for column in key.expression.find_all(exp.Column):
             if f'"{column.name}"' in message or f"'{column.name}'" in message:
-                raise ValueError(
+                named = ValueError(
                     f"{key.parameter}={key.text!r}: the engine cannot resolve column {column.name!r} "
                     f"({message.splitlines()[0]}); the query's result columns: {list(columns)}"
-                ) from error
+                )
+                for note in getattr(error, "__notes__", ()):
+                    add_note(named, note)  # which planning query failed
+                raise named from error
 
 
 class _TickingCursor:
