@@ -20,13 +20,13 @@ from torch.utils.data import get_worker_info
 from ._core.config import normalise_config, resolve_aliases
 from ._core.display import plan_html, plan_text
 from ._core.errors import warn_caller
-from ._epoch.shard import Sharding, agree_seed, part_range, resolve_sharding, shard_samples
+from ._epoch.shard import Sharding, agree_seed, epoch_units, part_range, resolve_sharding, shard_samples
 from ._epoch.summary import plan_rows
 from ._io.cache import PartitionCache
+from ._pipeline.arena import Arena, arena_for
 from ._pipeline.batch import batch_count
 from ._pipeline.device import DeviceStage
 from ._pipeline.epoch import EpochIterator, EpochRun
-from ._pipeline.manager import Arena, arena_for, epoch_units
 from ._sql.plan import build_plan, plan_differences, plan_fingerprint
 from .backends import Backend, DuckDBBackend, connect
 from .stats import LoaderStats, StatsRecorder

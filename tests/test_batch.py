@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 from torch.utils.data import DataLoader, TensorDataset
 
 from ddbloader._core.window import WindowGeometry
+from ddbloader._pipeline.arena import Piece, Segment
 from ddbloader._pipeline.batch import batch_count, gather
-from ddbloader._pipeline.manager import Piece, Segment
 from ddbloader._sql.source import Block, ColumnLayout
 
 

@@ -24,10 +24,10 @@ import pytest
 from conftest import SERIES_SQL, FaultyBackend, make_series, wait_until
 
 from ddbloader import DDBDataLoader
+from ddbloader._epoch.shard import epoch_units
 from ddbloader._epoch.units import fetch_units
 from ddbloader._io.fetch import MAX_BACKOFF_SECONDS, Fetcher, RetryPolicy, is_transient
 from ddbloader._io.threads import Pending, Stopped
-from ddbloader._pipeline.manager import epoch_units
 from ddbloader._sql.plan import PartitionSpec, QueryPlan
 from ddbloader._sql.source import Block
 from ddbloader.backends import DBAPIBackend, DolphinDBBackend, DuckDBBackend

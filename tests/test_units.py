@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from resume_check import assert_resumes_exactly, assert_same_batches
 
 from ddbloader import DDBDataLoader
+from ddbloader._epoch.shard import epoch_units
 from ddbloader._epoch.units import (
     FIRST_UNIT_SHARE,
     MAX_VALUES,
@@ -30,7 +31,6 @@ from ddbloader._epoch.units import (
     split_by_key,
     unit_blocks,
 )
-from ddbloader._pipeline.manager import epoch_units
 from ddbloader._sql.plan import PartitionSpec
 from ddbloader._sql.source import to_block
 from ddbloader.backends import DuckDBBackend

@@ -20,13 +20,16 @@ from typing import Literal
 
 import torch
 
-from .._sql.plan import GroupPlan, WorkUnit
+from .._core.config import LoaderConfig
+from .._sql.plan import GroupPlan, QueryPlan, WorkUnit
+from .shuffle import Purpose, visit_order
 
 __all__ = [
     "EvenBatches",
     "Sharding",
     "WorkUnit",
     "agree_seed",
+    "epoch_units",
     "part_range",
     "resolve_sharding",
     "shard_samples",
@@ -94,6 +97,24 @@ def split_units(
         return rank_units
     part = part_range(sum(u.samples for u in rank_units), num_workers, worker)
     return _cut(rank_units, part.start, part.stop)
+
+
+def epoch_units(
+    plan: QueryPlan,
+    config: LoaderConfig,
+    epoch: int,
+    rank: int = 0,
+    world_size: int = 1,
+    worker: int = 0,
+    num_workers: int = 1,
+    even_batches: EvenBatches = "pad",
+) -> list[WorkUnit]:
+    """The work units one (rank, worker) serves in ``epoch``, in the epoch's group order."""
+    order = visit_order(len(plan.groups), config.shuffle, config.seed, epoch, Purpose.GROUP_ORDER)
+    groups = plan.groups
+    return split_units(
+        [groups[i] for i in order.tolist()], rank, world_size, worker, num_workers, even_batches
+    )
 
 
 @dataclass(frozen=True)

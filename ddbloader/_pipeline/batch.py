@@ -18,7 +18,7 @@ from .._core.dtypes import torch_dtype
 from .._core.window import WindowGeometry, window_view
 from .._sql.keys import KeyArrays, Keys
 from .._sql.source import Block, ColumnLayout
-from .manager import Piece, Segment
+from .arena import Piece, Segment
 
 __all__ = ["RowSource", "batch_count", "gather", "gather_keys", "gather_on_device"]
 
@@ -87,7 +87,7 @@ def gather(
     column, see :class:`~ddbloader._sql.source.ColumnLayout`). The tensors are freshly allocated, so
     the caller owns them.
 
-    Consecutive pieces whose segments share a base (an :class:`~ddbloader._pipeline.manager.Arena`) are
+    Consecutive pieces whose segments share a base (an :class:`~ddbloader._pipeline.arena.Arena`) are
     one run, and each run costs one ``ndarray.take`` over row numbers per tensor (a batch drawn
     from many groups is then one take, not one per group): it copies in the calling
     thread at memory speed with the GIL released, where torch's ``index_select`` over a window

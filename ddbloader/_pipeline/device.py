@@ -36,8 +36,8 @@ from .._core.errors import add_note, step_name
 from .._core.window import WindowGeometry
 from .._sql.keys import Keys
 from .._sql.source import ColumnLayout
+from .arena import Piece, Segment
 from .batch import gather, gather_keys, gather_on_device
-from .manager import Piece, Segment
 
 __all__ = ["Batch", "DeviceStage", "Staged"]
 

@@ -19,8 +19,9 @@ from .._epoch.units import fetch_units
 from .._io.cache import PartitionCache
 from .._io.fetch import Fetcher, RetryPolicy
 from .._sql.plan import QueryPlan
+from .arena import Arena
 from .device import DeviceStage, Staged
-from .manager import Arena, GroupPool
+from .pool import GroupPool
 from .prefetch import Prefetcher
 
 __all__ = ["Delivered", "EpochIterator", "EpochRun", "EpochSource"]
@@ -47,7 +48,7 @@ class EpochBatches:
     """The batches of one epoch's work units, assembled in the calling (assembler) thread.
 
     The first ``skip`` batches are drawn from row counts alone, without fetching or gathering
-    (exact resume, see :class:`~ddbloader._pipeline.manager.GroupPool`). Its fetch threads stop in
+    (exact resume, see :class:`~ddbloader._pipeline.pool.GroupPool`). Its fetch threads stop in
     ``close()``, never on a failure: the driver reports the failure first and closes after, so a
     slow join (a fetch stuck in the engine) cannot delay the error past the consumer's own timeout
     and replace it with a vaguer one.

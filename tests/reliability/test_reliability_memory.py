@@ -15,7 +15,7 @@ from conftest import SERIES_SQL, FaultyBackend, make_series
 from reliability_support import REPO, delivered_windows, expected_windows, soak
 
 from ddbloader import DDBDataLoader
-from ddbloader._pipeline import manager
+from ddbloader._pipeline import pool as pool_module
 from ddbloader.backends import DuckDBBackend
 
 pytestmark = pytest.mark.timeout(180)
@@ -95,8 +95,8 @@ def test_peak_rss_does_not_grow_with_the_table(tmp_path: Path, pytestconfig: pyt
     assert growth < 0.10
 
 
-class RecordingGauge(manager.PartitionGauge):
-    """The manager's gauge, remembered so the test can read every pool's high-water mark."""
+class RecordingGauge(pool_module.PartitionGauge):
+    """The pool's gauge, remembered so the test can read every pool's high-water mark."""
 
     made: ClassVar[list[RecordingGauge]] = []
 
@@ -121,7 +121,7 @@ def test_partitions_held_never_exceed_pool_times_prepartition(
 ) -> None:
     parts = [[7, 3, 9, 4, 6, 5], [12, 2, 8, 5], [6, 6, 6, 6, 6], [3, 11, 4], [9, 9, 2, 7, 5, 4, 3]]
     make_series(con, parts)
-    monkeypatch.setattr(manager, "PartitionGauge", RecordingGauge)
+    monkeypatch.setattr(pool_module, "PartitionGauge", RecordingGauge)
     epochs = 10 if soak(pytestconfig) else 2
     reached = 0
     highest = 0

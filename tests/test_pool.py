@@ -17,7 +17,6 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import duckdb
-import numpy as np
 import pytest
 import torch
 from conftest import SERIES_SQL, FaultyBackend, make_series, wait_until
@@ -27,14 +26,18 @@ from hypothesis import strategies as st
 from ddbloader import DDBDataLoader
 from ddbloader._core.config import LoaderConfig
 from ddbloader._core.window import WindowGeometry
+from ddbloader._epoch.shard import epoch_units
 from ddbloader._epoch.shuffle import SampleOrders, SourceDraws
 from ddbloader._epoch.units import fetch_units
 from ddbloader._io.cache import PartitionCache
 from ddbloader._io.fetch import Fetcher
 from ddbloader._io.threads import Pending
-from ddbloader._pipeline import manager
+from ddbloader._pipeline import pool as pool_module
+from ddbloader._pipeline.arena import Arena
 from ddbloader._pipeline.batch import gather
-from ddbloader._pipeline.manager import Arena, GroupPool, GroupStream, PartitionGauge, epoch_units
+from ddbloader._pipeline.group_stream import GroupStream
+from ddbloader._pipeline.pool import GroupPool
+from ddbloader._pipeline.unit_stream import PartitionGauge
 from ddbloader._sql.plan import MIN_PIECE_ROWS, PartitionSpec, WorkUnit
 from ddbloader._sql.source import Block
 from ddbloader.backends import DuckDBBackend
@@ -487,28 +490,11 @@ def test_one_partition_groups_are_served_as_a_group_stream_would(case: Case, who
         make_series(con, case.parts)
         served = pool_batches(con, case, arena())
         with pytest.MonkeyPatch.context() as patch:
-            patch.setattr(manager, "PartitionStream", _group_stream_factory(case.epoch))
+            patch.setattr(pool_module, "PartitionStream", _group_stream_factory(case.epoch))
             reference = pool_batches(con, case, arena())
         assert served == reference
     finally:
         con.close()
-
-
-def test_arena_reuses_a_region_only_after_the_batch_that_drew_from_it() -> None:
-    rows = Block(np.arange(12.0).reshape(6, 2), np.arange(6.0).reshape(6, 1))
-    arena = Arena(region_rows=6, regions=2)
-    first = arena.place([rows.rows_between(0, 3), rows.rows_between(3, 6)])
-    assert first.base is not first.block and first.block.x.tolist() == rows.x.tolist()
-    second = arena.place([rows])
-    assert arena.place([rows]).base is rows  # no region left: the rows as they are
-    arena.retire(first)
-    assert arena.place([rows]).base is rows  # retired, but not free before the next draw
-    arena.recycle()
-    reused = arena.place([rows])
-    assert reused.base is first.base and reused.first == first.first
-    assert arena.place([Block.unfetched(2)]).block.fetched is False
-    assert arena.place([rows, rows]).base is not second.base  # more rows than a region
-    assert Arena(6, 2, whole_partitions=False).place([rows]).block is rows  # served where it is
 
 
 @pytest.mark.parametrize("shuffle", [False, True])
