@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import duckdb
+import numpy as np
 import pytest
 import torch
 from conftest import SERIES_SQL, FaultyBackend, make_series, wait_until
@@ -26,15 +27,16 @@ from hypothesis import strategies as st
 from ddbloader import DDBDataLoader
 from ddbloader._core.config import LoaderConfig
 from ddbloader._core.window import WindowGeometry
+from ddbloader._epoch.schedule import BatchSchedule, EventKind
 from ddbloader._epoch.shard import epoch_units
-from ddbloader._epoch.shuffle import SampleOrders, SourceDraws
+from ddbloader._epoch.shuffle import SampleOrders
 from ddbloader._epoch.units import fetch_units
 from ddbloader._io.cache import PartitionCache
 from ddbloader._io.fetch import Fetcher
 from ddbloader._io.threads import Pending
 from ddbloader._pipeline import pool as pool_module
 from ddbloader._pipeline.arena import Arena
-from ddbloader._pipeline.batch import gather
+from ddbloader._pipeline.batch import batch_count, gather
 from ddbloader._pipeline.group_stream import GroupStream
 from ddbloader._pipeline.pool import GroupPool
 from ddbloader._pipeline.unit_stream import PartitionGauge
@@ -375,65 +377,59 @@ def pool_batches(con: duckdb.DuckDBPyConnection, case: Case, arena: Arena | None
     return [x.numpy().tobytes() + y.numpy().tobytes() for x, y in pool_epoch(con, case, arena)[0]]
 
 
-def slot_model(units: Sequence[WorkUnit], case: Case, sizes: Sequence[int]) -> list[list[int]]:
-    """The group of each sample of each batch, as the pool's contract says (see GroupPool.take):
-    sample k of a draw goes to slot floor(u_k * active) and each slot serves its share in slot
-    order from its unit; a finished unit hands its slot to the next one; the shares of slots that
-    close (no unit waiting) are drawn again."""
-    draws = SourceDraws(case.seed, case.epoch)
-    waiting = [[unit.group.value, unit.samples] for unit in units if unit.samples]
-    active: list[list[int]] = []
-    batches = []
-    for size in sizes:
-        groups: list[int] = []
-        while len(groups) < size:
-            while len(active) < case.group_pool_size and waiting:
-                active.append(waiting.pop(0))
-            for slot, share in enumerate(draws.counts(len(active), size - len(groups)).tolist()):
-                owed = share
-                while owed:
-                    group, left = active[slot]
-                    give = min(owed, left)
-                    groups += [group] * give
-                    owed -= give
-                    active[slot][1] -= give
-                    if active[slot][1] == 0:
-                        if not waiting:
-                            break
-                        active[slot] = waiting.pop(0)
-            active = [unit for unit in active if unit[1]]
-        batches.append(groups)
-    return batches
+class _KeyRecordingFetcher(Fetcher):
+    """A real fetcher that also records the key of every partition claimed, in order."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.claimed: list[tuple[int, int]] = []
+
+    def submit(self, spec: PartitionSpec) -> Pending[Block]:
+        self.claimed.append(spec.key)
+        return super().submit(spec)
 
 
-@settings(max_examples=40, deadline=None)
-@given(
-    case=cases(),
-    groups=st.lists(st.lists(st.integers(0, 12), min_size=1, max_size=3), min_size=3, max_size=6),
-    pool=st.integers(2, 4),
-    batch_size=st.integers(2, 12),
-    whole=st.none() | st.booleans(),
-)
-def test_shuffled_batches_follow_the_pool_slot_contract(
-    case: Case, groups: list[list[int]], pool: int, batch_size: int, whole: bool | None
-) -> None:
-    # Units finishing mid-batch with other slots drawn after them (a draw that redrew the rest
-    # of a batch after each finished unit fails this); with and without an arena (whole=True:
-    # a batch's shares are served as arrays, see _Serving).
-    case = replace(
-        case, parts=groups, grouped=True, shuffle=True, group_pool_size=pool, batch_size=batch_size
-    )
+@settings(max_examples=60, deadline=None)
+@given(case=cases() | streamed_cases(), whole=st.none() | st.booleans())
+def test_the_pool_serves_the_schedule(case: Case, whole: bool | None) -> None:
+    # Batch by batch, the real pool over DuckDB hands out the samples of the schedule, claims
+    # partitions in its order, at its batches, and holds as many at most; with and without an
+    # arena (whole=True: a batch's shares are served as arrays, see _Serving).
     con = duckdb.connect()
     try:
         make_series(con, case.parts)
-        region_rows = max(map(sum, case.parts)) + 16
-        arena = None if whole is None else Arena(region_rows, 9, whole_partitions=whole)
-        batches, units = pool_epoch(con, case, arena)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="samples need")
+            loader = DDBDataLoader(con, SERIES_SQL, "y", **case.kwargs())
+        with loader:
+            plan, config = loader.plan, loader.config
+            fetcher = _KeyRecordingFetcher(DuckDBBackend(con), plan.layout, case.fetch_threads)
+            stop = threading.Event()
+            region_rows = max(map(sum, case.parts)) + 16
+            arena = None if whole is None else Arena(region_rows, 9, whole_partitions=whole)
+            try:
+                units = epoch_units(plan, config, case.epoch)
+                pool = GroupPool(units, plan.geometry, config, case.epoch, fetcher, stop, arena=arena)
+                batches = batch_count(plan.samples, case.batch_size, case.drop_last)
+                schedule = BatchSchedule(units, plan.geometry, config, case.epoch, batches)
+                # a group's value is its gid (None without group_col: the one series of gid 0)
+                gids = np.array([group.value or 0 for group in plan.groups], dtype=np.int64)
+                for batch in schedule:
+                    claimed = len(fetcher.claimed)
+                    x, _ = gather(pool.take(len(batch.groups)), plan.geometry, plan.layout, pin=False)
+                    rids = x.reshape(len(x), -1)[:, 0].long().numpy()
+                    assert (
+                        rids.tolist()
+                        == (gids[batch.groups] * GROUP_ROWS + batch.samples * case.stride).tolist()
+                    )
+                    fetches = [e.key for e in batch.events if e.kind == EventKind.FETCH]
+                    assert fetcher.claimed[claimed:] == fetches
+                assert pool.gauge.high_water == schedule.high_water
+            finally:
+                stop.set()
+                fetcher.close()
     finally:
         con.close()
-    # a sample's first x row is rid = group * GROUP_ROWS + row: it names the sample's group
-    served = [(x.reshape(len(x), -1)[:, 0] // GROUP_ROWS).long().tolist() for x, _ in batches]
-    assert served == slot_model(units, case, [len(groups) for groups in served])
 
 
 @settings(max_examples=40, deadline=None)

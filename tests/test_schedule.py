@@ -1,0 +1,312 @@
+"""BatchSchedule: an epoch's order from row counts alone, checked without an engine.
+
+Plans are built from partition sizes (no SQL, no data), so each example costs microseconds to
+milliseconds: exactly-once, shard disjointness and equal counts across ranks, pad/drop, the
+partition budget, events in a consistent order, and the pool's slot contract. That the real pool
+serves what the schedule says is checked against DuckDB in tests/test_pool.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ddbloader._core.config import LoaderConfig
+from ddbloader._core.window import WindowGeometry
+from ddbloader._epoch.schedule import BatchSchedule, EventKind, ScheduledBatch
+from ddbloader._epoch.shard import EvenBatches, shard_samples, split_units
+from ddbloader._epoch.shuffle import Purpose, SourceDraws, visit_order
+from ddbloader._epoch.units import PartitionKey, touched_partitions
+from ddbloader._pipeline.batch import batch_count
+from ddbloader._sql.plan import GroupPlan, PartitionSpec, WorkUnit
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@dataclass(frozen=True)
+class Epoch:
+    """A plan of partition sizes (a list of subqueries per group, each a list of piece sizes),
+    a window geometry and the options that order an epoch."""
+
+    groups: tuple[GroupPlan, ...]
+    config: LoaderConfig
+    geometry: WindowGeometry
+    epoch: int
+
+    def units(
+        self, rank: int = 0, world: int = 1, worker: int = 0, workers: int = 1, even: EvenBatches = "pad"
+    ) -> list[WorkUnit]:
+        """The units of one (rank, worker), as :func:`~ddbloader._epoch.shard.epoch_units` cuts them."""
+        config = self.config
+        order = visit_order(len(self.groups), config.shuffle, config.seed, self.epoch, Purpose.GROUP_ORDER)
+        return split_units([self.groups[i] for i in order.tolist()], rank, world, worker, workers, even)
+
+    def schedule(self, units: Sequence[WorkUnit]) -> BatchSchedule:
+        total = sum(u.samples for u in units)
+        batches = batch_count(total, self.config.batch_size, self.config.drop_last)
+        return BatchSchedule(units, self.geometry, self.config, self.epoch, batches)
+
+
+def config(**options: object) -> LoaderConfig:
+    base: dict[str, object] = {
+        "target_col": ("y",),
+        "batch_size": 4,
+        "shuffle": True,
+        "windowed": True,
+        "x_window": 3,
+        "y_window": 1,
+        "stride": 1,
+        "offset": 3,
+        "input_col": None,
+        "exclude_col": (),
+        "group_col": "g",
+        "group_scheme": None,
+        "repartition_col": "d",
+        "repartition_scheme": None,
+        "seed": 0,
+        "drop_last": False,
+        "device": torch.device("cpu"),
+        "pin_memory": False,
+        "prefetch_batch": 1,
+        "prepartition_num": 2,
+        "group_pool_size": 3,
+        "fetch_threads": 1,
+        "x_dtype": None,
+        "y_dtype": None,
+        "timeout": 1.0,
+    }
+    return LoaderConfig(**{**base, **options})  # type: ignore[arg-type]
+
+
+def plan_groups(
+    subqueries: Sequence[Sequence[Sequence[int]]], geometry: WindowGeometry
+) -> tuple[GroupPlan, ...]:
+    """Groups whose partitions are the non-empty pieces of their subqueries, in order."""
+    groups = []
+    for g, group in enumerate(subqueries):
+        specs: list[PartitionSpec] = []
+        for r, pieces in enumerate(group):
+            sizes = [rows for rows in pieces if rows] if len(pieces) > 1 else [sum(pieces)]
+            sizes = [rows for rows in sizes if rows]
+            first = 0
+            for piece, rows in enumerate(sizes):
+                specs.append(PartitionSpec(g, len(specs), g, r, "", (), rows, piece, len(sizes), first))
+                first += rows
+        rows = sum(s.rows for s in specs)
+        groups.append(GroupPlan(g, g, tuple(specs), geometry.sample_count(rows)))
+    return tuple(groups)
+
+
+@st.composite
+def epochs(draw: st.DrawFn) -> Epoch:
+    # Small partitions (often shorter than the window) next to larger ones; some subqueries in pieces.
+    sizes = draw(st.lists(st.integers(0, 14), min_size=1, max_size=24))
+    cuts = draw(st.lists(st.integers(0, 2), min_size=len(sizes), max_size=len(sizes)))
+    subqueries: list[list[list[int]]] = [[[sizes[0]]]]
+    for rows, cut in zip(sizes[1:], cuts[1:], strict=True):
+        if cut == 0:  # a new group
+            subqueries.append([[rows]])
+        elif cut == 1:  # a new subquery of the group
+            subqueries[-1].append([rows])
+        else:  # a new piece of the subquery
+            subqueries[-1][-1].append(rows)
+    windowed = draw(st.booleans())
+    x_window, y_window = (draw(st.integers(1, 4)), draw(st.integers(1, 3))) if windowed else (1, 1)
+    offset = draw(st.integers(0, 5)) if windowed else 0
+    stride = draw(st.integers(1, 4)) if windowed else 1
+    geometry = WindowGeometry(x_window, y_window, stride, offset, windowed)
+    options = config(
+        batch_size=draw(st.integers(1, 9)),
+        shuffle=draw(st.booleans()),
+        windowed=windowed,
+        x_window=x_window,
+        y_window=y_window,
+        stride=stride,
+        offset=offset,
+        seed=draw(st.integers(0, 2**63 - 1)),
+        drop_last=draw(st.booleans()),
+        prepartition_num=draw(st.integers(1, 3)),
+        group_pool_size=draw(st.integers(1, 5)),
+    )
+    return Epoch(plan_groups(subqueries, geometry), options, geometry, draw(st.integers(0, 3)))
+
+
+def pairs(batches: Sequence[ScheduledBatch]) -> list[tuple[int, int]]:
+    return [pair for b in batches for pair in zip(b.groups.tolist(), b.samples.tolist(), strict=True)]
+
+
+@settings(max_examples=1000, deadline=None)
+@given(epoch=epochs())
+def test_every_sample_exactly_once_in_batches_of_the_asked_size(epoch: Epoch) -> None:
+    units = epoch.units()
+    batches = list(epoch.schedule(units))
+    total = sum(g.samples for g in epoch.groups)
+    size = epoch.config.batch_size
+    assert [b.index for b in batches] == list(range(len(batches)))
+    lengths = [len(b.groups) for b in batches]
+    if epoch.config.drop_last:
+        assert lengths == [size] * (total // size)
+    else:
+        assert sum(lengths) == total
+        assert all(n == size for n in lengths[:-1])
+    served = pairs(batches)
+    assert len(set(served)) == len(served)
+    universe = [(g.index, i) for g in epoch.groups for i in range(g.samples)]
+    assert set(served) <= set(universe)
+    if not epoch.config.drop_last:
+        assert set(served) == set(universe)
+    if not epoch.config.shuffle:  # group order, then sample order, as the query's rows
+        assert served == [(u.group.index, i) for u in units for i in range(u.first, u.stop)][: len(served)]
+
+
+@settings(max_examples=1000, deadline=None)
+@given(epoch=epochs())
+def test_partitions_held_stay_within_the_budget_and_events_come_in_order(epoch: Epoch) -> None:
+    units = epoch.units()
+    schedule = epoch.schedule(units)
+    batches = list(schedule)
+    budget = epoch.config.group_pool_size * epoch.config.prepartition_num
+    assert schedule.high_water <= budget
+    held: set[PartitionKey] = set()
+    loaded: set[PartitionKey] = set()
+    current: dict[int, PartitionKey] = {}
+    released: Counter[PartitionKey] = Counter()
+    samples_of = {u.group.index: set(range(u.first, u.stop)) for u in units}
+    for batch in batches:
+        at = 0
+        for event in batch.events:
+            assert at <= event.at <= len(batch.groups)
+            at = event.at
+            key = event.key
+            if event.kind == EventKind.FETCH:
+                assert key not in held and key not in loaded
+                held.add(key)
+                assert len(held) <= budget
+            elif event.kind == EventKind.LOAD:
+                assert key in held, "a step is loaded only once fetched"
+                assert key[0] not in current, "one step per unit at a time"
+                assert event.left <= epoch.geometry.span - 1 and event.right <= epoch.geometry.span - 1
+                loaded.add(key)
+                current[key[0]] = key
+            elif event.kind == EventKind.DROP:
+                held.remove(key)
+                if current.get(key[0]) == key:
+                    del current[key[0]]
+            else:
+                released[key] += 1
+        # every sample of the batch belongs to the step being served in its unit when it is drawn
+        for group, sample in zip(batch.groups.tolist(), batch.samples.tolist(), strict=True):
+            assert sample in samples_of[group]
+    if not epoch.config.drop_last:
+        assert not held, "every partition is handed back by the end of the epoch"
+        for unit in units:
+            touched = touched_partitions(unit, epoch.geometry)
+            if len(unit.group.partitions) > 1:
+                assert {p for (g, p) in released if g == unit.group.index} == set(touched)
+            assert {p for (g, p) in loaded if g == unit.group.index} <= set(touched)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    epoch=epochs(), world=st.integers(2, 4), workers=st.integers(1, 3), even=st.sampled_from(["pad", "drop"])
+)
+def test_ranks_serve_disjoint_shards_of_equal_length(
+    epoch: Epoch, world: int, workers: int, even: EvenBatches
+) -> None:
+    total = sum(g.samples for g in epoch.groups)
+    per_rank = shard_samples(total, world, even)
+    everything: Counter[tuple[int, int]] = Counter()
+    lengths = set()
+    for rank in range(world):
+        rank_pairs = []
+        for worker in range(workers):
+            units = epoch.units(rank, world, worker, workers, even)
+            rank_pairs += pairs(list(epoch.schedule(units)))
+        if not epoch.config.drop_last and workers == 1:
+            assert len(rank_pairs) == per_rank
+        lengths.add(len(rank_pairs))
+        everything.update(rank_pairs)
+    assert len(lengths) == 1, "every rank serves the same number of samples"
+    if even == "drop":
+        assert all(count == 1 for count in everything.values())
+    elif not epoch.config.drop_last:  # padding repeats some of a rank's own samples
+        universe = {(g.index, i) for g in epoch.groups for i in range(g.samples)}
+        assert set(everything) == universe
+        assert sum(everything.values()) == world * per_rank
+
+
+def slot_model(units: Sequence[WorkUnit], epoch: Epoch, sizes: Sequence[int]) -> list[list[int]]:
+    """The group of each sample of each batch, as the pool's contract says (an independent
+    model, from the contract's words): sample k of a draw goes to slot floor(u_k * active) and
+    each slot serves its share in slot order from its unit; a finished unit hands its slot to the
+    next one; the shares of slots that close (no unit waiting) are drawn again."""
+    draws = SourceDraws(epoch.config.seed, epoch.epoch)
+    waiting = [[unit.group.index, unit.samples] for unit in units if unit.samples]
+    active: list[list[int]] = []
+    batches = []
+    for size in sizes:
+        groups: list[int] = []
+        while len(groups) < size:
+            while len(active) < epoch.config.group_pool_size and waiting:
+                active.append(waiting.pop(0))
+            for slot, share in enumerate(draws.counts(len(active), size - len(groups)).tolist()):
+                owed = share
+                while owed:
+                    group, left = active[slot]
+                    give = min(owed, left)
+                    groups += [group] * give
+                    owed -= give
+                    active[slot][1] -= give
+                    if active[slot][1] == 0:
+                        if not waiting:
+                            break
+                        active[slot] = waiting.pop(0)
+            active = [unit for unit in active if unit[1]]
+        batches.append(groups)
+    return batches
+
+
+@settings(max_examples=600, deadline=None)
+@given(epoch=epochs())
+def test_shuffled_batches_follow_the_pool_slot_contract(epoch: Epoch) -> None:
+    if not epoch.config.shuffle:
+        epoch = dataclasses.replace(epoch, config=dataclasses.replace(epoch.config, shuffle=True))
+    units = epoch.units()
+    batches = list(epoch.schedule(units))
+    served = [b.groups.tolist() for b in batches]
+    assert served == slot_model(units, epoch, [len(g) for g in served])
+
+
+def test_a_step_holds_the_samples_its_partition_completes() -> None:
+    # one group of partitions of 4, 1 and 5 rows, windows of 3 rows and 1 y row (span 4), unshuffled:
+    # partition 0 completes sample 0 (rows 0-3), partition 1 sample 1 (with 3 kept rows of
+    # partition 0), partition 2 samples 2-6 (with its neighbour's 1 row and 2 of partition 0)
+    geometry = WindowGeometry(3, 1, 1, 3, True)
+    epoch = Epoch(plan_groups([[[4], [1], [5]]], geometry), config(shuffle=False, batch_size=3), geometry, 0)
+    batches = list(epoch.schedule(epoch.units()))
+    assert [b.samples.tolist() for b in batches] == [[0, 1, 2], [3, 4, 5], [6]]
+    loads = [(e.key, e.left, e.right, e.at) for b in batches for e in b.events if e.kind == EventKind.LOAD]
+    assert loads == [((0, 0), 0, 0, 0), ((0, 1), 3, 0, 1), ((0, 2), 3, 0, 2)]
+    fetches = [(b.index, e.key) for b in batches for e in b.events if e.kind == EventKind.FETCH]
+    # prepartition_num=2: the third is queued when the first is dropped
+    assert fetches == [(0, (0, 0)), (0, (0, 1)), (0, (0, 2))]
+    drops = [(b.index, e.key, e.at) for b in batches for e in b.events if e.kind == EventKind.DROP]
+    assert drops == [(0, (0, 0), 1), (0, (0, 1), 2), (2, (0, 2), 1)]
+
+
+def test_a_plan_of_many_groups_serves_every_sample_once() -> None:
+    # 200 groups of one to three partitions, eight in the pool
+    geometry = WindowGeometry(5, 1, 1, 5, True)
+    rng = np.random.default_rng(0)
+    subqueries = [[[int(n)] for n in rng.integers(0, 40, int(rng.integers(1, 4)))] for _ in range(200)]
+    epoch = Epoch(plan_groups(subqueries, geometry), config(batch_size=32, group_pool_size=8), geometry, 1)
+    batches = list(epoch.schedule(epoch.units()))
+    assert sum(len(b.groups) for b in batches) == sum(g.samples for g in epoch.groups)
