@@ -390,11 +390,17 @@ class _KeyRecordingFetcher(Fetcher):
 
 
 @settings(max_examples=60, deadline=None)
-@given(case=cases() | streamed_cases(), whole=st.none() | st.booleans())
-def test_the_pool_serves_the_schedule(case: Case, whole: bool | None) -> None:
+@given(
+    case=cases() | streamed_cases(),
+    whole=st.none() | st.booleans(),
+    resume_at=st.none() | st.integers(1, 12),
+)
+def test_the_pool_serves_the_schedule(case: Case, whole: bool | None, resume_at: int | None) -> None:
     # Batch by batch, the real pool over DuckDB hands out the samples of the schedule, claims
     # partitions in its order, at its batches, and holds as many at most; with and without an
-    # arena (whole=True: a batch's shares are served as arrays, see _Serving).
+    # arena (whole=True: a batch's shares are served as arrays, see _Serving). Resumed after
+    # ``resume_at`` batches (drawn without fetching, as a resume's fast-forward does), it hands out
+    # the schedule's batches from there on: a resume skips that many items of the schedule.
     con = duckdb.connect()
     try:
         make_series(con, case.parts)
@@ -407,24 +413,33 @@ def test_the_pool_serves_the_schedule(case: Case, whole: bool | None) -> None:
             stop = threading.Event()
             region_rows = max(map(sum, case.parts)) + 16
             arena = None if whole is None else Arena(region_rows, 9, whole_partitions=whole)
+            skip = resume_at or 0
             try:
                 units = epoch_units(plan, config, case.epoch)
-                pool = GroupPool(units, plan.geometry, config, case.epoch, fetcher, stop, arena=arena)
+                pool = GroupPool(
+                    units, plan.geometry, config, case.epoch, fetcher, stop, fetching=not skip, arena=arena
+                )
                 batches = batch_count(plan.samples, case.batch_size, case.drop_last)
                 schedule = BatchSchedule(units, plan.geometry, config, case.epoch, batches)
                 # a group's value is its gid (None without group_col: the one series of gid 0)
                 gids = np.array([group.value or 0 for group in plan.groups], dtype=np.int64)
                 for batch in schedule:
+                    if batch.index < skip:
+                        pool.take(len(batch.groups))
+                        continue
+                    if batch.index == skip and skip:
+                        pool.start_fetching()
                     claimed = len(fetcher.claimed)
                     x, _ = gather(pool.take(len(batch.groups)), plan.geometry, plan.layout, pin=False)
                     rids = x.reshape(len(x), -1)[:, 0].long().numpy()
-                    assert (
-                        rids.tolist()
-                        == (gids[batch.groups] * GROUP_ROWS + batch.samples * case.stride).tolist()
-                    )
-                    fetches = [e.key for e in batch.events if e.kind == EventKind.FETCH]
-                    assert fetcher.claimed[claimed:] == fetches
-                assert pool.gauge.high_water == schedule.high_water
+                    starts = gids[batch.groups] * GROUP_ROWS + batch.samples * case.stride
+                    assert rids.tolist() == starts.tolist()
+                    if not skip:
+                        assert fetcher.claimed[claimed:] == [
+                            e.key for e in batch.events if e.kind == EventKind.FETCH
+                        ]
+                if not skip:
+                    assert pool.gauge.high_water == schedule.high_water
             finally:
                 stop.set()
                 fetcher.close()
