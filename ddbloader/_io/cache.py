@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from .._epoch.units import PartitionKey
 from .._sql.plan import PartitionSpec
 from .._sql.source import Block
-from .fetch import Fetcher
+from .source import PartitionSource
 from .threads import Pending
 
 __all__ = ["CachedFetcher", "PartitionCache"]
@@ -30,8 +30,8 @@ class PartitionCache:
     def __len__(self) -> int:
         return len(self._blocks)
 
-    def around(self, fetcher: Fetcher) -> CachedFetcher:
-        """``fetcher`` behind this cache, for one epoch."""
+    def around(self, fetcher: PartitionSource) -> CachedFetcher:
+        """``fetcher`` (a :class:`~ddbloader._io.fetch.Fetcher`) behind this cache, for one epoch."""
         return CachedFetcher(self, fetcher)
 
     def holds(self, partitions: int) -> bool:
@@ -46,10 +46,10 @@ class PartitionCache:
 
 
 class CachedFetcher:
-    """A :class:`~ddbloader._io.fetch.Fetcher` whose partitions come from the cache when it has them,
-    and go into it when the assembler receives them."""
+    """A :class:`~ddbloader._io.source.PartitionSource` whose partitions come from the cache when
+    it has them, and from ``fetcher`` otherwise, kept when the assembler receives them."""
 
-    def __init__(self, cache: PartitionCache, fetcher: Fetcher) -> None:
+    def __init__(self, cache: PartitionCache, fetcher: PartitionSource) -> None:
         self._cache = cache
         self._fetcher = fetcher
 
