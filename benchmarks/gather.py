@@ -59,9 +59,9 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, os.environ.get(FROM_ENV := "GATHER_BENCH_DDBLOADER_FROM", str(HERE.parent)))
 
 import throughput  # noqa: E402  (benchmarks/throughput.py: the data and the loader's arguments)
-from ddbloader._pipeline.manager import Piece, Segment  # noqa: E402
 
 from ddbloader._core.window import WindowGeometry, window_view  # noqa: E402
+from ddbloader._pipeline.arena import Piece, Segment  # noqa: E402
 from ddbloader._pipeline.batch import gather  # noqa: E402
 from ddbloader._sql.source import Block, ColumnLayout  # noqa: E402
 
