@@ -175,6 +175,9 @@ def test_partitions_held_stay_within_the_budget_and_events_come_in_order(epoch: 
     batches = list(schedule)
     budget = epoch.config.group_pool_size * epoch.config.prepartition_num
     assert schedule.high_water <= budget
+    again = list(schedule)  # a pure function: the same batches and events every time
+    assert [b.events for b in again] == [b.events for b in batches]
+    assert pairs(again) == pairs(batches)
     held: set[PartitionKey] = set()
     loaded: set[PartitionKey] = set()
     current: dict[int, PartitionKey] = {}

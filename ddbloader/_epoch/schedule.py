@@ -56,7 +56,8 @@ class EventKind(IntEnum):
     LOAD = 2
     #: the partition is no longer held (its step is done, or its unit ended before loading it)
     DROP = 3
-    #: the unit ended: no partition of its group that it needed is asked for again
+    #: the unit ended: no partition of its group that it needed is asked for again (one event per
+    #: partition; none for a group of one partition, whose one claim took its rows)
     RELEASE = 4
 
 
@@ -239,7 +240,8 @@ class BatchSchedule:
     (the last one shorter unless ``drop_last`` cut it).
 
     Iterating yields one :class:`ScheduledBatch` per batch; :attr:`high_water` is the most
-    partitions held at once so far (at most ``group_pool_size x prepartition_num``).
+    partitions held at once so far in the latest iteration (at most ``group_pool_size x
+    prepartition_num``). A resume after ``k`` batches serves the items from ``k`` on.
     """
 
     def __init__(
@@ -262,7 +264,9 @@ class BatchSchedule:
         return self._log.high_water
 
     def __iter__(self) -> Iterator[ScheduledBatch]:
-        config, log = self._config, self._log
+        """The epoch's batches from the first (each iteration starts the epoch afresh)."""
+        config = self._config
+        log = self._log = _Recorder()
         pool, shuffle = config.group_pool_size, config.shuffle
         budget = pool * config.prepartition_num
         waiting = deque(u for u in self._units if u.samples > 0)
