@@ -129,6 +129,10 @@ class DDBDataLoader:
             without windows) come with the batch as a third element, a dict name → tensor (numbers;
             temporal values as int64 since the epoch) or list (strings and other types), so
             predictions can be joined back (see ddbloader.keys). Left out of a derived x.
+        verify: check every fetched partition's rows, not only their count, against an engine
+            hash of each row summed at planning (DuckDB and PostgreSQL; refused elsewhere):
+            wrong rows in the right number raise, naming the partition. Costs a hash per row
+            at planning and at every fetch (see README).
         mode: DolphinDB's framework switch; only ``"pytorch"`` exists here.
         verbose: accepted for DolphinDB code and ignored: ddbloader reports through the
             ``"ddbloader"`` logger (INFO per epoch, DEBUG per partition).
@@ -177,6 +181,7 @@ class DDBDataLoader:
         fetch_bytes: int = 8 * 2**20,
         cache_bytes: int | None = None,
         key_col: str | Sequence[str] | None = None,
+        verify: bool = False,
         mode: str = "pytorch",
         verbose: bool = False,
         **aliases: Any,

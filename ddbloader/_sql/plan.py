@@ -25,6 +25,7 @@ from .._core.engine import Backend, Cursor
 from .._core.errors import add_note, warn_caller
 from .._core.window import WindowGeometry
 from .binding import POSTGRES_TYPE, binds_exactly, text_identifies
+from .fingerprint import HASH_SUM_ALIAS, Fingerprint, planned_sum, row_hash
 from .literals import dolphindb_literal_hint
 from .query import (
     GROUP_ALIAS,
@@ -70,6 +71,9 @@ class PartitionSpec:
     ``[first_row, first_row + rows)``; all pieces share ``sql`` and ``params``, and are read by
     one query (see :mod:`ddbloader._io.streams`). Invariants: ``0 <= piece < pieces``; the pieces of
     one subquery sit at positions ``position - piece`` to ``position - piece + pieces - 1``.
+
+    ``fingerprint`` (``verify=True``): what the subquery's rows hash to (see
+    :mod:`ddbloader._sql.fingerprint`); its SQL is the one fetches run, ``sql`` the plain one.
     """
 
     group: int
@@ -82,6 +86,7 @@ class PartitionSpec:
     piece: int = 0
     pieces: int = 1
     first_row: int = 0
+    fingerprint: Fingerprint | None = None
 
     # made once per plan: at thousands of groups, a tuple per partition and epoch cost ~5 ms an epoch
     @functools.cached_property
@@ -337,7 +342,8 @@ class _TickingCursor:
         self._cursor.close()
 
 
-_Cell = tuple[Any, tuple[Any, ...], int]
+#: A subquery: its repartition value, parameters, rows and (verify=True) planned hash sum.
+_Cell = tuple[Any, tuple[Any, ...], int, int | None]
 #: Rows whose key is NULL, per key: they match no subquery and are not loaded.
 _Lost = dict[str, int]
 
@@ -355,6 +361,7 @@ def build_plan(backend: Backend, sql: str, config: LoaderConfig, progress: bool 
         Exception: an engine error, with a note naming the query that failed.
     """
     query = _parse(backend, sql)
+    hashing = _row_hash(backend, query) if config.verify else None
     keys = [
         _Key(query.column(column, parameter), scheme, parameter, column)
         for column, scheme, parameter in (
@@ -392,7 +399,12 @@ def build_plan(backend: Backend, sql: str, config: LoaderConfig, progress: bool 
         planned = resolve_layout(probe, config, with_nulls)
         partition_sql = query.filtered([k.expression for k in keys])
         lists = bool(getattr(backend, "binds_lists", False))
-        cells = _cells(cursor, query, keys, partition_sql, lost, lists)
+        counted, counted_sql = query, partition_sql
+        if hashing is not None:  # the fetch queries and the counts carry the row hash
+            assert isinstance(query, UserQuery)
+            counted = query.with_row_hash(hashing)
+            counted_sql = counted.filtered([k.expression for k in keys])
+        cells = _cells(cursor, counted, keys, counted_sql, lost, lists)
         if planned is None:  # the transform needs rows to show its output
             rows, where = _probe_partition(cursor, partition_sql, cells)
             planned = resolve_layout_on_rows(probe, rows, where, config, with_nulls)
@@ -412,8 +424,8 @@ def build_plan(backend: Backend, sql: str, config: LoaderConfig, progress: bool 
     groups: list[GroupPlan] = []
     for index, (group_value, row) in enumerate(cells):
         cut = [
-            (repartition_value, params, piece)
-            for repartition_value, params, rows in row
+            (repartition_value, params, piece, None if content is None else Fingerprint(counted_sql, content))
+            for repartition_value, params, rows, content in row
             if rows > 0
             for piece in _cut(rows, layout.row_bytes, config.fetch_bytes)
         ]
@@ -429,8 +441,11 @@ def build_plan(backend: Backend, sql: str, config: LoaderConfig, progress: bool 
                 piece=piece,
                 pieces=count,
                 first_row=first_row,
+                fingerprint=fingerprint,
             )
-            for position, (repartition_value, params, (piece, count, first_row, rows)) in enumerate(cut)
+            for position, (repartition_value, params, (piece, count, first_row, rows), fingerprint) in (
+                enumerate(cut)
+            )
         )
         total = sum(p.rows for p in partitions)
         groups.append(
@@ -452,7 +467,7 @@ def build_plan(backend: Backend, sql: str, config: LoaderConfig, progress: bool 
         tuple(groups),
         layout,
         geometry,
-        query,
+        counted,  # its fetch units carry the row hash when the partitions do
         tuple((k.parameter, k.expression) for k in keys),
     )
     if geometry.windowed and not query.is_ordered():
@@ -511,6 +526,16 @@ def _exact_keys(cursor: Cursor, query: UserQuery, keys: list[_Key]) -> list[_Key
     return exact
 
 
+def _row_hash(backend: Backend, query: Query) -> exp.Expr:
+    """The engine's row hash for ``verify=True``.
+
+    Raises:
+        ValueError: the engine has no row hash ddbloader uses (or brings its own query parser,
+            as DolphinDB does), naming the engine.
+    """
+    return row_hash(backend.dialect if isinstance(query, UserQuery) else "", backend.engine)
+
+
 def _short(text: str, limit: int = 120) -> str:
     """``text`` on one line, cut to ``limit`` characters for a message."""
     line = " ".join(text.split())
@@ -527,7 +552,7 @@ def _probe_partition(
     cursor: Cursor, partition_sql: str, cells: list[tuple[Any, list[_Cell]]]
 ) -> tuple[pa.Table | None, str]:
     """The smallest partition, to probe a transform on that cannot run on zero rows, and its name."""
-    sized = [(rows, params) for _, row in cells for _, params, rows in row if rows > 0]
+    sized = [(rows, params) for _, row in cells for _, params, rows, _ in row if rows > 0]
     if not sized:
         return None, "the query's empty result (the query has no rows)"
     _, params = min(sized, key=lambda cell: cell[0])
@@ -577,7 +602,8 @@ def _cells(
     """
     if not keys:
         table = _run(cursor, query.count(partition_sql), "counting rows")
-        return [(None, [(None, (), int(table.column(ROWS_ALIAS)[0].as_py()))])]
+        content = _content(table, 0)
+        return [(None, [(None, (), int(table.column(ROWS_ALIAS)[0].as_py()), content)])]
     if isinstance(query, UserQuery):
         cursor.expect(1)
         return _counted_cells(cursor, query, keys, lost, lists)
@@ -594,9 +620,16 @@ def _cells(
 
     if len(keys) == 1:
         if keys[0].parameter == "group_col":
-            return [(v, [(None, (v,), count((v,)))]) for v in schemes[0]]
-        return [(None, [(v, (v,), count((v,))) for v in schemes[0]])]
-    return [(g, [(r, (g, r), count((g, r))) for r in schemes[1]]) for g in schemes[0]]
+            return [(v, [(None, (v,), count((v,)), None)]) for v in schemes[0]]
+        return [(None, [(v, (v,), count((v,)), None) for v in schemes[0]])]
+    return [(g, [(r, (g, r), count((g, r)), None) for r in schemes[1]]) for g in schemes[0]]
+
+
+def _content(table: pa.Table, row: int) -> int | None:
+    """Row ``row``'s planned hash sum (verify=True), or None when the count has none."""
+    if HASH_SUM_ALIAS not in table.column_names:
+        return None
+    return planned_sum(table.column(HASH_SUM_ALIAS)[row].as_py())
 
 
 def _grouped_counts(
@@ -619,11 +652,11 @@ def _grouped_counts(
     complete = [r for r in rows if None not in r[:-1]]
     if len(keys) == 1:
         if keys[0].parameter == "group_col":
-            return [(v, [(None, (v,), n)]) for v, n in complete]
-        return [(None, [(v, (v,), n) for v, n in complete])]
+            return [(v, [(None, (v,), n, None)]) for v, n in complete]
+        return [(None, [(v, (v,), n, None) for v, n in complete])]
     cells: dict[Any, list[_Cell]] = {}
     for g, r, n in complete:
-        cells.setdefault(g, []).append((r, (g, r), n))
+        cells.setdefault(g, []).append((r, (g, r), n, None))
     return list(cells.items())
 
 
@@ -668,16 +701,20 @@ def _counted_cells(
             _check_scheme(key, [r[alias + INDEX_SUFFIX] for r in found], [r[alias] for r in found])
             values.append(list(enumerate(key.scheme)))
     rows: dict[tuple[Any, ...], int] = {}
+    # verify=True: per cell, the sum of its rows' hashes (mod 2**64, as rows add up)
+    contents: dict[tuple[Any, ...], int | None] = {}
     for r in found:
         cell = tuple(
             repr(r[a]) if k.scheme is None else r[a + INDEX_SUFFIX]
             for k, a in zip(keys, aliases, strict=True)
         )
         rows[cell] = rows.get(cell, 0) + int(r[ROWS_ALIAS])
+        if HASH_SUM_ALIAS in r:
+            contents[cell] = planned_sum((contents.get(cell) or 0) + planned_sum(r[HASH_SUM_ALIAS]))
     if len(keys) == 1:
         if keys[0].parameter == "group_col":
-            return [(v, [(None, (v,), rows.get((t,), 0))]) for t, v in values[0]]
-        return [(None, [(v, (v,), rows.get((t,), 0)) for t, v in values[0]])]
+            return [(v, [(None, (v,), rows.get((t,), 0), contents.get((t,)))]) for t, v in values[0]]
+        return [(None, [(v, (v,), rows.get((t,), 0), contents.get((t,))) for t, v in values[0]])]
     # Within a group, repartitions in scheme order: the scheme's, or the engine's sort order of
     # the values it found (the rows come sorted by group, then repartition value).
     order = {t: n for n, (t, _) in enumerate(values[1])} if keys[1].scheme is not None else {}
@@ -690,7 +727,7 @@ def _counted_cells(
     cells = []
     for tg, g in values[0]:
         present = sorted(by_group.get(tg, {}).items(), key=lambda item: order.get(item[0], 0))
-        cells.append((g, [(r, (g, r), rows[tg, tr]) for tr, r in present]))
+        cells.append((g, [(r, (g, r), rows[tg, tr], contents.get((tg, tr))) for tr, r in present]))
     return cells
 
 

@@ -36,6 +36,8 @@ from sqlglot.errors import SqlglotError
 from sqlglot.parsers.duckdb import DuckDBParser
 from sqlglot.tokenizer_core import TokenType
 
+from .fingerprint import HASH_ALIAS, HASH_SUM_ALIAS
+
 __all__ = [
     "GROUP_ALIAS",
     "KEY_ALIASES",
@@ -258,6 +260,9 @@ class UserQuery:
             raise ValueError("sql must not contain parameters (?, $1, :name): ddbloader binds its own")
         self._tree = tree
         self._output: tuple[str, ...] | None = None
+        #: the engine's row hash (verify=True, see :mod:`ddbloader._sql.fingerprint`): when set,
+        #: the fetch queries end with it and the planning counts sum it
+        self._row_hash: exp.Expr | None = None
 
     def column(self, text: str, parameter: str) -> exp.Expr:
         """:func:`parse_column_expression` in this query's dialect."""
@@ -274,20 +279,39 @@ class UserQuery:
         query._output = tuple(names)
         return query
 
+    def with_row_hash(self, row_hash: exp.Expr) -> UserQuery:
+        """This query fingerprinting its rows with ``row_hash`` (an expression over ``_ddb_q``):
+        :meth:`filtered` and :meth:`filtered_many` add it as column ``_ddb_hash`` after the
+        query's own; :meth:`key_counts` and :meth:`count` (of a :meth:`filtered` query) sum it as
+        text in ``_ddb_hash_sum``."""
+        query = copy.copy(self)
+        query._row_hash = row_hash
+        return query
+
     def filtered(self, columns: Sequence[exp.Expr]) -> str:
         """The query's rows where ``column_i = $i`` for each of ``columns``, in the query's order.
 
-        Injected into the top-level WHERE where that is provably the same rows, else the query
-        is wrapped (see the module docstring). Parameters bind in the order of ``columns``.
+        The query is wrapped (see the module docstring). Parameters bind in the order of
+        ``columns``. With a row hash, its column comes last.
 
         Raises:
             ValueError: the query can be neither injected into nor wrapped for these keys; the
                 message names the construct and the key, and says what to select.
         """
-        if not columns:
+        if not columns and self._row_hash is None:
             return self.render(self._tree.copy())
-        predicate = exp.and_(*(_parameter_equals(c, n) for n, c in enumerate(columns, start=1)))
-        return self.render(self._filter(columns, predicate))
+        if not columns:
+            inner, order = self._ordered_wrap()
+            tree: exp.Expr = exp.select("*").from_(_subquery(inner, "_ddb_q"))
+            if order is not None:
+                tree.set("order", order)
+        else:
+            predicate = exp.and_(*(_parameter_equals(c, n) for n, c in enumerate(columns, start=1)))
+            tree = self._filter(columns, predicate)
+        if self._row_hash is not None:
+            assert isinstance(tree, exp.Select)
+            tree = tree.select(self._row_hash.copy().as_(HASH_ALIAS), copy=False)
+        return self.render(tree)
 
     def filtered_many(
         self, columns: Sequence[exp.Expr], counts: Sequence[int | None], *, lists: bool = False
@@ -309,8 +333,10 @@ class UserQuery:
         """
         self._check_keys(columns)
         inner, order = self._ordered_wrap()
+        hashed = [] if self._row_hash is None else [self._row_hash.copy().as_(HASH_ALIAS)]
         outer = exp.select(
             exp.Star(),
+            *hashed,
             *(_operand(c).as_(a) for c, a in zip(columns, KEY_ALIASES[: len(columns)], strict=True)),
         ).from_(_subquery(inner, "_ddb_q"))
         terms = []
@@ -334,11 +360,22 @@ class UserQuery:
         return self.count(self.render(self._filter(columns, predicate)))
 
     def count(self, sql: str) -> str:
-        """``SELECT count(*)`` over a (derived) query."""
+        """``SELECT count(*)`` over a (derived) query; with a row hash, also the sum of ``sql``'s
+        hash column (``sql`` is then one of :meth:`filtered`)."""
         inner = sqlglot.parse_one(sql, read=_reader(self.dialect))
         return self.render(
-            exp.select(exp.Count(this=exp.Star()).as_(ROWS_ALIAS)).from_(_subquery(inner, "_ddb_count"))
+            exp.select(exp.Count(this=exp.Star()).as_(ROWS_ALIAS), *self._hash_sum()).from_(
+                _subquery(inner, "_ddb_count")
+            )
         )
+
+    def _hash_sum(self) -> list[exp.Expr]:
+        """``CAST(sum(_ddb_hash) AS TEXT) AS _ddb_hash_sum`` with a row hash (text: a sum of
+        64-bit hashes is exact as text on every driver), else nothing."""
+        if self._row_hash is None:
+            return []
+        total = exp.Sum(this=exp.column(HASH_ALIAS))
+        return [exp.Cast(this=total, to=exp.DataType.build("text")).as_(HASH_SUM_ALIAS)]
 
     def schema(self) -> str:
         """The user's query returning no rows, to read its result schema."""
@@ -400,7 +437,7 @@ class UserQuery:
         """
         aliases = (GROUP_ALIAS, REPARTITION_ALIAS)[: len(columns)]
         counted = (
-            exp.select(*aliases, exp.Count(this=exp.Star()).as_(ROWS_ALIAS))
+            exp.select(*aliases, exp.Count(this=exp.Star()).as_(ROWS_ALIAS), *self._hash_sum())
             .from_(_subquery(self._keys(columns), "_ddb_annotated"))
             .group_by(*aliases)
         )
@@ -421,7 +458,9 @@ class UserQuery:
                     (names[-1], _scheme_list(positions, [scheme[p] for p in positions], values, lists))
                 )
             tables.append(list(names))
-        branches: list[exp.Query] = [_matched_keys(aliases, c) for c in itertools.product(*tables)]
+        branches: list[exp.Query] = [
+            _matched_keys(aliases, c, self._row_hash is not None) for c in itertools.product(*tables)
+        ]
         matched = functools.reduce(lambda a, b: exp.union(a, b, distinct=False, copy=False), branches)
         outer = (
             exp.select("*")
@@ -534,6 +573,8 @@ class UserQuery:
         self._check_keys(columns)
         aliases = (GROUP_ALIAS, REPARTITION_ALIAS)[: len(columns)]
         keyed = [_operand(c).as_(a) for c, a in zip(columns, aliases, strict=True)]
+        if self._row_hash is not None:
+            keyed.append(self._row_hash.copy().as_(HASH_ALIAS))
         tree = self._tree.copy()
         if not (tree.args.get("limit") or tree.args.get("offset")):
             tree.set("order", None)
@@ -748,15 +789,17 @@ def _scheme_list(positions: list[int], listed: list[Any], values: list[Any], lis
     return exp.Values(expressions=rows)
 
 
-def _matched_keys(aliases: Sequence[str], tables: Sequence[str | None]) -> exp.Select:
-    """The counted keys joined to one VALUES list per explicit key (None: a discovered key)."""
+def _matched_keys(aliases: Sequence[str], tables: Sequence[str | None], hashed: bool) -> exp.Select:
+    """The counted keys joined to one VALUES list per explicit key (None: a discovered key);
+    ``hashed``: with their hash sums."""
     indexes = [
         exp.column("_ddb_index", table=t).as_(a + INDEX_SUFFIX)
         for a, t in zip(aliases, tables, strict=True)
         if t
     ]
     keys = [exp.column(a, table="_ddb_keys") for a in aliases]
-    select = exp.select(*indexes, *keys, exp.column(ROWS_ALIAS, table="_ddb_keys")).from_("_ddb_keys")
+    sums = [exp.column(HASH_SUM_ALIAS, table="_ddb_keys")] if hashed else []
+    select = exp.select(*indexes, *keys, exp.column(ROWS_ALIAS, table="_ddb_keys"), *sums).from_("_ddb_keys")
     for alias, table in zip(aliases, tables, strict=True):
         if table is not None:
             on = exp.EQ(
