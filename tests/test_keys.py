@@ -145,7 +145,8 @@ def test_an_unknown_key_column_is_refused_by_name(path: str) -> None:
 def test_key_columns_are_left_out_of_a_derived_x(path: str) -> None:
     args = {**ARGS, "input_col": None, "key_col": ["symbol", "ts", "day", "rid"]}
     with DDBDataLoader(path, KEYS_SQL, "y", **args) as loader:
-        assert loader.plan.layout.x_names == ("gid", "part", "f0", "y")
+        # gid and part are group_col and repartition_col: keys, out of x as key_col's columns are
+        assert loader.plan.layout.x_names == ("f0", "y")
 
 
 def test_a_null_timestamp_key_is_refused_by_name() -> None:

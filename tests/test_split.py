@@ -40,6 +40,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ddbloader import DDBDataLoader
+from ddbloader._sql.fingerprint import strip_hash
 from ddbloader._sql.query import UserQuery, parse_column_expression
 from ddbloader.backends import connect
 
@@ -155,6 +156,8 @@ def clickhouse(chdb_uri: str) -> Iterator[Engine]:
 
 
 ENGINES = ("duckdb", "postgres", "sqlite")
+#: Engines with a row hash: the corpus runs there with verify=True.
+VERIFIED = ("duckdb", "postgres")
 #: Engines the corpus's engine-neutral shapes also run on (their own SQL is not in the corpus).
 MORE_ENGINES = ("datafusion", "clickhouse")
 #: ClickHouse takes UNION only with DISTINCT or ALL (by default: union_default_mode is empty).
@@ -651,8 +654,13 @@ def _runs(
 
 
 def check_split(engine: Engine, shape: Shape, **schemes: Any) -> dict[tuple[Any, ...], list[tuple[Any, ...]]]:
-    """Build the plan, fetch every partition, compare with the whole query; return the partitions."""
+    """Build the plan, fetch every partition, compare with the whole query; return the partitions.
+
+    On the engines with a row hash the loader verifies content (``verify=True``): an epoch runs
+    through the real fetch paths (fetch units, partitions), and every partition's hashed subquery
+    is checked against its planned fingerprint here too."""
     keys = {"group_col": shape.group, "repartition_col": shape.repartition}
+    verify = engine.name in VERIFIED
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # NULL keys, unmatched values: checked where they matter
         loader = DDBDataLoader(
@@ -660,11 +668,14 @@ def check_split(engine: Engine, shape: Shape, **schemes: Any) -> dict[tuple[Any,
             shape.sql,
             target_col=shape.target,
             input_col=[shape.target],
+            verify=verify,
             **{k: v for k, v in keys.items() if v is not None},
             **schemes,
         )
-    with loader:
-        plan = loader.plan
+        with loader:
+            plan = loader.plan
+            if verify:
+                assert sum(len(x) for x, _ in loader) == plan.samples  # raises on a content mismatch
     whole = engine.fetch(shape.sql)
     names = whole.column_names
     width = len(names)
@@ -691,6 +702,11 @@ def check_split(engine: Engine, shape: Shape, **schemes: Any) -> dict[tuple[Any,
             assert fetched.column_names == names, spec.describe()
             rows = _rows(fetched)
             assert len(rows) == spec.rows, spec.describe()
+            assert (spec.fingerprint is not None) == verify, spec.describe()
+            if spec.fingerprint is not None:
+                hashed, content = strip_hash(engine.fetch(spec.fingerprint.sql, spec.params))
+                assert collections.Counter(_rows(hashed)) == collections.Counter(rows), spec.describe()
+                assert content == spec.fingerprint.content, spec.describe()
             assert key not in got, f"{key} split twice"
             got[key] = rows
     for group in plan.groups:  # discovered repartitions come in the engine's (here Python's) order

@@ -382,6 +382,7 @@ def build_plan(backend: Backend, sql: str, config: LoaderConfig, progress: bool 
         schema = probe.schema
         result_columns = list(schema.names)
         query = query.with_output(schema.names)
+        key_columns = _key_columns(keys, schema.names)
         if keys and isinstance(query, UserQuery):
             keys = _exact_keys(cursor, query, keys)
         names = {*(config.input_col or schema.names), *config.target_col}
@@ -396,7 +397,7 @@ def build_plan(backend: Backend, sql: str, config: LoaderConfig, progress: bool 
             fed = {name: count for name, count in counts.items() if name in names}
             if with_nulls & set(fed):
                 _refuse_all_null(cursor, query, fed)
-        planned = resolve_layout(probe, config, with_nulls)
+        planned = resolve_layout(probe, config, with_nulls, key_columns)
         partition_sql = query.filtered([k.expression for k in keys])
         lists = bool(getattr(backend, "binds_lists", False))
         counted, counted_sql = query, partition_sql
@@ -407,7 +408,7 @@ def build_plan(backend: Backend, sql: str, config: LoaderConfig, progress: bool 
         cells = _cells(cursor, counted, keys, counted_sql, lost, lists)
         if planned is None:  # the transform needs rows to show its output
             rows, where = _probe_partition(cursor, partition_sql, cells)
-            planned = resolve_layout_on_rows(probe, rows, where, config, with_nulls)
+            planned = resolve_layout_on_rows(probe, rows, where, config, with_nulls, key_columns)
         layout = planned
     except Exception as error:
         _name_the_key(error, keys, result_columns)
@@ -524,6 +525,25 @@ def _exact_keys(cursor: Cursor, query: UserQuery, keys: list[_Key]) -> list[_Key
             )
         exact.append(dataclasses.replace(key, expression=query.as_text(key.expression)))
     return exact
+
+
+def _key_columns(keys: Sequence[_Key], names: Sequence[str]) -> list[str]:
+    """The result columns that ``group_col`` / ``repartition_col`` name as plain columns: they
+    stay out of a derived x (a key expression such as ``CAST(ts AS DATE)`` leaves ``ts`` in)."""
+    found = []
+    for key in keys:
+        expression = key.expression
+        if isinstance(expression, exp.Column) and not expression.table:
+            identifier = expression.this
+            quoted = bool(identifier.args.get("quoted"))
+            found += [
+                n
+                for n in names
+                if (n == identifier.name if quoted else n.casefold() == identifier.name.casefold())
+            ]
+        elif isinstance(expression, str) and expression in names:  # an engine's own column text
+            found.append(expression)
+    return found
 
 
 def _row_hash(backend: Backend, query: Query) -> exp.Expr:
