@@ -237,7 +237,7 @@ class _Stream:
                 last = spec.piece == spec.pieces - 1
                 if last and fingerprint is not None and digest.total != fingerprint.content:
                     raise content_mismatch(
-                        f"{spec.describe()}, read in {spec.pieces} pieces,",
+                        f"{spec.describe()}, read in {spec.pieces} pieces",
                         spec.params,
                         at,
                         fingerprint.content,

@@ -67,20 +67,26 @@ def verified_engines() -> list[str]:
     return [_ENGINE_NAMES[d] for d in _ROW_HASHES]
 
 
-def row_hash(dialect: str, engine: str) -> exp.Expr:
+def row_hash(backend: Any, dialect: str) -> exp.Expr:
     """The engine's hash of one row of the wrapped query ``_ddb_q``, as a sqlglot expression.
+
+    A backend says which engine's row hash it runs by its ``row_hash_dialect`` attribute (the
+    engine itself, not only its SQL dialect: DataFusion speaks PostgreSQL's SQL without its
+    functions); it must be the dialect the queries are rendered in (``dialect``).
 
     Raises:
         ValueError: the engine has no row hash ddbloader uses; the message names it.
     """
-    text = _ROW_HASHES.get(dialect)
-    if text is None:
+    engine = getattr(backend, "engine", type(backend).__name__)
+    family = getattr(backend, "row_hash_dialect", None)
+    text = _ROW_HASHES.get(family) if family == dialect else None
+    if text is None or family is None:
         raise ValueError(
             f"verify=True needs an engine-computed hash of each row, which ddbloader uses on "
             f"{' and '.join(verified_engines())} only, not on {engine}; build the loader without "
             f"verify (the planned row counts are still checked)"
         )
-    return sqlglot.parse_one(text, read=dialect)
+    return sqlglot.parse_one(text, read=family)
 
 
 def planned_sum(value: Any) -> int:

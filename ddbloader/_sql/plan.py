@@ -553,7 +553,7 @@ def _row_hash(backend: Backend, query: Query) -> exp.Expr:
         ValueError: the engine has no row hash ddbloader uses (or brings its own query parser,
             as DolphinDB does), naming the engine.
     """
-    return row_hash(backend.dialect if isinstance(query, UserQuery) else "", backend.engine)
+    return row_hash(backend, backend.dialect if isinstance(query, UserQuery) else "")
 
 
 def _short(text: str, limit: int = 120) -> str:
