@@ -1,11 +1,13 @@
-"""What an engine-computed content fingerprint would cost on throughput.py's default shape (DuckDB).
+"""What the content fingerprint (``verify=True``) costs on throughput.py's default shape (DuckDB).
 
 A fingerprint per partition is its row count plus the sum (mod 2**64) of an engine hash of every
-row. Planning would compute it in the grouped count query; each fetch would add one column with
-each row's hash, summed by the client and dropped. This script measures both costs against a real
-epoch of the loader, in interleaved rounds, side by side in one run:
+row. Planning computes it in the grouped count query; each fetch adds one column with each row's
+hash, summed by the client and dropped. This script measures both costs against a real epoch of
+the loader, in interleaved rounds, side by side in one run:
 
-* epoch: one epoch of ``DDBDataLoader`` as throughput.py builds it (the reference);
+* epoch: one epoch of ``DDBDataLoader`` as throughput.py builds it (the reference), and the same
+  with ``verify=True`` (what a user pays);
+* build: the constructor (planning) without and with ``verify=True``;
 * fetch: the loader's own 50 subqueries run to Arrow with one cursor, as they are and with
   ``hash(...) AS _ddb_hash`` added (summed with numpy, uint64 wraparound, then dropped), for
   each way DuckDB can hash a row;
@@ -21,6 +23,7 @@ import statistics
 import time
 import warnings
 from collections.abc import Callable
+from typing import Any
 
 import duckdb
 import numpy as np
@@ -74,9 +77,20 @@ def main() -> None:
                 f"fetched rows of {params} sum to {fetched}, planning to {planned[tuple(params)]}"
             )
 
-    def epoch() -> None:
-        for _ in loader:
-            pass
+    verified = throughput._make_loader(SHAPE, verify=True)
+
+    def epoch_of(which: Any) -> Callable[[], None]:
+        def run() -> None:
+            for _ in which:
+                pass
+
+        return run
+
+    def build(**options: Any) -> Callable[[], None]:
+        def run() -> None:
+            throughput._make_loader(SHAPE, **options).release()
+
+        return run
 
     def fetch(row_hash: str | None) -> Callable[[], None]:
         def run() -> None:
@@ -97,27 +111,37 @@ def main() -> None:
 
         return run
 
-    phases: dict[str, Callable[[], None]] = {"epoch (reference)": epoch, "fetch, as today": fetch(None)}
+    phases: dict[str, Callable[[], None]] = {
+        "epoch (reference)": epoch_of(loader),
+        "epoch, verify=True": epoch_of(verified),
+        "build, as today": build(),
+        "build, verify=True": build(verify=True),
+        "fetch, as today": fetch(None),
+    }
     phases |= {f"fetch + {name}": fetch(expr) for name, expr in row_hashes.items()}
     phases |= {"plan count, as today": plan(count_sql), "plan count + sum(hash)": plan(fingerprint_sql)}
     times: dict[str, list[float]] = {name: [] for name in phases}
-    for _ in range(rounds):
-        for name, phase in phases.items():
+    for round_ in range(rounds):
+        order = list(phases.items())
+        for name, phase in order if round_ % 2 == 0 else order[::-1]:  # neither side always first
             started = time.perf_counter()
             phase()
             times[name].append(time.perf_counter() - started)
     loader.release()
+    verified.release()
     median = {name: statistics.median(values) for name, values in times.items()}
-    epoch_s, fetch_s, count_s = (
+    epoch_s, fetch_s, count_s, build_s = (
         median["epoch (reference)"],
         median["fetch, as today"],
         median["plan count, as today"],
+        median["build, as today"],
     )
     print(f"shape {SHAPE.tag}, {len(specs)} partitions: fetched hash sums equal the planned ones")
     print(f"median of {rounds} interleaved rounds")
     print(f"{'phase':28s} {'ms':>8s} {'vs today':>9s} {'added, % of epoch':>18s}")
     for name, seconds in median.items():
-        base = fetch_s if name.startswith("fetch") else count_s if name.startswith("plan") else epoch_s
+        bases = {"fetch": fetch_s, "plan": count_s, "build": build_s}
+        base = bases.get(name.split(" ")[0].rstrip(","), epoch_s)
         print(
             f"{name:28s} {seconds * 1e3:8.0f} {seconds / base:9.3f} {(seconds - base) / epoch_s * 100:17.1f}%"
         )

@@ -204,7 +204,8 @@ def _hwm_mb(pid: int | str = "self") -> float | None:
 # ---------------------------------------------------------------------------------- contenders
 
 
-def _make_loader(shape: Shape) -> Any:
+def _make_loader(shape: Shape, **options: Any) -> Any:
+    """The loader every ddbloader measurement uses; ``options`` add arguments (``verify=True``)."""
     from ddbloader import DDBDataLoader
 
     return DDBDataLoader(
@@ -218,6 +219,7 @@ def _make_loader(shape: Shape) -> Any:
         repartition_col="CAST(ts AS DATE)",
         exclude_col=["symbol", "ts", "target"],
         seed=SEED,
+        **options,
     )
 
 

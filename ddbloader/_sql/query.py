@@ -258,6 +258,8 @@ class UserQuery:
             )
         if tree.find(exp.Placeholder, exp.Parameter):
             raise ValueError("sql must not contain parameters (?, $1, :name): ddbloader binds its own")
+        if dialect == "clickhouse":
+            _refuse_last_branch_order(tree, dialect)
         self._tree = tree
         self._output: tuple[str, ...] | None = None
         #: the engine's row hash (verify=True, see :mod:`ddbloader._sql.fingerprint`): when set,
@@ -720,6 +722,28 @@ class UserQuery:
 
     def _wrapped(self, alias: str) -> exp.Select:
         return exp.select("*").from_(_subquery(self._tree.copy(), alias))
+
+
+def _refuse_last_branch_order(tree: exp.Expr, dialect: str) -> None:
+    """Refuse ClickHouse's ``A UNION ALL B ORDER BY x`` (or LIMIT/OFFSET): ClickHouse applies it
+    to the last SELECT only, where every other engine (and a reader) applies it to the union.
+
+    Raises:
+        ValueError: naming the construct and the two ways to write what is meant.
+    """
+    node = _unwrap(tree)
+    if not isinstance(node, exp.SetOperation):
+        return
+    last = node.expression
+    modifier = next((m for m in ("order", "limit", "offset") if last.args.get(m) is not None), None)
+    if isinstance(last, exp.Select) and modifier is not None:
+        clause = {"order": "ORDER BY", "limit": "LIMIT", "offset": "OFFSET"}[modifier]
+        raise ValueError(
+            f"sql ends its {node.key.upper()} with {clause} ({_text(last.args[modifier], dialect)!r}), "
+            f"which ClickHouse applies to the last SELECT only, not to the whole union: wrap the union "
+            f"to apply it to all rows (SELECT * FROM (... UNION ALL ...) {clause} ...), or parenthesise "
+            f"the last SELECT to mean that one"
+        )
 
 
 def _name(column: exp.Column) -> str:
