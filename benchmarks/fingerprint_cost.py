@@ -121,29 +121,33 @@ def main() -> None:
     phases |= {f"fetch + {name}": fetch(expr) for name, expr in row_hashes.items()}
     phases |= {"plan count, as today": plan(count_sql), "plan count + sum(hash)": plan(fingerprint_sql)}
     times: dict[str, list[float]] = {name: [] for name in phases}
+    # the process's CPU seconds (every thread's): steadier than walls on a shared machine
+    cpu: dict[str, list[float]] = {name: [] for name in phases}
     for round_ in range(rounds):
         order = list(phases.items())
         for name, phase in order if round_ % 2 == 0 else order[::-1]:  # neither side always first
-            started = time.perf_counter()
+            started, cpu_started = time.perf_counter(), time.process_time()
             phase()
             times[name].append(time.perf_counter() - started)
+            cpu[name].append(time.process_time() - cpu_started)
     loader.release()
     verified.release()
     median = {name: statistics.median(values) for name, values in times.items()}
-    epoch_s, fetch_s, count_s, build_s = (
-        median["epoch (reference)"],
-        median["fetch, as today"],
-        median["plan count, as today"],
-        median["build, as today"],
-    )
+    median_cpu = {name: statistics.median(values) for name, values in cpu.items()}
+    epoch_s = median["epoch (reference)"]
     print(f"shape {SHAPE.tag}, {len(specs)} partitions: fetched hash sums equal the planned ones")
     print(f"median of {rounds} interleaved rounds")
-    print(f"{'phase':28s} {'ms':>8s} {'vs today':>9s} {'added, % of epoch':>18s}")
+    print(
+        f"{'phase':28s} {'ms':>8s} {'vs today':>9s} {'added, % of epoch':>18s} {'CPU ms':>8s} {'CPU vs':>7s}"
+    )
+    kinds = {"fetch": "fetch, as today", "plan": "plan count, as today", "build": "build, as today"}
     for name, seconds in median.items():
-        bases = {"fetch": fetch_s, "plan": count_s, "build": build_s}
-        base = bases.get(name.split(" ")[0].rstrip(","), epoch_s)
+        reference = kinds.get(name.split(" ")[0].rstrip(","), "epoch (reference)")
+        base, base_cpu = median[reference], median_cpu[reference]
+        added = (seconds - base) / epoch_s * 100
         print(
-            f"{name:28s} {seconds * 1e3:8.0f} {seconds / base:9.3f} {(seconds - base) / epoch_s * 100:17.1f}%"
+            f"{name:28s} {seconds * 1e3:8.0f} {seconds / base:9.3f} {added:17.1f}% "
+            f"{median_cpu[name] * 1e3:8.0f} {median_cpu[name] / base_cpu:7.3f}"
         )
 
 

@@ -622,7 +622,7 @@ def _cells(
     """
     if not keys:
         table = _run(cursor, query.count(partition_sql), "counting rows")
-        content = _content(table, 0)
+        content = _content(table)
         return [(None, [(None, (), int(table.column(ROWS_ALIAS)[0].as_py()), content)])]
     if isinstance(query, UserQuery):
         cursor.expect(1)
@@ -645,11 +645,11 @@ def _cells(
     return [(g, [(r, (g, r), count((g, r)), None) for r in schemes[1]]) for g in schemes[0]]
 
 
-def _content(table: pa.Table, row: int) -> int | None:
-    """Row ``row``'s planned hash sum (verify=True), or None when the count has none."""
+def _content(table: pa.Table) -> int | None:
+    """A whole-query count's planned hash sum (verify=True), or None when it has none."""
     if HASH_SUM_ALIAS not in table.column_names:
         return None
-    return planned_sum(table.column(HASH_SUM_ALIAS)[row].as_py())
+    return planned_sum(table.column(HASH_SUM_ALIAS)[0].as_py())
 
 
 def _grouped_counts(
