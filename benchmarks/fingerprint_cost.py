@@ -13,12 +13,15 @@ the loader, in interleaved rounds, side by side in one run:
   each way DuckDB can hash a row;
 * plan: the grouped count over (symbol, day), as it is and with ``sum(hash(_ddb_q)::HUGEINT)``.
 
-    python benchmarks/fingerprint_cost.py [--rounds N]
+    python benchmarks/fingerprint_cost.py [--rounds N] [--no-save]
+
+The table goes to RESULTS.md (a section of its own, kept in results.json beside throughput.py's).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 import warnings
@@ -44,7 +47,10 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--rounds", type=int, default=5)
-    rounds = parser.parse_args().rounds
+    parser.add_argument("--no-save", action="store_true", help="print only; leave RESULTS.md as it is")
+    args = parser.parse_args()
+    rounds, save = args.rounds, not args.no_save
+    load_before = os.getloadavg()[0]
     warnings.simplefilter("ignore")
     throughput.ensure_data(SHAPE)
     loader = throughput._make_loader(SHAPE)
@@ -135,20 +141,56 @@ def main() -> None:
     median = {name: statistics.median(values) for name, values in times.items()}
     median_cpu = {name: statistics.median(values) for name, values in cpu.items()}
     epoch_s = median["epoch (reference)"]
-    print(f"shape {SHAPE.tag}, {len(specs)} partitions: fetched hash sums equal the planned ones")
-    print(f"median of {rounds} interleaved rounds")
-    print(
-        f"{'phase':28s} {'ms':>8s} {'vs today':>9s} {'added, % of epoch':>18s} {'CPU ms':>8s} {'CPU vs':>7s}"
-    )
     kinds = {"fetch": "fetch, as today", "plan": "plan count, as today", "build": "build, as today"}
+    rows = []
     for name, seconds in median.items():
         reference = kinds.get(name.split(" ")[0].rstrip(","), "epoch (reference)")
-        base, base_cpu = median[reference], median_cpu[reference]
-        added = (seconds - base) / epoch_s * 100
-        print(
-            f"{name:28s} {seconds * 1e3:8.0f} {seconds / base:9.3f} {added:17.1f}% "
-            f"{median_cpu[name] * 1e3:8.0f} {median_cpu[name] / base_cpu:7.3f}"
+        rows.append(
+            {
+                "phase": name,
+                "ms": seconds * 1e3,
+                "ratio": seconds / median[reference],
+                "added_pct_of_epoch": (seconds - median[reference]) / epoch_s * 100,
+                "cpu_ms": median_cpu[name] * 1e3,
+                "cpu_ratio": median_cpu[name] / median_cpu[reference],
+            }
         )
+    data = {
+        "shape": SHAPE.tag,
+        "partitions": len(specs),
+        "rounds": rounds,
+        "load_before": load_before,
+        "load_after": os.getloadavg()[0],
+        "rows": rows,
+        "machine": throughput.machine(None),
+    }
+    if save:
+        throughput.save("fingerprint", data)
+    print(render(data))
+
+
+def render(data: dict[str, Any]) -> str:
+    """The RESULTS.md section of one run (throughput.render calls it for results.json's entry)."""
+    out = [
+        "## Content fingerprint, `verify=True` (`benchmarks/fingerprint_cost.py`)",
+        "",
+        f"Shape {data['shape']} (throughput.py's default loader), {data['partitions']} partitions, DuckDB; "
+        f"every fetched partition's hash sum equalled the planned one. Median of {data['rounds']} "
+        f"interleaved rounds (order reversed every other round); load average "
+        f"{data['load_before']:.2f} before, {data['load_after']:.2f} after, on {os.cpu_count()} shared "
+        "CPUs: read the ratios, and the CPU column before the walls. 'added' is the difference to "
+        "the phase's reference row (epoch, build, fetch or plan count), as a share of one epoch.",
+        "",
+        "| phase | wall ms | × reference | added, % of epoch | CPU ms | CPU × reference |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for row in data["rows"]:
+        out.append(
+            f"| {row['phase']} | {row['ms']:.0f} | {row['ratio']:.3f} | {row['added_pct_of_epoch']:.1f} % "
+            f"| {row['cpu_ms']:.0f} | {row['cpu_ratio']:.3f} |"
+        )
+    out.append("")
+    return "\n".join(out)
 
 
 if __name__ == "__main__":

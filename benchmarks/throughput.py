@@ -861,7 +861,11 @@ def render(data: dict[str, Any]) -> str:
         from gather import render as render_gather  # benchmarks/gather.py, which imports this module
 
         out.append(render_gather(data["gather"]))
-    for key in ("throughput", "memory_check", "gather"):
+    if "fingerprint" in data:
+        from fingerprint_cost import render as render_fingerprint  # imports this module too
+
+        out.append(render_fingerprint(data["fingerprint"]))
+    for key in ("throughput", "memory_check", "gather", "fingerprint"):
         if key in data:
             m = data[key]["machine"]
             out.append(

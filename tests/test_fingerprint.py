@@ -22,7 +22,7 @@ import pyarrow.compute as pc
 import pytest
 import torch
 
-from ddbloader import DDBDataLoader
+from ddbloader import DDBDataLoader, DDBIterableDataset
 from ddbloader._core.engine import Cursor
 from ddbloader._sql.fingerprint import HASH_ALIAS, planned_sum, strip_hash
 from ddbloader.backends import DuckDBBackend
@@ -300,3 +300,13 @@ def test_engines_without_a_row_hash_are_refused_by_name(engine: str) -> None:
         name = "datafusion"
     with pytest.raises(ValueError, match=rf"verify=True needs .* DuckDB and PostgreSQL only, not on {name}"):
         DDBDataLoader(source, "SELECT g, y FROM fp", "y", group_col="g", verify=True)
+
+
+def test_the_iterable_dataset_takes_verify() -> None:
+    with _duckdb(_table()) as clean:
+        dataset = DDBIterableDataset(clean.source, SQL, "y", **ARGS, verify=True)
+        assert dataset.loader.config.verify
+        clean.execute("UPDATE fp SET f = f + 1 WHERE id = 10")
+        with pytest.raises(ValueError, match=r"key values \[1\], .*content differs"):
+            list(torch.utils.data.DataLoader(dataset, batch_size=None))
+        dataset.loader.close()
