@@ -29,7 +29,7 @@ from ddbloader.backends import DuckDBBackend
 
 #: 3 groups × 4 days × 50 rows; ``id`` is unique, so every row differs from every other.
 ROWS = 600
-SQL = "SELECT id, g, d, f, y FROM fp ORDER BY id"
+SQL = "SELECT id, g, d, f, y, n FROM fp ORDER BY id"
 ARGS: dict[str, Any] = {
     "batch_size": 16,
     "shuffle": True,
@@ -64,6 +64,8 @@ def _table() -> pa.Table:
             "d": pa.array(ids // 150, pa.int32()),
             "f": pa.array(ids * 0.5, pa.float64()),
             "y": pa.array(ids * 0.25, pa.float64()),
+            # NULL every 7th row: a NULL hashes too (position and all)
+            "n": pa.array([None if i % 7 == 0 else f"n{i}" for i in ids.tolist()], pa.string()),
         }
     )
 
@@ -156,6 +158,15 @@ def test_a_value_changed_after_planning_raises_naming_the_partition(db: Db, mode
             _epoch(verified)
 
 
+@pytest.mark.parametrize("change", ["n = 'n7'", "n = ''", "n = NULL WHERE id = 8"])
+def test_a_null_turned_into_a_value_or_back_is_seen(db: Db, change: str) -> None:
+    where = "" if "WHERE" in change else " WHERE id = 7"  # group 1, NULL at planning
+    with DDBDataLoader(db.source, SQL, "y", **ARGS, verify=True) as loader:
+        db.execute(f"UPDATE fp SET {change}{where}")
+        with pytest.raises(ValueError, match=r"key values \[[12]\], .*content differs"):
+            _epoch(loader)
+
+
 def test_groups_swapping_their_rows_raise(db: Db) -> None:
     # Groups 0 and 1 hold 200 rows each: after the swap every count is as planned.
     with DDBDataLoader(db.source, SQL, "y", **ARGS, verify=True) as loader:
@@ -167,7 +178,9 @@ def test_groups_swapping_their_rows_raise(db: Db) -> None:
 def test_a_duplicated_pair_changed_into_another_is_seen(db: Db) -> None:
     # Two equal rows become two other equal rows: an XOR of the row hashes is the same before
     # and after (each pair cancels out); their sum is not.
-    db.execute("UPDATE fp SET id = 0, f = 0, y = 0 WHERE id = 3")  # rows 0 and 3 of group 0: equal now
+    db.execute(
+        "UPDATE fp SET id = 0, f = 0, y = 0, n = NULL WHERE id = 3"
+    )  # rows 0 and 3 of group 0: equal now
     with DDBDataLoader(db.source, SQL, "y", **ARGS, verify=True) as loader:
         spec = loader.plan.groups[0].partitions[0]
         assert spec.fingerprint is not None
@@ -310,3 +323,15 @@ def test_the_iterable_dataset_takes_verify() -> None:
         with pytest.raises(ValueError, match=r"key values \[1\], .*content differs"):
             list(torch.utils.data.DataLoader(dataset, batch_size=None))
         dataset.loader.close()
+
+
+def test_hash_sums_wrap_around_and_a_null_hash_is_refused() -> None:
+    big = [2**64 - 1, 2**63, 5]
+    table = pa.table({"a": [1, 2, 3], HASH_ALIAS: pa.array(big, pa.uint64())})
+    stripped, total = strip_hash(table)
+    assert stripped.column_names == ["a"]
+    assert total == sum(big) % 2**64 == planned_sum(sum(big))
+    signed = pa.table({HASH_ALIAS: pa.array([-1, -(2**63), 5], pa.int64())})  # PostgreSQL's int8
+    assert strip_hash(signed)[1] == (2**64 - 1 + 2**63 + 5) % 2**64
+    with pytest.raises(ValueError, match=r"row hash \(_ddb_hash\) is NULL for 1 rows"):
+        strip_hash(pa.table({HASH_ALIAS: pa.array([1, None], pa.uint64())}))

@@ -111,6 +111,11 @@ def strip_hash(table: pa.Table, at: int = -1) -> tuple[pa.Table, int]:
     2**64 (numpy's uint64 sum wraps around, as the engine's sum is reduced)."""
     index = at % table.num_columns
     column = table.column(index)
+    if column.null_count:  # a row the sum would skip: its content would go unchecked
+        raise ValueError(
+            f"the engine's row hash ({HASH_ALIAS}) is NULL for {column.null_count} rows, so their "
+            f"content cannot be checked; verify=True cannot be used with this engine"
+        )
     values = np.asarray(column.combine_chunks().to_numpy(zero_copy_only=False))
     if values.dtype != np.uint64:  # PostgreSQL's int8: the same 64 bits, read unsigned
         values = values.astype(np.int64, copy=False).view(np.uint64)
