@@ -21,13 +21,14 @@ from ._core.config import normalise_config, resolve_aliases
 from ._core.display import plan_html, plan_text
 from ._core.errors import warn_caller
 from ._epoch.shard import Sharding, agree_seed, epoch_units, part_range, resolve_sharding, shard_samples
+from ._epoch.state import check_state, make_state
 from ._epoch.summary import plan_rows
 from ._io.cache import PartitionCache
 from ._pipeline.arena import Arena, arena_for
 from ._pipeline.batch import batch_count
 from ._pipeline.device import DeviceStage
 from ._pipeline.epoch import EpochIterator, EpochRun
-from ._sql.plan import build_plan, plan_differences, plan_fingerprint
+from ._sql.plan import build_plan
 from .backends import Backend, DuckDBBackend, connect
 from .stats import LoaderStats, StatsRecorder
 from .transforms import as_pipeline
@@ -489,22 +490,7 @@ class DDBDataLoader:
             epoch, batches, finished = self._progress
             if finished:
                 epoch, batches = epoch + 1, 0
-        return {
-            "version": _STATE_VERSION,
-            "epoch": epoch,
-            "batches": batches,
-            "seed": self.config.seed,
-            "samples": self.plan.samples,
-            "world_size": self.sharding.world_size,
-            "rank": self.sharding.rank,
-            "batch_size": self.config.batch_size,
-            "shuffle": self.config.shuffle,
-            "drop_last": self.config.drop_last,
-            "even_batches": self.sharding.even_batches,
-            "group_pool_size": self.config.group_pool_size,
-            "partitions": self.plan.partitions,
-            "plan": plan_fingerprint(self.plan),
-        }
+        return make_state(epoch, batches, self.config, self.plan, self.sharding)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue from ``state``: the next iteration resumes that epoch after its last batch.
@@ -514,46 +500,7 @@ class DDBDataLoader:
                 streamed pieces depend on ``fetch_bytes``), world size, batch size, shuffle,
                 drop_last, even_batches, group_pool_size or version.
         """
-        if state.get("version") != _STATE_VERSION:
-            raise ValueError(
-                f"state version {state.get('version')!r} is not {_STATE_VERSION}: it was saved by a "
-                f"ddbloader whose batches for the same seed differ, so it cannot be resumed exactly"
-            )
-        if state["samples"] != self.plan.samples:
-            raise ValueError(
-                f"state was saved by a loader with {state['samples']} samples per epoch; this one has "
-                f"{self.plan.samples}: the query, the data or the window arguments differ"
-            )
-        if state["world_size"] != self.sharding.world_size:
-            raise ValueError(
-                f"state was saved with world_size={state['world_size']}; this loader has "
-                f"world_size={self.sharding.world_size}, which splits the epoch differently"
-            )
-        if "partitions" in state and state["partitions"] != self.plan.partitions:
-            raise ValueError(
-                f"state was saved by a loader whose plan has {state['partitions']} partitions; this one "
-                f"has {self.plan.partitions}: the schemes or fetch_bytes differ (a partition larger than "
-                f"fetch_bytes is read in pieces, and the pieces decide the sample order)"
-            )
-        differences = plan_differences(state["plan"], plan_fingerprint(self.plan)) if "plan" in state else []
-        if differences:
-            raise ValueError(
-                f"state was saved by a loader with another plan (it differs in {'; '.join(differences)}), "
-                f"so the saved position names other samples in this loader's epoch"
-            )
-        current = {
-            "batch_size": self.config.batch_size,
-            "shuffle": self.config.shuffle,
-            "drop_last": self.config.drop_last,
-            "even_batches": self.sharding.even_batches,
-            "group_pool_size": self.config.group_pool_size,
-        }
-        for name, value in current.items():
-            if name in state and state[name] != value:
-                raise ValueError(
-                    f"state was saved with {name}={state[name]!r}; this loader has {name}={value!r}, "
-                    f"so its batches would not continue the saved sequence"
-                )
+        check_state(state, self.config, self.plan, self.sharding)
         self._stop_iterator("this DDBDataLoader iteration was superseded by load_state_dict()")
         self._peek = None
         self._resume_world = int(state["world_size"])
@@ -744,11 +691,6 @@ def _reopenable(source: Any) -> bool:
         return str(source) != ":memory:"
     return callable(source) and not hasattr(source, "cursor")
 
-
-#: Raised whenever a state's meaning changes: its keys, or the batch order that a seed gives (2: one
-#: generator of sample orders per epoch, group_pool_size and partitions recorded; 3: a finished
-#: unit hands its pool slot to the next unit).
-_STATE_VERSION = 3
 
 _DEFAULTS: dict[str, Any] = {
     name: parameter.default
