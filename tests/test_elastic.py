@@ -1,0 +1,206 @@
+"""Elastic resume: the rest of an epoch saved under one world size, served by another.
+
+The pure part is checked without an engine on plans of partition sizes (as in
+tests/test_schedule.py): what the old ranks handed out plus what the new ranks serve is the
+epoch, every sample once up to the padding bound, with equal batch counts on the new ranks.
+End to end, loaders with explicit ``rank=``/``world_size=`` in one process stop mid-epoch, save
+rank 0's state and resume under another world size, checked by ``key_col`` against the whole
+query on DuckDB and PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+from collections.abc import Sequence
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_schedule import Epoch, epochs
+
+from ddbloader._epoch.elastic import Stretch, epoch_remainder
+from ddbloader._epoch.owed import keep_owed, owed_partitions
+from ddbloader._epoch.schedule import BatchSchedule, EventKind
+from ddbloader._epoch.shard import EvenBatches, shard_samples, share_units
+from ddbloader._pipeline.batch import batch_count
+from ddbloader._sql.plan import WorkUnit
+
+pytestmark = pytest.mark.timeout(300)
+
+Pair = tuple[int, int]
+
+
+def served(epoch: Epoch, units: Sequence[WorkUnit], batches: int | None = None) -> list[Pair]:
+    """The (group, sample) pairs of the first ``batches`` batches (all by default) of ``units``."""
+    config = epoch.config
+    total = batch_count(sum(u.samples for u in units), config.batch_size, config.drop_last)
+    count = total if batches is None else min(batches, total)
+    schedule = BatchSchedule(units, epoch.geometry, config, epoch.epoch, count)
+    return [
+        pair for b in schedule for pair in zip(b.groups.tolist(), b.samples.tolist(), strict=True)
+    ]
+
+
+def old_share(epoch: Epoch, stretch: Stretch, rank: int, worker: int) -> list[WorkUnit]:
+    return epoch.units(rank, stretch.world_size, worker, stretch.num_workers, stretch.even_batches)
+
+
+@st.composite
+def stretches(draw: st.DrawFn, epoch: Epoch) -> Stretch:
+    """An old world stopped mid-epoch: every rank's worker ``w`` had handed out ``batches[w]``."""
+    world = draw(st.integers(1, 4))
+    workers = draw(st.integers(1, 3))
+    even: EvenBatches = draw(st.sampled_from(["pad", "drop"]))
+    config = epoch.config
+    shard = shard_samples(sum(g.samples for g in epoch.groups), world, even)
+    batches = []
+    for worker in range(workers):
+        share = len(range(worker * shard // workers, (worker + 1) * shard // workers))
+        batches.append(draw(st.integers(0, batch_count(share, config.batch_size, config.drop_last))))
+    return Stretch(world, even, tuple(batches))
+
+
+@dataclasses.dataclass(frozen=True)
+class NewWorld:
+    world_size: int
+    num_workers: int
+    even_batches: EvenBatches
+
+
+new_worlds = st.builds(NewWorld, st.integers(1, 4), st.integers(1, 3), st.sampled_from(["pad", "drop"]))
+
+
+def check_resume(epoch: Epoch, old: Sequence[Stretch], new: NewWorld) -> None:
+    """The old stretches' batches, then the new world's remainder: the epoch, once, up to padding."""
+    universe = {(g.index, i) for g in epoch.groups for i in range(g.samples)}
+    consumed: set[Pair] = set()
+    left = epoch_remainder(epoch, epoch.config, epoch.epoch, [])
+    for done, stretch in enumerate(old, 1):
+        for rank in range(stretch.world_size):
+            for worker, handed in enumerate(stretch.batches):
+                units = share_units(
+                    left, rank, stretch.world_size, worker, stretch.num_workers, stretch.even_batches
+                )
+                consumed.update(served(epoch, units, handed))
+        left = epoch_remainder(epoch, epoch.config, epoch.epoch, old[:done])
+    owed = {(u.group.index, int(i)) for u in left for i in keep_owed(u, np.arange(u.first, u.stop))}
+    assert owed == universe - consumed, "the remainder is exactly what no old rank handed out"
+    assert len({u.group.index for u in left}) == len(left), "one unit per group"
+    remaining = len(owed)
+    per_rank: list[int] = []
+    new_served: Counter[Pair] = Counter()
+    for rank in range(new.world_size):
+        rank_batches = 0
+        rank_samples = 0
+        for worker in range(new.num_workers):
+            units = share_units(left, rank, new.world_size, worker, new.num_workers, new.even_batches)
+            for unit in units:
+                if unit.owed is not None:  # the only partitions fetched hold owed samples' rows
+                    assert owed_partitions(unit, epoch.geometry) == touched_by(unit, epoch)
+            pairs = served(epoch, units)
+            new_served.update(pairs)
+            rank_samples += sum(u.samples for u in units)
+            rank_batches += batch_count(
+                sum(u.samples for u in units), epoch.config.batch_size, epoch.config.drop_last
+            )
+        assert rank_samples == shard_samples(remaining, new.world_size, new.even_batches)
+        per_rank.append(rank_batches)
+    assert len(set(per_rank)) <= 1, f"equal batch counts on the new ranks: {per_rank}"
+    assert not set(new_served) & consumed, "nothing handed out again"
+    assert set(new_served) <= owed
+    repeats = sum(n - 1 for n in new_served.values())
+    assert repeats < new.world_size, "padding repeats fewer samples than the world size"
+    if not epoch.config.drop_last:
+        missed = len(owed - set(new_served))
+        if new.even_batches == "pad":
+            assert missed == 0 and repeats == new.world_size * per_rank_samples(remaining, new) - remaining
+        else:
+            assert repeats == 0 and missed == remaining - new.world_size * (remaining // new.world_size)
+
+
+def per_rank_samples(remaining: int, new: NewWorld) -> int:
+    return shard_samples(remaining, new.world_size, new.even_batches)
+
+
+def touched_by(unit: WorkUnit, epoch: Epoch) -> list[int]:
+    """Brute force: the partitions some owed sample of ``unit`` has a row in."""
+    assert unit.owed is not None
+    bounds = np.cumsum([0] + [p.rows for p in unit.group.partitions])
+    touched: set[int] = set()
+    for sample in unit.owed.tolist():
+        for row in range(sample * epoch.geometry.stride, sample * epoch.geometry.stride + epoch.geometry.span):
+            touched.add(int(np.searchsorted(bounds, row, side="right")) - 1)
+    return sorted(touched)
+
+
+@settings(max_examples=2000, deadline=None)
+@given(data=st.data(), epoch=epochs(), new=new_worlds)
+def test_old_consumption_and_new_remainder_are_the_epoch(data: st.DataObject, epoch: Epoch, new: NewWorld) -> None:
+    check_resume(epoch, [data.draw(stretches(epoch))], new)
+
+
+@settings(max_examples=500, deadline=None)
+@given(data=st.data(), epoch=epochs(), new=new_worlds)
+def test_a_resumed_epoch_resumed_again_is_still_the_epoch(
+    data: st.DataObject, epoch: Epoch, new: NewWorld
+) -> None:
+    first = data.draw(stretches(epoch))
+    left = epoch_remainder(epoch, epoch.config, epoch.epoch, [first])
+    world = data.draw(st.integers(1, 4))
+    even: EvenBatches = data.draw(st.sampled_from(["pad", "drop"]))
+    shard = sum(u.samples for u in share_units(left, 0, world, 0, 1, even))
+    handed = data.draw(st.integers(0, batch_count(shard, epoch.config.batch_size, epoch.config.drop_last)))
+    check_resume(epoch, [first, Stretch(world, even, (handed,))], new)
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.data(), epoch=epochs())
+def test_the_remainder_is_a_pure_function(data: st.DataObject, epoch: Epoch) -> None:
+    stretch = data.draw(stretches(epoch))
+    one = epoch_remainder(epoch, epoch.config, epoch.epoch, [stretch])
+    two = epoch_remainder(epoch, epoch.config, epoch.epoch, [stretch])
+    assert one == two
+    assert [None if u.owed is None else u.owed.tolist() for u in one] == [
+        None if u.owed is None else u.owed.tolist() for u in two
+    ]
+    assert served(epoch, share_units(one, 0, 2, 0, 1, "pad")) == served(epoch, share_units(two, 0, 2, 0, 1, "pad"))
+
+
+@settings(max_examples=300, deadline=None)
+@given(epoch=epochs())
+def test_a_stretch_that_handed_out_nothing_leaves_the_ordinary_epoch(epoch: Epoch) -> None:
+    left = epoch_remainder(epoch, epoch.config, epoch.epoch, [Stretch(3, "pad", (0, 0))])
+    for rank in range(2):
+        ordinary = epoch.units(rank, 2)
+        assert share_units(left, rank, 2, 0, 1, "pad") == ordinary
+        assert served(epoch, share_units(left, rank, 2, 0, 1, "pad")) == served(epoch, ordinary)
+
+
+def test_owed_partitions_skip_a_partition_no_owed_sample_touches() -> None:
+    from test_schedule import config, plan_groups
+
+    from ddbloader._core.window import WindowGeometry
+
+    geometry = WindowGeometry(2, 1, 1, 2, True)  # span 3: a sample's rows reach 2 rows on
+    (group,) = plan_groups([[[10], [10], [10]]], geometry)
+    owed = np.array([0, 1, 25, 26], np.int64)  # rows 0..3 and 25..28: partitions 0 and 2 only
+    unit = WorkUnit(group, 0, 27, owed)
+    assert owed_partitions(unit, geometry) == [0, 2]
+    epoch = Epoch((group,), config(shuffle=False), geometry, 0)
+    schedule = BatchSchedule([unit], geometry, epoch.config, 0, 1)
+    (batch,) = list(schedule)
+    assert batch.samples.tolist() == [0, 1, 25, 26]
+    assert [e.key for e in batch.events if e.kind == EventKind.FETCH] == [(0, 0), (0, 2)]
+
+
+def test_a_unit_compares_and_hashes_without_its_owed_samples() -> None:
+    from test_schedule import plan_groups
+
+    from ddbloader._core.window import WindowGeometry
+
+    (group,) = plan_groups([[[10]]], WindowGeometry(1, 1, 1, 0, False))
+    a = WorkUnit(group, 0, 5, np.array([0, 2, 4]))
+    b = WorkUnit(group, 0, 5, np.array([0, 1, 4]))
+    assert a == b and hash(a) == hash(b) and a.samples == b.samples == 3
