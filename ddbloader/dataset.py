@@ -96,11 +96,7 @@ class DDBIterableDataset(IterableDataset[Delivered]):
         while the other workers finish the epoch, and after a finished epoch it starts the next
         one itself: a state naming the next epoch would make it serve that epoch too early.
         """
-        state = self.loader.state_dict()
-        progress = self.loader._progress
-        if progress is not None and progress[2]:
-            state.update(epoch=progress[0], batches=progress[1])
-        return state
+        return self.loader._state(ended_names_next=False)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.loader.load_state_dict(state)

@@ -11,15 +11,22 @@ query on DuckDB and PostgreSQL.
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
+import duckdb
 import numpy as np
+import pgserver
 import pytest
+import torch
+from conftest import SERIES_SQL, make_series
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_schedule import Epoch, epochs
 
+from ddbloader import DDBDataLoader
 from ddbloader._epoch.elastic import Stretch, epoch_remainder
 from ddbloader._epoch.owed import keep_owed, owed_partitions
 from ddbloader._epoch.schedule import BatchSchedule, EventKind
@@ -38,9 +45,7 @@ def served(epoch: Epoch, units: Sequence[WorkUnit], batches: int | None = None) 
     total = batch_count(sum(u.samples for u in units), config.batch_size, config.drop_last)
     count = total if batches is None else min(batches, total)
     schedule = BatchSchedule(units, epoch.geometry, config, epoch.epoch, count)
-    return [
-        pair for b in schedule for pair in zip(b.groups.tolist(), b.samples.tolist(), strict=True)
-    ]
+    return [pair for b in schedule for pair in zip(b.groups.tolist(), b.samples.tolist(), strict=True)]
 
 
 def old_share(epoch: Epoch, stretch: Stretch, rank: int, worker: int) -> list[WorkUnit]:
@@ -130,14 +135,18 @@ def touched_by(unit: WorkUnit, epoch: Epoch) -> list[int]:
     bounds = np.cumsum([0] + [p.rows for p in unit.group.partitions])
     touched: set[int] = set()
     for sample in unit.owed.tolist():
-        for row in range(sample * epoch.geometry.stride, sample * epoch.geometry.stride + epoch.geometry.span):
+        for row in range(
+            sample * epoch.geometry.stride, sample * epoch.geometry.stride + epoch.geometry.span
+        ):
             touched.add(int(np.searchsorted(bounds, row, side="right")) - 1)
     return sorted(touched)
 
 
 @settings(max_examples=2000, deadline=None)
 @given(data=st.data(), epoch=epochs(), new=new_worlds)
-def test_old_consumption_and_new_remainder_are_the_epoch(data: st.DataObject, epoch: Epoch, new: NewWorld) -> None:
+def test_old_consumption_and_new_remainder_are_the_epoch(
+    data: st.DataObject, epoch: Epoch, new: NewWorld
+) -> None:
     check_resume(epoch, [data.draw(stretches(epoch))], new)
 
 
@@ -165,7 +174,9 @@ def test_the_remainder_is_a_pure_function(data: st.DataObject, epoch: Epoch) -> 
     assert [None if u.owed is None else u.owed.tolist() for u in one] == [
         None if u.owed is None else u.owed.tolist() for u in two
     ]
-    assert served(epoch, share_units(one, 0, 2, 0, 1, "pad")) == served(epoch, share_units(two, 0, 2, 0, 1, "pad"))
+    assert served(epoch, share_units(one, 0, 2, 0, 1, "pad")) == served(
+        epoch, share_units(two, 0, 2, 0, 1, "pad")
+    )
 
 
 @settings(max_examples=300, deadline=None)
@@ -204,3 +215,222 @@ def test_a_unit_compares_and_hashes_without_its_owed_samples() -> None:
     a = WorkUnit(group, 0, 5, np.array([0, 2, 4]))
     b = WorkUnit(group, 0, 5, np.array([0, 1, 4]))
     assert a == b and hash(a) == hash(b) and a.samples == b.samples == 3
+
+
+# --- end to end: loaders of explicit ranks in one process, checked by key_col ---------------------
+
+PARTS = [[150, 40, 90], [200, 30], [70, 130, 5, 60]]  # partitions over 64 rows stream in pieces
+ARGS: dict[str, Any] = {
+    "batch_size": 8,
+    "shuffle": True,
+    "seed": 11,
+    "window_size": [4, 2],
+    "window_stride": 2,
+    "input_col": ["f0", "f1"],
+    "group_col": "gid",
+    "repartition_col": "part",
+    "key_col": "rid",
+    "fetch_bytes": 64 * 24,  # 64 rows of x (2 doubles) and y: a streamed partition's pieces
+    "group_pool_size": 2,
+}
+
+Make = Callable[..., DDBDataLoader]
+
+
+def keys(batches: Sequence[Any]) -> list[int]:
+    return [key for batch in batches for key in batch[2]["rid"].tolist()]
+
+
+def take(loader: DDBDataLoader, count: int) -> tuple[list[Any], dict[str, Any]]:
+    """The first ``count`` batches, and the state after them (as a checkpoint file holds it),
+    taken while the iteration is alive (one abandoned after a single batch gives its epoch back)."""
+    iterator = iter(loader)
+    batches = [next(iterator) for _ in range(count)]
+    return batches, json.loads(json.dumps(loader.state_dict()))
+
+
+def predicted(loader: DDBDataLoader, stretches: Sequence[Stretch]) -> list[int]:
+    """The keys the schedule says this rank serves of the rest of epoch 0 after ``stretches``."""
+    plan, config, sharding = loader.plan, loader.config, loader.sharding
+    left = epoch_remainder(plan, config, 0, stretches)
+    units = share_units(left, sharding.rank, sharding.world_size, 0, 1, sharding.even_batches)
+    total = batch_count(sum(u.samples for u in units), config.batch_size, config.drop_last)
+    geometry = plan.geometry
+    values = np.array([g.value for g in plan.groups], np.int64)
+    return [
+        key
+        for b in BatchSchedule(units, geometry, config, 0, total)
+        for key in (values[b.groups] * 1_000_000 + b.samples * geometry.stride + geometry.offset).tolist()
+    ]
+
+
+def resume_on(
+    make: Make, state: dict[str, Any], world: int, stretches: Sequence[Stretch], **kwargs: Any
+) -> list[list[Any]]:
+    """Every rank of ``world`` resumes from ``state`` and serves the rest of the epoch; checks that
+    ``len`` says so, that the batches are the schedule's, and that the next epoch is ordinary."""
+    served = []
+    for rank in range(world):
+        with make(rank, world, **kwargs) as loader:
+            loader.load_state_dict(state)
+            count = len(loader)
+            rest = list(loader)
+            assert len(rest) == count
+            assert keys(rest) == predicted(loader, stretches), "the pool serves the schedule's remainder"
+            following = list(loader)
+        with make(rank, world, **kwargs) as fresh:
+            fresh.set_epoch(1)
+            ordinary = list(fresh)
+        assert keys(following) == keys(ordinary), "the next epoch is the new world's own"
+        assert all(torch.equal(a[0], b[0]) for a, b in zip(following, ordinary, strict=True))
+        served.append(rest)
+    return served
+
+
+def check_elastic(make: Make, old_world: int, new_world: int, handed: int, even: str = "pad") -> None:
+    with make(0, 1) as whole_loader:
+        whole = keys(list(whole_loader))
+    plan = whole_loader.plan
+    assert len(set(whole)) == len(whole) == plan.samples
+    assert any(p.pieces > 1 for g in plan.groups for p in g.partitions), "streamed partitions"
+    consumed: list[int] = []
+    states = []
+    for rank in range(old_world):
+        with make(rank, old_world, even_batches=even) as old:
+            batches, saved = take(old, handed)
+            consumed += keys(batches)
+            states.append({**saved, "rank": 0})
+    state = states[0]
+    assert all(saved == state for saved in states), "every rank reaches rank 0's state"
+    assert state["world_size"] == old_world and state["batches"] == handed
+    stretch = Stretch(old_world, even, (handed,))  # type: ignore[arg-type]
+    left = epoch_remainder(plan, whole_loader.config, 0, [stretch])
+    assert any(u.owed is not None for u in left), "some group was partly served: owed samples"
+    rest = resume_on(make, state, new_world, [stretch], even_batches=even)
+    counts = {len(batches) for batches in rest}
+    assert len(counts) == 1, "every new rank yields the same number of batches"
+    new = [key for batches in rest for key in keys(batches)]
+    assert not set(new) & set(consumed), "nothing handed out again"
+    repeats = len(new) - len(set(new))
+    assert repeats < new_world
+    if even == "pad":
+        assert set(consumed) | set(new) == set(whole), "the epoch, every sample"
+    else:
+        assert repeats == 0 and len(set(whole) - set(consumed) - set(new)) < new_world
+
+
+def duckdb_maker(con: duckdb.DuckDBPyConnection) -> Make:
+    make_series(con, PARTS)
+
+    def make(rank: int, world: int, **kwargs: Any) -> DDBDataLoader:
+        return DDBDataLoader(con, SERIES_SQL, "y", rank=rank, world_size=world, **{**ARGS, **kwargs})
+
+    return make
+
+
+@pytest.mark.parametrize(("old", "new", "handed"), [(2, 3, 7), (2, 1, 5), (3, 2, 4), (2, 3, 1), (3, 1, 13)])
+def test_duckdb_resumes_on_another_world_size(
+    con: duckdb.DuckDBPyConnection, old: int, new: int, handed: int
+) -> None:
+    check_elastic(duckdb_maker(con), old, new, handed)
+
+
+def test_even_batches_drop_resumes_on_another_world_size(con: duckdb.DuckDBPyConnection) -> None:
+    check_elastic(duckdb_maker(con), 3, 2, 6, even="drop")
+
+
+def test_postgres_resumes_on_another_world_size(
+    con: duckdb.DuckDBPyConnection, pg_server: pgserver.PostgresServer
+) -> None:
+    from adbc_driver_postgresql import dbapi
+
+    make_series(con, PARTS)
+    table = con.sql("SELECT * FROM series").to_arrow_table()
+    with dbapi.connect(pg_server.uri, autocommit=True) as admin, admin.cursor() as cursor:
+        cursor.execute("DROP TABLE IF EXISTS series")
+        cursor.adbc_ingest("series", table, mode="create")
+
+    def make(rank: int, world: int, **kwargs: Any) -> DDBDataLoader:
+        return DDBDataLoader(
+            pg_server.uri, SERIES_SQL, "y", rank=rank, world_size=world, **{**ARGS, **kwargs}
+        )
+
+    for old, new, handed in [(2, 3, 7), (2, 1, 5), (3, 2, 4)]:
+        check_elastic(make, old, new, handed)
+
+
+def test_a_resumed_rest_resumes_again_elsewhere_and_in_place(con: duckdb.DuckDBPyConnection) -> None:
+    """2 ranks stop after 6 batches, 3 resume and stop after 4, then 2 resume (the epoch's third
+    world) and, from the same state, 3 again (the same world: the remainder's own batches on)."""
+    make = duckdb_maker(con)
+    with make(0, 1) as whole_loader:
+        whole = keys(list(whole_loader))
+    first = Stretch(2, "pad", (6,))
+    consumed: list[int] = []
+    states = []
+    for rank in range(2):
+        with make(rank, 2) as old:
+            batches, saved = take(old, 6)
+            consumed += keys(batches)
+            states.append(saved)
+    state = states[0]
+    middle: list[list[Any]] = []
+    agains = []
+    for rank in range(3):
+        with make(rank, 3) as loader:
+            loader.load_state_dict(state)
+            batches, saved = take(loader, 4)
+            middle.append(batches)
+            agains.append(saved)
+    again = agains[0]
+    assert again["resumed"] == [[2, "pad", [6]]] and (again["world_size"], again["batches"]) == (3, 4)
+    consumed += [key for batches in middle for key in keys(batches)]
+    rest = resume_on(make, again, 2, [first, Stretch(3, "pad", (4,))])
+    new = [key for batches in rest for key in keys(batches)]
+    assert not set(new) & set(consumed)
+    assert set(new) | set(consumed) == set(whole)
+    uninterrupted = []
+    for rank in range(3):
+        with make(rank, 3) as loader:
+            loader.load_state_dict(state)
+            uninterrupted.append(list(loader))
+        with make(rank, 3) as loader:
+            loader.load_state_dict(again)
+            assert len(loader) == len(uninterrupted[rank])
+            tail = list(loader)
+        assert keys(tail) == keys(uninterrupted[rank][4:]), "the same world continues bit for bit"
+        assert all(torch.equal(a[0], b[0]) for a, b in zip(tail, uninterrupted[rank][4:], strict=True))
+
+
+def test_a_state_from_another_world_size_reports_its_own_place_until_it_starts(
+    con: duckdb.DuckDBPyConnection,
+) -> None:
+    make = duckdb_maker(con)
+    with make(0, 2) as two:
+        _, state = take(two, 3)
+    with make(0, 1) as one:
+        one.load_state_dict(state)
+        pending = one.state_dict()
+        assert (pending["world_size"], pending["batches"], pending["epoch"]) == (2, 3, 0)
+        assert len(one) == len(list(one))
+        done = one.state_dict()
+        assert (done["world_size"], done["batches"], done["epoch"], done["resumed"]) == (1, 0, 1, [])
+
+
+def test_a_malformed_or_foreign_state_is_refused_by_name(con: duckdb.DuckDBPyConnection) -> None:
+    make = duckdb_maker(con)
+    with make(0, 2) as two:
+        state = two.state_dict()
+    with (
+        make(0, 3, batch_size=4) as other,
+        pytest.raises(ValueError, match="batch_size=8; this loader has batch_size=4"),
+    ):
+        other.load_state_dict(state)
+    with make(0, 3) as three:
+        with pytest.raises(ValueError, match=r"resumed entry \[2, 'even', \[1\]\]"):
+            three.load_state_dict({**state, "resumed": [[2, "even", [1]]]})
+        with pytest.raises(ValueError, match="worker=2, num_workers=2"):
+            three.load_state_dict({**state, "worker": 2, "num_workers": 2})
+        three.load_state_dict({**state, "worker": 1, "num_workers": 2, "batches": 1})
+        with pytest.raises(ValueError, match="names only its own batches"):
+            len(three)

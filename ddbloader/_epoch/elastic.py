@@ -39,9 +39,9 @@ import numpy as np
 from .._core.config import LoaderConfig
 from .._core.window import WindowGeometry
 from .._sql.plan import GroupPlan, WorkUnit
+from .owed import owed_unit
 from .schedule import BatchSchedule
 from .shard import EvenBatches, share_units
-from .owed import owed_unit
 from .shuffle import Purpose, visit_order
 
 __all__ = ["PlanShape", "Stretch", "consumed_samples", "epoch_remainder", "remainder"]
@@ -136,4 +136,3 @@ def epoch_remainder(
         if any(stretch.batches):
             units = remainder(units, plan, config, epoch, stretch)
     return units
-

@@ -38,7 +38,8 @@ def keep_owed(unit: WorkUnit, order: np.ndarray[Any, Any]) -> np.ndarray[Any, An
     if owed is None or not len(order):
         return order
     at = np.minimum(np.searchsorted(owed, order), len(owed) - 1)
-    return order[owed[at] == order]
+    kept: np.ndarray[Any, Any] = order[owed[at] == order]
+    return kept
 
 
 def owed_partitions(unit: WorkUnit, geometry: WindowGeometry) -> list[int]:
@@ -50,13 +51,12 @@ def owed_partitions(unit: WorkUnit, geometry: WindowGeometry) -> list[int]:
     reaches is skipped.
     """
     assert unit.owed is not None
-    bounds = np.fromiter(
-        itertools.accumulate((p.rows for p in unit.group.partitions), initial=0), np.int64
-    )
+    bounds = np.fromiter(itertools.accumulate((p.rows for p in unit.group.partitions), initial=0), np.int64)
     first_rows = unit.owed * geometry.stride
     lows = np.searchsorted(bounds, first_rows, side="right") - 1
     highs = np.searchsorted(bounds, first_rows + geometry.span - 1, side="right") - 1
     marks = np.zeros(len(bounds), np.int64)
     np.add.at(marks, lows, 1)
     np.add.at(marks, highs + 1, -1)
-    return np.flatnonzero(np.cumsum(marks)[:-1] > 0).tolist()
+    positions: list[int] = np.flatnonzero(np.cumsum(marks)[:-1] > 0).tolist()
+    return positions

@@ -19,8 +19,8 @@ from collections.abc import Sequence
 
 from .._core.config import LoaderConfig
 from .._core.window import WindowGeometry
-from .._epoch.shard import WorkUnit
 from .._epoch.owed import keep_owed
+from .._epoch.shard import WorkUnit
 from .._epoch.shuffle import SampleOrders
 from .._epoch.units import partition_visits
 from .._io.source import PartitionSource

@@ -16,8 +16,8 @@ import numpy as np
 
 from .._core.config import LoaderConfig
 from .._core.window import WindowGeometry
-from .._epoch.shard import WorkUnit
 from .._epoch.owed import keep_owed
+from .._epoch.shard import WorkUnit
 from .._epoch.shuffle import SampleOrders
 from .._io.source import PartitionSource
 from .._io.threads import Pending
