@@ -9,6 +9,7 @@ from typing import Any
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
+from ._epoch.state import merge_worker_states
 from ._pipeline.epoch import Delivered, EpochIterator
 from .loader import _NO_SOURCE, DDBDataLoader
 
@@ -97,6 +98,8 @@ class DDBIterableDataset(IterableDataset[Delivered]):
         one itself: a state naming the next epoch would make it serve that epoch too early.
         """
         return self.loader._state(ended_names_next=False)
+
+    merge_worker_states = staticmethod(merge_worker_states)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.loader.load_state_dict(state)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import pickle
 from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -25,8 +26,10 @@ from conftest import SERIES_SQL, make_series
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_schedule import Epoch, epochs
+from torch.utils.data import DataLoader
+from torchdata.stateful_dataloader import StatefulDataLoader
 
-from ddbloader import DDBDataLoader
+from ddbloader import DDBDataLoader, DDBIterableDataset
 from ddbloader._epoch.elastic import Stretch, epoch_remainder
 from ddbloader._epoch.owed import keep_owed, owed_partitions
 from ddbloader._epoch.schedule import BatchSchedule, EventKind
@@ -434,3 +437,30 @@ def test_a_malformed_or_foreign_state_is_refused_by_name(con: duckdb.DuckDBPyCon
         three.load_state_dict({**state, "worker": 1, "num_workers": 2, "batches": 1})
         with pytest.raises(ValueError, match="names only its own batches"):
             len(three)
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
+@pytest.mark.filterwarnings("ignore:'set_vital' is deprecated:UserWarning")
+def test_a_stateful_dataloader_state_resumes_under_another_worker_count(db_path: str) -> None:
+    """torchdata refuses another num_workers; the workers' states merged into one resume anywhere."""
+    args = {**ARGS, "batch_size": 5, "window_size": 3, "window_stride": 1, "fetch_bytes": 0}
+    with DDBDataLoader(db_path, SERIES_SQL, "y", **args) as whole_loader:
+        whole = keys(list(whole_loader))
+    data = DDBIterableDataset(db_path, SERIES_SQL, "y", num_workers=2, **args)
+    stateful = StatefulDataLoader(data, batch_size=None, num_workers=2)
+    iterator = iter(stateful)
+    consumed = keys([next(iterator) for _ in range(5)])
+    snapshot = pickle.loads(pickle.dumps(stateful.state_dict()))
+    del iterator
+    merged = json.loads(json.dumps(DDBIterableDataset.merge_worker_states(snapshot)))
+    assert (merged["batches"], merged["num_workers"]) == ([3, 2], 2)
+    for workers in (3, 0):
+        fresh = DDBIterableDataset(db_path, SERIES_SQL, "y", num_workers=workers, **args)
+        fresh.load_state_dict(merged)
+        count = len(fresh)
+        batches = list(DataLoader(fresh, batch_size=None, num_workers=workers))
+        assert len(batches) == count, "len() is the rest's batches under the new worker count"
+        rest = keys(batches)
+        assert not set(rest) & set(consumed) and len(set(rest)) == len(rest)
+        assert set(rest) | set(consumed) == set(whole)
+        fresh.close()

@@ -20,7 +20,7 @@ from .._sql.plan import QueryPlan, plan_differences, plan_fingerprint
 from .elastic import Stretch
 from .shard import EvenBatches
 
-__all__ = ["STATE_VERSION", "Resume", "check_state", "make_state", "resume_of"]
+__all__ = ["STATE_VERSION", "Resume", "check_state", "make_state", "merge_worker_states", "resume_of"]
 
 #: Raised whenever a state's meaning changes: its keys, or the batch order that a seed gives (2: one
 #: generator of sample orders per epoch, group_pool_size and partitions recorded; 3: a finished
@@ -186,3 +186,39 @@ def check_state(state: Mapping[str, Any], config: LoaderConfig, plan: QueryPlan)
                 f"so its batches would not continue the saved sequence"
             )
     return resume_of(state)
+
+
+def merge_worker_states(stateful: Mapping[str, Any]) -> dict[str, Any]:
+    """One state from torchdata ``StatefulDataLoader.state_dict()``'s per-worker dataset states:
+    every worker's batch count at once (``batches`` a list, one per worker), which resumes on any
+    world size and worker count (a single worker's state names only its own progress).
+
+    Raises:
+        ValueError: not a StatefulDataLoader state of a DDBIterableDataset, a worker without a
+            batch handed out yet, or workers whose states differ in more than their worker and
+            batches (another epoch, plan or stretch).
+    """
+    if "dataset_state" in stateful:  # num_workers=0: the dataset's own state, one worker
+        return dict(stateful["dataset_state"])
+    try:
+        snapshots = stateful["_snapshot"]["_worker_snapshots"]
+        states = [snapshots[f"worker_{i}"]["dataset_state"] for i in range(len(snapshots))]
+    except (KeyError, TypeError) as error:
+        raise ValueError(
+            f"not a torchdata StatefulDataLoader state (no _snapshot/_worker_snapshots/worker_i/"
+            f"dataset_state: {error!r})"
+        ) from error
+    for worker, state in enumerate(states):
+        place = (state.get("worker"), state.get("num_workers")) if isinstance(state, Mapping) else None
+        if place != (worker, len(states)):
+            raise ValueError(
+                f"worker {worker}'s dataset state is not that of DDBIterableDataset worker {worker} of "
+                f"{len(states)} in an epoch (a worker that has not handed out a batch yet has none): "
+                f"save the state after at least num_workers batches"
+            )
+    shared = [{k: v for k, v in s.items() if k not in ("worker", "batches", "rank")} for s in states]
+    for worker, state in enumerate(shared):
+        if state != shared[0]:
+            differs = sorted(k for k in state.keys() | shared[0].keys() if state.get(k) != shared[0].get(k))
+            raise ValueError(f"worker {worker}'s state differs from worker 0's in {', '.join(differs)}")
+    return {**states[0], "worker": 0, "batches": [int(s["batches"]) for s in states]}
