@@ -58,3 +58,13 @@ def test_the_resuming_section_names_everything_the_state_records() -> None:
             state = loader.state_dict()
     for key in state:
         assert (f"`{key}`" if key != "version" else "a version") in section, key
+
+
+def test_the_elastic_resume_example_runs_as_pasted(tmp_path: Path) -> None:
+    """The Resuming section's example: two ranks stop, three resume, every sample once."""
+    (example,) = [block for block in fenced("python") if "ranks(3)" in block]
+    command = [sys.executable, "-c", example]
+    done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr
+    left = [int(v) for v in re.findall(r"rank \d: (\d+) batches left", done.stdout)]
+    assert len(left) == 3 and len(set(left)) == 1, done.stdout
