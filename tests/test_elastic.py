@@ -12,9 +12,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import pickle
+import subprocess
+import sys
 from collections import Counter
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import duckdb
@@ -23,8 +27,10 @@ import pgserver
 import pytest
 import torch
 from conftest import SERIES_SQL, make_series
+from elastic_worker import ARGS as ELASTIC_RUN
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from servers import free_port
 from test_schedule import Epoch, epochs
 from torch.utils.data import DataLoader
 from torchdata.stateful_dataloader import StatefulDataLoader
@@ -464,3 +470,49 @@ def test_a_stateful_dataloader_state_resumes_under_another_worker_count(db_path:
         assert not set(rest) & set(consumed) and len(set(rest)) == len(rest)
         assert set(rest) | set(consumed) == set(whole)
         fresh.close()
+
+
+# --- real ranks under torchrun: two save, three resume ---------------------------------------------
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def torchrun(ranks: int, *arguments: str) -> None:
+    # The rank processes run tests/elastic_worker.py as a script: make them import this checkout.
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    env["OMP_NUM_THREADS"] = "1"
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nproc_per_node={ranks}",
+        "--master_addr=127.0.0.1",
+        f"--master_port={free_port()}",
+        str(REPO / "tests" / "elastic_worker.py"),
+        *arguments,
+    ]
+    done = subprocess.run(
+        command, check=False, env=env, cwd=REPO, capture_output=True, text=True, timeout=240
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+
+
+@pytest.mark.timeout(300)
+def test_torchrun_two_ranks_save_and_three_resume(db_path: str, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    torchrun(2, db_path, str(out), "save", "3")
+    torchrun(3, db_path, str(out), "resume")
+    saved = [json.loads((out / f"save-rank{r}.json").read_text()) for r in range(2)]
+    resumed = [json.loads((out / f"resume-rank{r}.json").read_text()) for r in range(3)]
+    assert len({report["seed"] for report in saved + resumed}) == 1, "the state carries rank 0's seed"
+    consumed = [key for report in saved for batch in report["keys"] for key in batch]
+    rest = [key for report in resumed for batch in report["keys"] for key in batch]
+    assert len({len(report["keys"]) for report in resumed}) == 1, "equal batch counts on the new ranks"
+    assert all(report["len"] == len(report["keys"]) for report in resumed)
+    with DDBDataLoader(db_path, SERIES_SQL, "y", **{**ELASTIC_RUN, "seed": 0}) as whole:
+        every = keys(list(whole))
+    assert not set(consumed) & set(rest) and len(rest) - len(set(rest)) < 3
+    assert set(consumed) | set(rest) == set(every), "the epoch, every sample"
+    following = [key for report in resumed for batch in report["next"] for key in batch]
+    assert set(following) == set(every), "the next epoch is a whole one"
