@@ -54,11 +54,9 @@ def served(epoch: Epoch, units: Sequence[WorkUnit], batches: int | None = None) 
     total = batch_count(sum(u.samples for u in units), config.batch_size, config.drop_last)
     count = total if batches is None else min(batches, total)
     schedule = BatchSchedule(units, epoch.geometry, config, epoch.epoch, count)
-    return [pair for b in schedule for pair in zip(b.groups.tolist(), b.samples.tolist(), strict=True)]
-
-
-def old_share(epoch: Epoch, stretch: Stretch, rank: int, worker: int) -> list[WorkUnit]:
-    return epoch.units(rank, stretch.world_size, worker, stretch.num_workers, stretch.even_batches)
+    pairs = [pair for b in schedule for pair in zip(b.groups.tolist(), b.samples.tolist(), strict=True)]
+    assert schedule.high_water <= config.group_pool_size * config.prepartition_num, "the memory bound"
+    return pairs
 
 
 @st.composite
@@ -296,7 +294,9 @@ def resume_on(
     return served
 
 
-def check_elastic(make: Make, old_world: int, new_world: int, handed: int, even: str = "pad") -> None:
+def check_elastic(
+    make: Make, old_world: int, new_world: int, handed: int, even: str = "pad", new_even: str | None = None
+) -> None:
     with make(0, 1) as whole_loader:
         whole = keys(list(whole_loader))
     plan = whole_loader.plan
@@ -315,14 +315,14 @@ def check_elastic(make: Make, old_world: int, new_world: int, handed: int, even:
     stretch = Stretch(old_world, even, (handed,))  # type: ignore[arg-type]
     left = epoch_remainder(plan, whole_loader.config, 0, [stretch])
     assert any(u.owed is not None for u in left), "some group was partly served: owed samples"
-    rest = resume_on(make, state, new_world, [stretch], even_batches=even)
+    rest = resume_on(make, state, new_world, [stretch], even_batches=new_even or even)
     counts = {len(batches) for batches in rest}
     assert len(counts) == 1, "every new rank yields the same number of batches"
     new = [key for batches in rest for key in keys(batches)]
     assert not set(new) & set(consumed), "nothing handed out again"
     repeats = len(new) - len(set(new))
     assert repeats < new_world
-    if even == "pad":
+    if (new_even or even) == "pad":
         assert set(consumed) | set(new) == set(whole), "the epoch, every sample"
     else:
         assert repeats == 0 and len(set(whole) - set(consumed) - set(new)) < new_world
@@ -346,6 +346,12 @@ def test_duckdb_resumes_on_another_world_size(
 
 def test_even_batches_drop_resumes_on_another_world_size(con: duckdb.DuckDBPyConnection) -> None:
     check_elastic(duckdb_maker(con), 3, 2, 6, even="drop")
+
+
+def test_another_even_batches_on_the_same_world_size_resumes_elastically(
+    con: duckdb.DuckDBPyConnection,
+) -> None:
+    check_elastic(duckdb_maker(con), 2, 2, 5, even="drop", new_even="pad")
 
 
 def test_postgres_resumes_on_another_world_size(
@@ -421,6 +427,11 @@ def test_a_state_from_another_world_size_reports_its_own_place_until_it_starts(
         one.load_state_dict(state)
         pending = one.state_dict()
         assert (pending["world_size"], pending["batches"], pending["epoch"]) == (2, 3, 0)
+        iterator = iter(one)
+        next(iterator)
+        del iterator  # a peek: abandoned after its first batch, it gives the rest back
+        back = one.state_dict()  # the same place, as this world's rest of the old world's epoch
+        assert (back["resumed"], back["world_size"], back["batches"]) == ([[2, "pad", [3]]], 1, 0)
         assert len(one) == len(list(one))
         done = one.state_dict()
         assert (done["world_size"], done["batches"], done["epoch"], done["resumed"]) == (1, 0, 1, [])
