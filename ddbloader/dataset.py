@@ -37,7 +37,9 @@ class DDBIterableDataset(IterableDataset[Delivered]):
     ``state_dict``/``load_state_dict``
     follow torchdata's ``Stateful`` protocol, so ``StatefulDataLoader`` resumes it per worker;
     give an explicit ``seed`` then, since a resumed state reaches only the workers' copies and the
-    epochs after it are built from this one.
+    epochs after it are built from this one. torchdata refuses its state under another
+    ``num_workers``: load :meth:`merge_worker_states` of it into a new dataset instead, whose
+    workers then split the rest of the epoch (an elastic resume, see ``DDBDataLoader``).
     """
 
     def __init__(

@@ -405,40 +405,11 @@ class DDBDataLoader:
         return self._epoch, batches - min(skip, batches)
 
     def _next_run(self, sharding: Sharding, worker: int, num_workers: int) -> tuple[tuple[Stretch, ...], int]:
-        """The stretches of the next epoch served before it (none for an ordinary epoch), and the
-        batches of its own schedule to skip.
-
-        A state saved under this world size, even_batches and worker count continues its schedule
-        (skipping the batches handed out, bit for bit); from any other place, its stretch joins the
-        earlier ones and the rest of the epoch is split for this world (see
-        :mod:`ddbloader._epoch.elastic`).
-
-        Raises:
-            ValueError: a worker's state (which knows only its own batches) resumed on another
-                worker or under another world.
-        """
-        resume = self._resume
-        if resume is None:
+        """The stretches of the next epoch served before it and the batches of its own schedule to
+        skip (see :meth:`~ddbloader._epoch.state.Resume.continued_by`); none for an ordinary epoch."""
+        if self._resume is None:
             return (), 0
-        if (resume.world_size, resume.even_batches, resume.num_workers) == (
-            sharding.world_size,
-            sharding.even_batches,
-            num_workers,
-        ):
-            if resume.worker_batches is not None:
-                return resume.stretches, resume.worker_batches[worker]
-            if resume.worker == worker:
-                return resume.stretches, resume.batches
-        stretch = resume.stretch()
-        if stretch is None:
-            raise ValueError(
-                f"the loaded state is DataLoader worker {resume.worker}'s of {resume.num_workers}, which "
-                f"names only its own batches; this is worker {worker} of {num_workers} under "
-                f"world_size={sharding.world_size}, even_batches={sharding.even_batches!r}: load each "
-                f"worker's own state under the same place, or every worker's counts at once (see "
-                f"DDBIterableDataset.merge_worker_states)"
-            )
-        return (*resume.stretches, stretch) if any(stretch.batches) else resume.stretches, 0
+        return self._resume.continued_by(sharding.world_size, sharding.even_batches, worker, num_workers)
 
     def _remainder(self, epoch: int, stretches: tuple[Stretch, ...]) -> list[WorkUnit]:
         """What ``stretches`` left of ``epoch`` (kept for the epoch's iterations and ``len``)."""

@@ -451,6 +451,9 @@ def test_a_malformed_or_foreign_state_is_refused_by_name(con: duckdb.DuckDBPyCon
             three.load_state_dict({**state, "resumed": [[2, "even", [1]]]})
         with pytest.raises(ValueError, match="worker=2, num_workers=2"):
             three.load_state_dict({**state, "worker": 2, "num_workers": 2})
+        old_keys = {k: v for k, v in state.items() if k not in ("worker", "num_workers", "resumed")}
+        three.load_state_dict({**old_keys, "version": 3})  # the same order, without elastic keys
+        assert three.state_dict()["world_size"] == 2
         three.load_state_dict({**state, "worker": 1, "num_workers": 2, "batches": 1})
         with pytest.raises(ValueError, match="names only its own batches"):
             len(three)

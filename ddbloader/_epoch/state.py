@@ -61,6 +61,37 @@ class Resume:
             return None
         return Stretch(self.world_size, self.even_batches, self.worker_batches)
 
+    def continued_by(
+        self, world_size: int, even_batches: EvenBatches, worker: int, num_workers: int
+    ) -> tuple[tuple[Stretch, ...], int]:
+        """How worker ``worker`` of ``num_workers`` of a rank of ``world_size`` goes on from here:
+        the stretches of the epoch served before its schedule, and the batches of it to skip.
+
+        Under this state's world size, even_batches and worker count the schedule is the saved
+        one, continued after the batches handed out (bit for bit); from any other place this
+        stretch joins the earlier ones, and the rest of the epoch is split for the new world (see
+        :mod:`ddbloader._epoch.elastic`), skipping nothing.
+
+        Raises:
+            ValueError: a single worker's state (which knows only its own batches) continued by
+                another worker or under another world.
+        """
+        if (self.world_size, self.even_batches, self.num_workers) == (world_size, even_batches, num_workers):
+            if self.worker_batches is not None:
+                return self.stretches, self.worker_batches[worker]
+            if self.worker == worker:
+                return self.stretches, self.batches
+        stretch = self.stretch()
+        if stretch is None:
+            raise ValueError(
+                f"the loaded state is DataLoader worker {self.worker}'s of {self.num_workers}, which "
+                f"names only its own batches; this is worker {worker} of {num_workers} under "
+                f"world_size={world_size}, even_batches={even_batches!r}: load each worker's own state "
+                f"under the same place, or every worker's counts at once (see "
+                f"DDBIterableDataset.merge_worker_states)"
+            )
+        return ((*self.stretches, stretch) if any(stretch.batches) else self.stretches), 0
+
     def to_state(self) -> dict[str, Any]:
         """The state's keys that say where it stopped."""
         return {
