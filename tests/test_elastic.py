@@ -352,7 +352,7 @@ def test_duckdb_resumes_on_another_world_size(
     "overrides",
     [
         pytest.param({"cache_bytes": 2**24, "prefetch_batch": 0}, id="cached-no-prefetch"),
-        pytest.param({"shuffle": False, "window_size": None}, id="ordered-rows"),
+        pytest.param({"shuffle": False, "window_size": None, "window_stride": None}, id="ordered-rows"),
         pytest.param({"group_pool_size": 1, "prepartition_num": 1, "drop_last": True}, id="pool-1-drop-last"),
     ],
 )
