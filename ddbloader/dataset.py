@@ -142,7 +142,6 @@ class DDBIterableDataset(IterableDataset[Delivered]):
     def __repr__(self) -> str:
         return f"DDBIterableDataset({self.loader!r})"
 
-
     def _under_dispatcher(self) -> bool:
         """Whether Accelerate's DataLoaderDispatcher serves this dataset; adapt to it or refuse.
 
