@@ -1,4 +1,5 @@
-"""ddbloader inside the training frameworks users pass it to: every sample once per epoch, new orders.
+"""ddbloader inside the training frameworks users pass it to (Lightning, Accelerate, HF Trainer):
+every sample once per epoch, new orders.
 
 Each test runs a helper script in a fresh interpreter (the frameworks start their own processes)
 over a DuckDB file, and checks by ``key_col`` what every rank trained on.
@@ -137,3 +138,13 @@ def test_accelerate_refuses_what_its_dispatcher_would_lose(accelerate_run: tuple
         assert "dense_rank()" in refusals["strings"]
         assert "use num_workers=0" in refusals["workers"]
         assert "IterableDatasetShard (dispatch_batches=False)" in refusals["no dispatch"]
+
+
+def test_hf_trainer_under_torchrun_trains_every_sample_once_per_epoch(db: str, tmp_path: Path) -> None:
+    """Trainer's DataLoader, prepared by Accelerate, dispatches the dataset's batches (2 processes);
+    Trainer's set_epoch calls give each epoch its own order. (One process: README's recipe.)"""
+    every = every_key(db)
+    torchrun("trainer_run.py", db, str(tmp_path), cwd=tmp_path)
+    found = [json.loads((tmp_path / f"trainer-rank{r}.json").read_text()) for r in range(2)]
+    check_epochs(found, every)
+    assert [r["planned"] for r in found] == [5, 5], "Trainer plans each process's steps"
