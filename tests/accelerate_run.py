@@ -10,7 +10,8 @@ set_epoch calls, through ``accelerator.prepare`` of:
 
 Each rank writes ``OUT/<case>-rank<r>.json``: per epoch, the ``rid`` keys it trained on, and
 ``len()`` of the prepared loader. Then it records, in ``OUT/refusals-rank<r>.json``, the errors of
-what the dispatcher would lose or cannot carry: string keys, DataLoader workers, and
+what the dispatcher would lose or cannot carry: string keys, DataLoader workers, a DataLoader
+``drop_last``, ``split_batches`` with a batch size that is not a multiple of 2, and
 ``dispatch_batches=False``.
 """
 
@@ -45,8 +46,13 @@ def train(accelerator: Accelerator, loader: Any) -> dict[str, Any]:
     return {"seen": seen, "planned": len(prepared), "same": prepared is loader}
 
 
+def one_batch(batches: list[Any]) -> Any:
+    return batches[0]  # a DataLoader with batch_size=1 (as HF Trainer builds it) over ddbloader's batches
+
+
 def refusal(accelerator: Accelerator, dataset: DDBIterableDataset, **options: Any) -> str:
-    prepared = accelerator.prepare(DataLoader(dataset, batch_size=None, **options))
+    options = {"batch_size": None, **options}
+    prepared = accelerator.prepare(DataLoader(dataset, **options))
     try:
         next(iter(prepared))
     except ValueError as error:
@@ -69,6 +75,20 @@ def main(db: str, out: Path) -> None:
             accelerator, DDBIterableDataset(db, SQL, "y", num_workers=2, **ARGS), num_workers=2
         ),
     }
+    refusals["drop_last"] = refusal(
+        accelerator,
+        DDBIterableDataset(db, SQL, "y", **ARGS),
+        batch_size=1,
+        drop_last=True,
+        collate_fn=one_batch,
+    )
+    accelerator.dataloader_config = DataLoaderConfiguration(split_batches=True)
+    refusals["split"] = refusal(
+        accelerator,
+        DDBIterableDataset(db, SQL, "y", **{**ARGS, "batch_size": 7}),
+        batch_size=1,
+        collate_fn=one_batch,
+    )
     accelerator.dataloader_config = DataLoaderConfiguration(dispatch_batches=False)
     refusals["no dispatch"] = refusal(accelerator, DDBIterableDataset(db, SQL, "y", **ARGS))
     (out / f"refusals-rank{rank}.json").write_text(json.dumps(refusals))

@@ -138,6 +138,8 @@ def test_accelerate_refuses_what_its_dispatcher_would_lose(accelerate_run: tuple
         assert "dense_rank()" in refusals["strings"]
         assert "use num_workers=0" in refusals["workers"]
         assert "IterableDatasetShard (dispatch_batches=False)" in refusals["no dispatch"]
+        assert "give drop_last= to DDBIterableDataset" in refusals["drop_last"]
+        assert "batch_size=7 is not a multiple of 2" in refusals["split"]
 
 
 def test_hf_trainer_under_torchrun_trains_every_sample_once_per_epoch(db: str, tmp_path: Path) -> None:
