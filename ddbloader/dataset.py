@@ -9,7 +9,7 @@ from typing import Any
 
 import pyarrow as pa
 import torch
-from torch.utils.data import IterableDataset, get_worker_info
+from torch.utils.data import IterableDataset, default_collate, default_convert, get_worker_info
 
 from ._epoch.shard import Sharding
 from ._pipeline.epoch import Delivered
@@ -48,9 +48,10 @@ class DDBIterableDataset(IterableDataset[Delivered]):
     main process and nothing elsewhere, so every sample is dispatched once per epoch (Accelerate
     pads the last step with at most ``num_processes - 1`` repeats). What the dispatcher would
     lose or cannot carry is refused before the epoch starts: DataLoader workers with several
-    processes, keys that are lists (strings), ``split_batches`` with a batch size that is not a
-    multiple of the process count, a DataLoader ``drop_last``, and ``dispatch_batches=False``
-    (its ``IterableDatasetShard`` would shard what ddbloader already shards).
+    processes, keys that are lists (strings) under torch's default ``collate_fn``,
+    ``split_batches`` with a batch size that is not a multiple of the process count, a DataLoader
+    ``drop_last``, and ``dispatch_batches=False`` (its ``IterableDatasetShard`` would shard what
+    ddbloader already shards).
     """
 
     def __init__(
@@ -176,7 +177,11 @@ class DDBIterableDataset(IterableDataset[Delivered]):
     def _check_dispatch(self, dispatcher: Any) -> None:
         processes = int(dispatcher.state.num_processes)
         batch_size = self.loader.config.batch_size
-        listed = _listed_keys(self.loader)
+        # a collate_fn of the user's may leave the keys out (HF Trainer's collator builds the
+        # model's arguments); torch's default ones keep them
+        listed = (
+            _listed_keys(self.loader) if dispatcher.collate_fn in (default_convert, default_collate) else []
+        )
         fix = "or pass a DDBDataLoader to accelerator.prepare (it comes back as it is and shards itself)"
         if listed:
             raise ValueError(

@@ -9,10 +9,11 @@ set_epoch calls, through ``accelerator.prepare`` of:
   wraps in its DataLoaderDispatcher: the main process reads, every process gets its share.
 
 Each rank writes ``OUT/<case>-rank<r>.json``: per epoch, the ``rid`` keys it trained on, and
-``len()`` of the prepared loader. Then it records, in ``OUT/refusals-rank<r>.json``, the errors of
-what the dispatcher would lose or cannot carry: string keys, DataLoader workers, a DataLoader
-``drop_last``, ``split_batches`` with a batch size that is not a multiple of 2, and
-``dispatch_batches=False``.
+``len()`` of the prepared loader; and ``OUT/collated-rank<r>.json``: one epoch's x windows of a
+dataset with string keys whose ``collate_fn`` leaves them out. Then it records, in
+``OUT/refusals-rank<r>.json``, the errors of what the dispatcher would lose or cannot carry:
+string keys, DataLoader workers, a DataLoader ``drop_last``, ``split_batches`` with a batch size
+that is not a multiple of 2, and ``dispatch_batches=False``.
 """
 
 from __future__ import annotations
@@ -50,6 +51,11 @@ def one_batch(batches: list[Any]) -> Any:
     return batches[0]  # a DataLoader with batch_size=1 (as HF Trainer builds it) over ddbloader's batches
 
 
+def without_keys(batch: Any) -> Any:
+    x, y, _ = batch
+    return x, y
+
+
 def refusal(accelerator: Accelerator, dataset: DDBIterableDataset, **options: Any) -> str:
     options = {"batch_size": None, **options}
     prepared = accelerator.prepare(DataLoader(dataset, **options))
@@ -69,6 +75,12 @@ def main(db: str, out: Path) -> None:
         (out / f"{case}-rank{rank}.json").write_text(json.dumps(train(accelerator, data)))
 
     string_keys = SQL.replace("rid,", "CAST(rid AS VARCHAR) AS rid,")
+    # a collate_fn that leaves the string keys out: they never reach the dispatcher
+    collated = accelerator.prepare(
+        DataLoader(DDBIterableDataset(db, string_keys, "y", **ARGS), batch_size=None, collate_fn=without_keys)
+    )
+    windows = [x[:, :, 0].tolist() for x, _ in collated]
+    (out / f"collated-rank{rank}.json").write_text(json.dumps(windows))
     refusals = {
         "strings": refusal(accelerator, DDBIterableDataset(db, string_keys, "y", **ARGS)),
         "workers": refusal(

@@ -130,6 +130,16 @@ def test_accelerate_dispatches_a_dataloader_over_the_dataset_without_losing_samp
     assert all(len(r["seen"][str(e)]) == 40 for r in found for e in range(3))
 
 
+def test_accelerate_dispatches_string_keys_that_a_collate_fn_leaves_out(
+    accelerate_run: tuple[Path, Counter[int]],
+) -> None:
+    out, every = accelerate_run
+    ranks = [json.loads((out / f"collated-rank{r}.json").read_text()) for r in range(2)]
+    # f0 = rid, and a window's y row follows its 3 x rows: its rid is the last x row's + 1
+    found = Counter(int(window[-1]) + 1 for rank in ranks for batch in rank for window in batch)
+    assert found == every
+
+
 def test_accelerate_refuses_what_its_dispatcher_would_lose(accelerate_run: tuple[Path, Counter[int]]) -> None:
     out, _ = accelerate_run
     for rank in range(2):
