@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import pyarrow as pa
 from sqlglot import exp
 
@@ -158,15 +159,23 @@ class GroupPlan:
 
 @dataclass(frozen=True)
 class WorkUnit:
-    """Samples ``[first, stop)`` of one group (indices as in the whole group)."""
+    """Samples ``[first, stop)`` of one group (indices as in the whole group), or only the ``owed``
+    ones among them.
+
+    ``owed`` (an elastic resume's remainder, see :mod:`ddbloader._epoch.elastic`) is None for every
+    sample of ``[first, stop)``, else their sorted, distinct int64 indices with ``owed[0] == first``
+    and ``owed[-1] == stop - 1``. It is left out of comparisons and hashing (an array compares
+    elementwise), so a unit's identity stays ``(group, first, stop)``.
+    """
 
     group: GroupPlan
     first: int
     stop: int
+    owed: np.ndarray[Any, Any] | None = dataclasses.field(default=None, compare=False, repr=False)
 
     @property
     def samples(self) -> int:
-        return self.stop - self.first
+        return self.stop - self.first if self.owed is None else len(self.owed)
 
 
 @dataclass(frozen=True)
