@@ -1,8 +1,11 @@
 """verify=True: each partition's rows checked against an engine hash recorded at planning.
 
-Real DuckDB and PostgreSQL; the faults are real data changes between planning and fetch (an
-UPDATE after construction, two groups swapping their rows), or a fetch unit's key column altered
-on its way to the client (a fake that injects a fault into the real path).
+Real DuckDB, PostgreSQL, ClickHouse (chDB) and Spark; the faults are real data changes between
+planning and fetch (an UPDATE after construction, two groups swapping their rows), or a fetch
+unit's key column altered on its way to the client (a fake that injects a fault into the real
+path). ClickHouse runs the UPDATEs as synchronous mutations, Spark (Parquet tables: no UPDATE)
+as the same CASE expressions rewritten into the table; Spark is slow, so only the tests that
+use ``any_db`` run on it.
 """
 
 from __future__ import annotations
@@ -20,7 +23,11 @@ import pgserver
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
+import sparkserver
+import sqlglot
 import torch
+from sqlglot import exp
+from test_backends import ClickHouseEngine, SparkEngine
 
 from ddbloader import DDBDataLoader, DDBIterableDataset
 from ddbloader._core.engine import Cursor
@@ -102,14 +109,84 @@ def _postgres(server: pgserver.PostgresServer, table: pa.Table) -> Iterator[Db]:
         admin.close()
 
 
-@pytest.fixture(params=["duckdb", "postgres"])
-def db(request: pytest.FixtureRequest) -> Iterator[Db]:
-    if request.param == "duckdb":
+def _update_as_select(sql: str) -> tuple[dict[str, exp.Expr], exp.Expr]:
+    """An ``UPDATE fp SET c = e, ... [WHERE w]`` as its assignments and condition (TRUE: none)."""
+    update = sqlglot.parse_one(sql, read="postgres")
+    assert isinstance(update, exp.Update)
+    sets = {e.this.name: e.expression for e in update.expressions}
+    where = update.args.get("where")
+    return sets, where.this if where is not None else exp.true()
+
+
+@contextlib.contextmanager
+def _clickhouse(uri: str, table: pa.Table) -> Iterator[Db]:
+    engine = ClickHouseEngine(uri)
+
+    def execute(sql: str) -> None:
+        sets, where = _update_as_select(sql)
+        assigned = ", ".join(f"{c} = {e.sql('clickhouse')}" for c, e in sets.items())
+        engine.execute(
+            f"ALTER TABLE fp UPDATE {assigned} WHERE {where.sql('clickhouse')} SETTINGS mutations_sync = 2"
+        )
+
+    engine.create("fp", table)
+    try:
+        yield Db("clickhouse", uri, execute)
+    finally:
+        engine.close()
+
+
+@contextlib.contextmanager
+def _spark(uri: str, table: pa.Table) -> Iterator[Db]:
+    engine = SparkEngine(uri)
+
+    def execute(sql: str) -> None:  # the loader reads through this session: it sees the rewrite
+        sets, where = _update_as_select(sql)
+        columns = ", ".join(
+            f"CASE WHEN {where.sql('spark')} THEN {sets[c].sql('spark')} ELSE {c} END AS {c}"
+            if c in sets
+            else c
+            for c in table.column_names
+        )
+        engine.execute(f"CREATE TABLE fp_next AS SELECT {columns} FROM fp")
+        engine.execute("INSERT OVERWRITE TABLE fp SELECT * FROM fp_next")
+        engine.execute("DROP TABLE fp_next")
+
+    engine.create("fp", table)
+    try:
+        yield Db("spark", engine.admin, execute)
+    finally:
+        engine.close()
+
+
+@contextlib.contextmanager
+def _open(request: pytest.FixtureRequest, name: str) -> Iterator[Db]:
+    if name == "duckdb":
         with _duckdb(_table()) as made:
             yield made
-    else:
+    elif name == "postgres":
         with _postgres(request.getfixturevalue("pg_server"), _table()) as made:
             yield made
+    elif name == "clickhouse":
+        with _clickhouse(request.getfixturevalue("chdb_uri"), _table()) as made:
+            yield made
+    else:
+        server: sparkserver.SparkServer = request.getfixturevalue("spark_server")
+        with _spark(server.uri, _table()) as made:
+            yield made
+
+
+@pytest.fixture(params=["duckdb", "postgres", "clickhouse"])
+def db(request: pytest.FixtureRequest) -> Iterator[Db]:
+    with _open(request, request.param) as made:
+        yield made
+
+
+@pytest.fixture(params=["duckdb", "postgres", "clickhouse", "spark"])
+def any_db(request: pytest.FixtureRequest) -> Iterator[Db]:
+    """:func:`db` and Spark (a server start, then seconds a query)."""
+    with _open(request, request.param) as made:
+        yield made
 
 
 def _epoch(loader: DDBDataLoader) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -123,7 +200,8 @@ def _equal(a: list[tuple[torch.Tensor, torch.Tensor]], b: list[tuple[torch.Tenso
 
 
 @pytest.mark.parametrize("mode", list(MODES))
-def test_a_verified_epoch_is_the_unverified_one(db: Db, mode: str) -> None:
+def test_a_verified_epoch_is_the_unverified_one(any_db: Db, mode: str) -> None:
+    db = any_db
     with (
         DDBDataLoader(db.source, SQL, "y", **ARGS, **MODES[mode], verify=True) as verified,
         DDBDataLoader(db.source, SQL, "y", **ARGS, **MODES[mode]) as plain,
@@ -141,7 +219,8 @@ def test_a_verified_epoch_is_the_unverified_one(db: Db, mode: str) -> None:
 
 
 @pytest.mark.parametrize("mode", list(MODES))
-def test_a_value_changed_after_planning_raises_naming_the_partition(db: Db, mode: str) -> None:
+def test_a_value_changed_after_planning_raises_naming_the_partition(any_db: Db, mode: str) -> None:
+    db = any_db
     with (
         DDBDataLoader(db.source, SQL, "y", **ARGS, **MODES[mode], verify=True) as verified,
         DDBDataLoader(db.source, SQL, "y", **ARGS, **MODES[mode]) as plain,
@@ -159,7 +238,8 @@ def test_a_value_changed_after_planning_raises_naming_the_partition(db: Db, mode
 
 
 @pytest.mark.parametrize("change", ["n = 'n7'", "n = ''", "n = NULL WHERE id = 8"])
-def test_a_null_turned_into_a_value_or_back_is_seen(db: Db, change: str) -> None:
+def test_a_null_turned_into_a_value_or_back_is_seen(any_db: Db, change: str) -> None:
+    db = any_db
     where = "" if "WHERE" in change else " WHERE id = 7"  # group 1, NULL at planning
     with DDBDataLoader(db.source, SQL, "y", **ARGS, verify=True) as loader:
         db.execute(f"UPDATE fp SET {change}{where}")
@@ -167,7 +247,8 @@ def test_a_null_turned_into_a_value_or_back_is_seen(db: Db, change: str) -> None
             _epoch(loader)
 
 
-def test_groups_swapping_their_rows_raise(db: Db) -> None:
+def test_groups_swapping_their_rows_raise(any_db: Db) -> None:
+    db = any_db
     # Groups 0 and 1 hold 200 rows each: after the swap every count is as planned.
     with DDBDataLoader(db.source, SQL, "y", **ARGS, verify=True) as loader:
         db.execute("UPDATE fp SET g = CASE g WHEN 0 THEN 1 WHEN 1 THEN 0 ELSE g END")
@@ -311,7 +392,7 @@ def test_engines_without_a_row_hash_are_refused_by_name(engine: str) -> None:
         source = datafusion.SessionContext()
         source.register_record_batches("fp", [_table().to_batches()])
         name = "datafusion"
-    with pytest.raises(ValueError, match=rf"verify=True needs .* DuckDB and PostgreSQL only, not on {name}"):
+    with pytest.raises(ValueError, match=rf"verify=True needs .* DuckDB, PostgreSQL, ClickHouse, Spark only, not on {name}"):
         DDBDataLoader(source, "SELECT g, y FROM fp", "y", group_col="g", verify=True)
 
 

@@ -16,8 +16,15 @@ Invariants:
 * It cannot see rows reordered within a partition, a change made before planning, or a change
   that keeps every partition's count and hash sum (a collision: about 2**-64 per partition).
 
-Engines: DuckDB (``hash(*COLUMNS(*))``) and PostgreSQL (``hashtextextended`` of the row's text,
-which every type has). Every other engine is refused by name at construction.
+Engines: DuckDB (``hash(*COLUMNS(*))``), PostgreSQL (``hashtextextended`` of the row's text,
+which every type has), ClickHouse (``cityHash64(tuple(*))``) and Spark (``xxhash64`` of the row
+as JSON with explicit nulls). Every other engine is refused by name at construction.
+
+NULL: a row hash is never NULL, and a NULL hashes otherwise than ``''``, ``0`` or a NULL in
+another column. That rules out hashing the columns as arguments on ClickHouse (``cityHash64(a,
+b)`` is NULL when one is) and on Spark (``xxhash64(a, b)`` skips NULL arguments, so ``('x',
+NULL)`` and ``(NULL, 'x')`` hash alike and an all-NULL row hashes to the seed); ClickHouse hashes
+a tuple's NULL elements by position, Spark's JSON writes ``null`` for them.
 """
 
 from __future__ import annotations
@@ -37,6 +44,7 @@ __all__ = [
     "Fingerprint",
     "HashSum",
     "content_mismatch",
+    "hash_sum",
     "planned_sum",
     "row_hash",
     "strip_hash",
@@ -57,9 +65,27 @@ _MODULUS = 2**64
 _ROW_HASHES = {
     "duckdb": "hash(*COLUMNS(*))",
     "postgres": "hashtextextended(CAST(_ddb_q AS TEXT), 0)",
+    "clickhouse": "cityHash64(tuple(*))",
+    # JSON keeps every value (binary as base64, doubles round-trip); its timestamps are cut to
+    # milliseconds unless their format says otherwise.
+    "spark": (
+        "xxhash64(to_json(struct(*), map('ignoreNullFields', 'false', "
+        "'timestampFormat', 'yyyy-MM-dd''T''HH:mm:ss.SSSSSSXXX', "
+        "'timestampNTZFormat', 'yyyy-MM-dd''T''HH:mm:ss.SSSSSS')))"
+    ),
 }
 
-_ENGINE_NAMES = {"duckdb": "DuckDB", "postgres": "PostgreSQL"}
+#: Per dialect, the sum of a partition's row hashes (column :data:`HASH_ALIAS`) as exact text.
+#: Every other engine widens a 64-bit sum itself (DuckDB to HUGEINT, PostgreSQL to numeric).
+#: ClickHouse's ``sum`` of UInt64 wraps around in UInt64 (right modulo 2**64, but by accident of
+#: its accumulator): UInt128 states it. Spark's ``sum`` of BIGINT raises on overflow under ANSI.
+_HASH_SUMS = {
+    "clickhouse": "CAST(sum(toUInt128(_ddb_hash)) AS String)",
+    "spark": "CAST(sum(CAST(_ddb_hash AS DECIMAL(38, 0))) AS STRING)",
+}
+_HASH_SUM = "CAST(sum(_ddb_hash) AS TEXT)"
+
+_ENGINE_NAMES = {"duckdb": "DuckDB", "postgres": "PostgreSQL", "clickhouse": "ClickHouse", "spark": "Spark"}
 
 
 def verified_engines() -> list[str]:
@@ -83,10 +109,16 @@ def row_hash(backend: Any, dialect: str) -> exp.Expr:
     if text is None or family is None:
         raise ValueError(
             f"verify=True needs an engine-computed hash of each row, which ddbloader uses on "
-            f"{' and '.join(verified_engines())} only, not on {engine}; build the loader without "
+            f"{', '.join(verified_engines())} only, not on {engine}; build the loader without "
             f"verify (the planned row counts are still checked)"
         )
     return sqlglot.parse_one(text, read=family)
+
+
+def hash_sum(dialect: str) -> exp.Expr:
+    """The exact sum of the :data:`HASH_ALIAS` column as text, in ``dialect`` (a planning count's
+    :data:`HASH_SUM_ALIAS`): no engine may wrap it around other than modulo 2**64, or fail."""
+    return sqlglot.parse_one(_HASH_SUMS.get(dialect, _HASH_SUM), read=dialect)
 
 
 def planned_sum(value: Any) -> int:

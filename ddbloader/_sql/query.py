@@ -36,7 +36,7 @@ from sqlglot.errors import SqlglotError
 from sqlglot.parsers.duckdb import DuckDBParser
 from sqlglot.tokenizer_core import TokenType
 
-from .fingerprint import HASH_ALIAS, HASH_SUM_ALIAS
+from .fingerprint import HASH_ALIAS, HASH_SUM_ALIAS, hash_sum
 
 __all__ = [
     "GROUP_ALIAS",
@@ -372,12 +372,12 @@ class UserQuery:
         )
 
     def _hash_sum(self) -> list[exp.Expr]:
-        """``CAST(sum(_ddb_hash) AS TEXT) AS _ddb_hash_sum`` with a row hash (text: a sum of
-        64-bit hashes is exact as text on every driver), else nothing."""
+        """The exact sum of ``_ddb_hash`` as text (:func:`~ddbloader._sql.fingerprint.hash_sum`:
+        a sum of 64-bit hashes is exact as text on every driver) ``AS _ddb_hash_sum`` with a row
+        hash, else nothing."""
         if self._row_hash is None:
             return []
-        total = exp.Sum(this=exp.column(HASH_ALIAS))
-        return [exp.Cast(this=total, to=exp.DataType.build("text")).as_(HASH_SUM_ALIAS)]
+        return [hash_sum(self.dialect).as_(HASH_SUM_ALIAS)]
 
     def schema(self) -> str:
         """The user's query returning no rows, to read its result schema."""

@@ -57,7 +57,7 @@ _DIALECTS = {
 _NUMBERED = frozenset({"postgres", "duckdb"})
 
 #: ADBC vendors whose engine computes the row hash of verify=True, and its dialect.
-_HASHED_VENDORS = {"postgresql": "postgres", "duckdb": "duckdb"}
+_HASHED_VENDORS = {"postgresql": "postgres", "duckdb": "duckdb", "clickhouse": "clickhouse"}
 
 _INSTALL_HINT = "PostgreSQL needs adbc-driver-postgresql: pip install 'ddbloader[postgres]'"
 

@@ -16,8 +16,9 @@ The SQL is ClickHouse's (sqlglot's ``clickhouse`` dialect); parameters are bound
 reader. Not supported by chDB 4.4 (so not by the loader): ``interrupt()`` reaches the driver,
 but chDB finishes the running query; closing a streamed read stops it at the next batch.
 
-For a row fingerprint ClickHouse has ``cityHash64(col, ...)`` / ``sipHash64`` per row and the
-aggregate ``groupBitXor`` (order-independent) over them.
+``verify=True`` hashes each row as ``cityHash64(tuple(*))`` (the ADBC vendor ``ClickHouse``
+says so, see :mod:`ddbloader._sql.fingerprint`): a tuple hashes its NULL elements by position,
+where ``cityHash64(a, b)`` is NULL as soon as one of them is.
 """
 
 from __future__ import annotations

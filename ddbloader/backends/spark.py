@@ -188,6 +188,8 @@ class SparkBackend:
     """
 
     dialect = "spark"
+    #: verify=True: Spark's ``xxhash64`` of each row as JSON (see ddbloader._sql.fingerprint)
+    row_hash_dialect = "spark"
 
     def __init__(self, source: Any) -> None:
         if isinstance(source, str):
