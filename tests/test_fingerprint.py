@@ -31,8 +31,9 @@ from test_backends import ClickHouseEngine, SparkEngine
 
 from ddbloader import DDBDataLoader, DDBIterableDataset
 from ddbloader._core.engine import Cursor
-from ddbloader._sql.fingerprint import HASH_ALIAS, planned_sum, strip_hash
-from ddbloader.backends import DuckDBBackend
+from ddbloader._sql.fingerprint import HASH_ALIAS, planned_sum, row_hash, strip_hash
+from ddbloader._sql.query import UserQuery
+from ddbloader.backends import DuckDBBackend, connect
 
 #: 3 groups × 4 days × 50 rows; ``id`` is unique, so every row differs from every other.
 ROWS = 600
@@ -247,6 +248,53 @@ def test_a_null_turned_into_a_value_or_back_is_seen(any_db: Db, change: str) -> 
             _epoch(loader)
 
 
+#: Rows ``(a, b, c)`` that differ only in where a NULL, an empty string or a zero is.
+_NULL_ROWS = [
+    ("NULL", "'x'", "0"),
+    ("'x'", "NULL", "0"),
+    ("''", "'x'", "0"),
+    ("'x'", "''", "0"),
+    ("'null'", "'x'", "0"),
+    ("NULL", "NULL", "0"),
+    ("NULL", "NULL", "NULL"),
+    ("'x'", "'x'", "NULL"),
+    ("'x'", "'x'", "0"),
+]
+
+
+def test_a_row_hash_is_never_null_and_tells_a_null_from_empty_zero_and_its_neighbour(any_db: Db) -> None:
+    # cityHash64(a, b) is NULL when one is NULL (ClickHouse); xxhash64(a, b) skips NULLs, so
+    # ('x', NULL) and (NULL, 'x') hash alike and (NULL, NULL) to its seed (Spark)
+    backend = connect(any_db.source)
+    rows = " UNION ALL ".join(
+        f"SELECT CAST({a} AS TEXT) AS a, CAST({b} AS TEXT) AS b, CAST({c} AS INT) AS c"
+        for a, b, c in _NULL_ROWS
+    )
+    query = UserQuery(sqlglot.transpile(rows, read="postgres", write=backend.dialect)[0], backend.dialect)
+    fetch = query.with_row_hash(row_hash(backend, backend.dialect)).filtered([])
+    with contextlib.closing(backend.cursor()) as cursor:
+        hashes = cursor.fetch(fetch, []).column(HASH_ALIAS)
+    backend.close()
+    assert hashes.null_count == 0
+    assert len(set(hashes.to_pylist())) == len(_NULL_ROWS)
+
+
+def test_spark_s_row_hash_sees_microseconds(spark_server: sparkserver.SparkServer) -> None:
+    # Spark's JSON writes timestamps to the millisecond unless told otherwise
+    backend = connect(spark_server.uri)
+    rows = " UNION ALL ".join(
+        f"SELECT TIMESTAMP'2020-01-01 00:00:00.12345{i}' AS ts, "
+        f"TIMESTAMP_NTZ'2020-01-01 00:00:00.12345{i}' AS ntz"
+        for i in range(2)
+    )
+    fetch = UserQuery(rows, "spark").with_row_hash(row_hash(backend, "spark")).filtered([])
+    try:
+        hashes = backend.cursor().fetch(fetch, []).column(HASH_ALIAS).to_pylist()
+    finally:
+        backend.close()
+    assert len(set(hashes)) == 2
+
+
 def test_groups_swapping_their_rows_raise(any_db: Db) -> None:
     db = any_db
     # Groups 0 and 1 hold 200 rows each: after the swap every count is as planned.
@@ -392,7 +440,8 @@ def test_engines_without_a_row_hash_are_refused_by_name(engine: str) -> None:
         source = datafusion.SessionContext()
         source.register_record_batches("fp", [_table().to_batches()])
         name = "datafusion"
-    with pytest.raises(ValueError, match=rf"verify=True needs .* DuckDB, PostgreSQL, ClickHouse, Spark only, not on {name}"):
+    engines = "DuckDB, PostgreSQL, ClickHouse, Spark"
+    with pytest.raises(ValueError, match=rf"verify=True needs .* {engines} only, not on {name}"):
         DDBDataLoader(source, "SELECT g, y FROM fp", "y", group_col="g", verify=True)
 
 

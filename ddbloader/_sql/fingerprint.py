@@ -70,8 +70,8 @@ _ROW_HASHES = {
     # milliseconds unless their format says otherwise.
     "spark": (
         "xxhash64(to_json(struct(*), map('ignoreNullFields', 'false', "
-        "'timestampFormat', 'yyyy-MM-dd''T''HH:mm:ss.SSSSSSXXX', "
-        "'timestampNTZFormat', 'yyyy-MM-dd''T''HH:mm:ss.SSSSSS')))"
+        "'timestampFormat', 'yyyy-MM-dd HH:mm:ss.SSSSSSXXX', "
+        "'timestampNTZFormat', 'yyyy-MM-dd HH:mm:ss.SSSSSS')))"
     ),
 }
 
