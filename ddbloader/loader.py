@@ -140,9 +140,9 @@ class DDBDataLoader:
             temporal values as int64 since the epoch) or list (strings and other types), so
             predictions can be joined back (see ddbloader.keys). Left out of a derived x.
         verify: check every fetched partition's rows, not only their count, against an engine
-            hash of each row summed at planning (DuckDB and PostgreSQL; refused elsewhere):
-            wrong rows in the right number raise, naming the partition. Costs a hash per row
-            at planning and at every fetch (see README).
+            hash of each row summed at planning (DuckDB, PostgreSQL, ClickHouse, Spark;
+            refused elsewhere): wrong rows in the right number raise, naming the partition.
+            Costs a hash per row at planning and at every fetch (see README).
         mode: DolphinDB's framework switch; only ``"pytorch"`` exists here.
         verbose: accepted for DolphinDB code and ignored: ddbloader reports through the
             ``"ddbloader"`` logger (INFO per epoch, DEBUG per partition).
