@@ -157,7 +157,7 @@ def clickhouse(chdb_uri: str) -> Iterator[Engine]:
 
 ENGINES = ("duckdb", "postgres", "sqlite")
 #: Engines with a row hash: the corpus runs there with verify=True.
-VERIFIED = ("duckdb", "postgres")
+VERIFIED = ("duckdb", "postgres", "clickhouse")
 #: Engines the corpus's engine-neutral shapes also run on (their own SQL is not in the corpus).
 MORE_ENGINES = ("datafusion", "clickhouse")
 #: ClickHouse takes UNION only with DISTINCT or ALL (by default: union_default_mode is empty).
