@@ -46,6 +46,10 @@ from .units import PartitionKey, partition_visits
 __all__ = ["BatchSchedule", "Event", "EventKind", "ScheduledBatch"]
 
 
+#: no samples (the order of a unit with no step loaded yet)
+_NONE: np.ndarray[Any, Any] = np.empty(0, np.int64)
+
+
 class EventKind(IntEnum):
     """What an :class:`Event` asks of the executor."""
 
@@ -61,26 +65,62 @@ class EventKind(IntEnum):
     RELEASE = 4
 
 
+_FETCH, _LOAD, _DROP, _RELEASE = EventKind.FETCH, EventKind.LOAD, EventKind.DROP, EventKind.RELEASE
+
+
 class Event(NamedTuple):
-    """One partition event, ``at`` samples into its batch (before the sample of that number)."""
+    """One partition event of unit ``unit`` (its index in the schedule's units), ``at`` samples
+    into its batch (before the sample of that number).
+
+    A LOAD loads step number ``step`` (the epoch's steps are numbered in load order from 0),
+    which holds the unit's samples ``[first, stop)``, whose start rows lie in its partition with
+    ``left`` and ``right`` kept rows. A DROP drops step ``step``, or a partition queued and not
+    loaded (``step`` -1)."""
 
     kind: EventKind
     key: PartitionKey
     at: int
     left: int = 0
     right: int = 0
+    unit: int = 0
+    first: int = 0
+    stop: int = 0
+    step: int = -1
 
 
-@dataclass(frozen=True, slots=True)
+# Not frozen: a frozen dataclass's __init__ costs a microsecond more, a batch each; read-only by contract.
+@dataclass(slots=True, eq=False)
 class ScheduledBatch:
-    """One batch: sample ``j`` is sample ``samples[j]`` of group ``groups[j]`` (int64 arrays of the
-    batch's length), and ``events`` are the partition events of its draw, in order (see
-    :class:`Event`; those after its last sample are the top-up for the next batch)."""
+    """One batch: its samples in chunks, each from one step, and the partition events of its
+    draw, in order (see :class:`Event`; those after its last sample are the top-up for the next
+    batch).
+
+    Chunk ``c`` is samples ``chunks[c]`` (an int64 array of ``counts[c]`` sample numbers) of group
+    ``chunk_groups[c]``, drawn from step number ``steps[c]``; so an executor turns a chunk into rows
+    with one ``chunk * stride + shift``. :attr:`samples` and :attr:`groups` are the whole batch's."""
 
     index: int
-    groups: np.ndarray[Any, Any]
-    samples: np.ndarray[Any, Any]
+    chunks: tuple[np.ndarray[Any, Any], ...]
     events: tuple[Event, ...]
+    steps: tuple[int, ...]
+    counts: tuple[int, ...]
+    chunk_groups: tuple[int, ...]
+
+    @property
+    def samples(self) -> np.ndarray[Any, Any]:
+        """Sample ``j`` of the batch is sample ``samples[j]`` of group ``groups[j]``."""
+        chunks = self.chunks
+        return chunks[0] if len(chunks) == 1 else np.concatenate(chunks) if chunks else _NONE
+
+    @property
+    def groups(self) -> np.ndarray[Any, Any]:
+        groups: np.ndarray[Any, Any] = np.repeat(np.array(self.chunk_groups, np.int64), self.counts)
+        return groups
+
+
+#: makes a tuple subclass from a tuple, without the NamedTuple's Python-level ``__new__`` (a few
+#: events per small group)
+_new = tuple.__new__
 
 
 class _Recorder:
@@ -90,42 +130,91 @@ class _Recorder:
         self.held = 0
         self.high_water = 0
         self.drawn = 0
-        self.groups: list[np.ndarray[Any, Any]] = []
-        self.samples: list[np.ndarray[Any, Any]] = []
+        self.loads = 0
+        self._groups: list[int] = []
+        self._samples: list[np.ndarray[Any, Any]] = []
+        self._steps: list[int] = []
+        self._counts: list[int] = []
         self.events: list[Event] = []
 
-    def event(self, kind: EventKind, key: PartitionKey, left: int = 0, right: int = 0) -> None:
-        if kind == EventKind.FETCH:
-            self.held += 1
-            self.high_water = max(self.high_water, self.held)
-        elif kind == EventKind.DROP:
-            self.held -= 1
-        self.events.append(Event(kind, key, self.drawn, left, right))
+    def fetch(self, unit: int, key: PartitionKey) -> None:
+        self.held += 1
+        self.high_water = max(self.high_water, self.held)
+        self.events.append(_new(Event, (_FETCH, key, self.drawn, 0, 0, unit, 0, 0, -1)))
 
-    def draw(self, group: int, samples: np.ndarray[Any, Any]) -> None:
-        self.groups.append(np.full(len(samples), group, np.int64))
-        self.samples.append(samples)
-        self.drawn += len(samples)
+    def drop(self, unit: int, key: PartitionKey, step: int = -1) -> None:
+        self.held -= 1
+        self.events.append(_new(Event, (_DROP, key, self.drawn, 0, 0, unit, 0, 0, step)))
+
+    def load(self, unit: int, key: PartitionKey, left: int, right: int, first: int, stop: int) -> int:
+        """Record a LOAD; the step's number."""
+        step = self.loads
+        self.events.append(_new(Event, (_LOAD, key, self.drawn, left, right, unit, first, stop, step)))
+        self.loads = step + 1
+        return step
+
+    def release(self, unit: int, key: PartitionKey) -> None:
+        self.events.append(_new(Event, (_RELEASE, key, self.drawn, 0, 0, unit, 0, 0, -1)))
+
+    def draw(self, group: int, step: int, samples: np.ndarray[Any, Any], count: int) -> None:
+        self._groups.append(group)
+        self._steps.append(step)
+        self._counts.append(count)
+        self._samples.append(samples)
+        self.drawn += count
 
     def batch(self, index: int) -> ScheduledBatch:
-        empty = np.empty(0, np.int64)
         batch = ScheduledBatch(
             index,
-            np.concatenate(self.groups) if self.groups else empty,
-            np.concatenate(self.samples) if self.samples else empty,
+            tuple(self._samples),
             tuple(self.events),
+            tuple(self._steps),
+            tuple(self._counts),
+            tuple(self._groups),
         )
-        self.groups, self.samples, self.events, self.drawn = [], [], [], 0
+        self._groups.clear()
+        self._samples.clear()
+        self._steps.clear()
+        self._counts.clear()
+        self.events.clear()
+        self.drawn = 0
         return batch
 
 
 class _Unit:
-    """One work unit's steps, from row counts alone (what a stream of the pool holds)."""
+    """One work unit's steps, from row counts alone (what the pool holds of it)."""
+
+    __slots__ = (
+        "_bounds",
+        "_geometry",
+        "_kept",
+        "_log",
+        "_needed",
+        "_order",
+        "_pending",
+        "_prepartitions",
+        "_served",
+        "_single",
+        "_step",
+        "_step_number",
+        "_to_submit",
+        "_unit",
+        "group",
+        "index",
+        "remaining",
+    )
 
     def __init__(
-        self, unit: WorkUnit, config: LoaderConfig, geometry: WindowGeometry, epoch: int, log: _Recorder
+        self,
+        index: int,
+        unit: WorkUnit,
+        config: LoaderConfig,
+        geometry: WindowGeometry,
+        epoch: int,
+        log: _Recorder,
     ) -> None:
         group = unit.group
+        self.index = index
         self.group = group.index
         self.remaining = unit.samples
         self._unit = unit
@@ -135,12 +224,13 @@ class _Unit:
         #: a group of one partition: one fetch, one step, nothing to release (its claim took it)
         self._single = len(group.partitions) == 1
         self._needed = partition_visits(unit, config, geometry, epoch)
-        self._bounds = list(itertools.accumulate((p.rows for p in group.partitions), initial=0))
+        self._bounds: list[int] = []
         self._to_submit: deque[int] = deque(self._needed)
         self._pending: deque[int] = deque()
         self._kept: dict[int, int] = {}
         self._step: int | None = None
-        self._order: np.ndarray[Any, Any] = np.empty(0, np.int64)
+        self._step_number = -1
+        self._order: np.ndarray[Any, Any] = _NONE
         self._served = 0
 
     @property
@@ -162,7 +252,7 @@ class _Unit:
         if self._to_submit:
             position = self._to_submit.popleft()
             self._pending.append(position)
-            self._log.event(EventKind.FETCH, (self.group, position))
+            self._log.fetch(self.index, (self.group, position))
 
     def take(self, count: int, orders: SampleOrders) -> None:
         """Draw the next ``count`` samples (``0 < count <= remaining``), loading steps as needed."""
@@ -170,7 +260,9 @@ class _Unit:
             if self._step is None or self._served == len(self._order):
                 self._advance(orders)
             given = min(count, len(self._order) - self._served)
-            self._log.draw(self.group, self._order[self._served : self._served + given])
+            self._log.draw(
+                self.group, self._step_number, self._order[self._served : self._served + given], given
+            )
             self._served += given
             self.remaining -= given
             count -= given
@@ -180,7 +272,7 @@ class _Unit:
     def _advance(self, orders: SampleOrders) -> None:
         while True:
             if self._step is not None:
-                self._log.event(EventKind.DROP, (self.group, self._step))
+                self._log.drop(self.index, (self.group, self._step), self._step_number)
                 self._step = None
                 if not self._single:
                     self._submit_next()
@@ -193,23 +285,26 @@ class _Unit:
                 return
 
     def _load(self, position: int, orders: SampleOrders) -> None:
-        first, stop = self._bounds[position], self._bounds[position + 1]
         unit = self._unit
         if self._single:
             left = right = 0
-            samples = range(unit.first, unit.stop)
+            first, stop = unit.first, unit.stop
         else:
+            if not self._bounds:
+                self._bounds = list(itertools.accumulate((p.rows for p in unit.group.partitions), initial=0))
+            rows_first, rows_stop = self._bounds[position], self._bounds[position + 1]
             edge = self._geometry.span - 1
             left = self._kept_rows(position, -1, edge)
             right = self._kept_rows(position, +1, edge)
-            self._kept[position] = min(edge, stop - first)
+            self._kept[position] = min(edge, rows_stop - rows_first)
             completed = self._geometry.samples_completed_by(
-                first, stop, first - left, stop + right, unit.group.samples
+                rows_first, rows_stop, rows_first - left, rows_stop + right, unit.group.samples
             )
-            samples = range(max(completed.start, unit.first), min(completed.stop, unit.stop))
-        self._log.event(EventKind.LOAD, (self.group, position), left, right)
+            first, stop = max(completed.start, unit.first), min(completed.stop, unit.stop)
+            stop = max(first, stop)
+        self._step_number = self._log.load(self.index, (self.group, position), left, right, first, stop)
         self._step = position
-        self._order = orders.order(samples.start, samples.stop)
+        self._order = orders.order(first, stop)
         self._served = 0
 
     def _kept_rows(self, position: int, direction: int, rows: int) -> int:
@@ -222,16 +317,71 @@ class _Unit:
         return joined
 
     def _finish(self) -> None:
+        key = self.group
         if self._step is not None:
-            self._log.event(EventKind.DROP, (self.group, self._step))
+            self._log.drop(self.index, (key, self._step), self._step_number)
             self._step = None
         for position in self._pending:
-            self._log.event(EventKind.DROP, (self.group, position))
+            self._log.drop(self.index, (key, position))
         self._pending.clear()
         self._to_submit.clear()
         if not self._single:
             for position in self._needed:
-                self._log.event(EventKind.RELEASE, (self.group, position))
+                self._log.release(self.index, (key, position))
+
+
+class _One:
+    """A unit of a group of one partition (most small groups): what :class:`_Unit` does for it
+    (the same events), without the bookkeeping of many partitions: one fetch, one step, no kept
+    rows, nothing to release (its one claim took its rows)."""
+
+    __slots__ = (
+        "_key",
+        "_log",
+        "_order",
+        "_served",
+        "_step",
+        "_unit",
+        "fetched",
+        "group",
+        "index",
+        "remaining",
+    )
+
+    def __init__(self, index: int, unit: WorkUnit, log: _Recorder) -> None:
+        self.index = index
+        self.group = unit.group.index
+        self.remaining = unit.stop - unit.first
+        self.fetched = False
+        self._unit = unit
+        self._log = log
+        self._key = unit.group.partitions[0].key
+        self._order: np.ndarray[Any, Any] | None = None
+        self._served = 0
+        self._step = -1
+
+    def top_up(self, room: int) -> None:
+        if room > 0 and not self.fetched:
+            self.fetched = True
+            self._log.fetch(self.index, self._key)
+
+    def take(self, count: int, orders: SampleOrders) -> None:
+        """As :meth:`_Unit.take`."""
+        order = self._order
+        if order is None:
+            log = self._log
+            if not self.fetched:
+                self.fetched = True
+                log.fetch(self.index, self._key)
+            unit = self._unit
+            self._step = log.load(self.index, self._key, 0, 0, unit.first, unit.stop)
+            order = self._order = orders.order(unit.first, unit.stop)
+        served = self._served
+        self._log.draw(self.group, self._step, order[served : served + count], count)
+        self._served = served + count
+        self.remaining -= count
+        if not self.remaining:
+            self._log.drop(self.index, self._key, self._step)
 
 
 class BatchSchedule:
@@ -252,9 +402,9 @@ class BatchSchedule:
         epoch: int,
         batches: int,
     ) -> None:
-        self._units = units
-        self._geometry = geometry
-        self._config = config
+        self.units = units
+        self.geometry = geometry
+        self.config = config
         self._epoch = epoch
         self.batches = batches
         self._log = _Recorder()
@@ -265,21 +415,28 @@ class BatchSchedule:
 
     def __iter__(self) -> Iterator[ScheduledBatch]:
         """The epoch's batches from the first (each iteration starts the epoch afresh)."""
-        config = self._config
+        config = self.config
         log = self._log = _Recorder()
         pool, shuffle = config.group_pool_size, config.shuffle
         budget = pool * config.prepartition_num
-        waiting = deque(u for u in self._units if u.samples > 0)
-        active: list[_Unit] = []
-        ahead: list[_Unit] = []
+        units = self.units
+        waiting = deque(i for i, u in enumerate(units) if u.stop > u.first)
+        active: list[_One | _Unit] = []
+        ahead: list[_One | _Unit] = []
         draws = SourceDraws(config.seed, self._epoch, pool=pool)
         orders = SampleOrders(shuffle, config.seed, self._epoch)
         topped_up_at = -1
 
-        def following() -> _Unit | None:
+        def make(index: int) -> _One | _Unit:
+            unit = units[index]
+            if len(unit.group.partitions) == 1:
+                return _One(index, unit, log)
+            return _Unit(index, unit, config, self.geometry, self._epoch, log)
+
+        def following() -> _One | _Unit | None:
             if ahead:
                 return ahead.pop()
-            return _Unit(waiting.popleft(), config, self._geometry, self._epoch, log) if waiting else None
+            return make(waiting.popleft()) if waiting else None
 
         def top_up() -> None:
             nonlocal topped_up_at
@@ -287,12 +444,12 @@ class BatchSchedule:
                 unit.top_up(budget - log.held)
             room = budget - log.held
             if room > 0 and not ahead and waiting:
-                ahead.append(_Unit(waiting.popleft(), config, self._geometry, self._epoch, log))
+                ahead.append(make(waiting.popleft()))
             if room > 0 and ahead:
                 ahead[0].top_up(room)
             topped_up_at = log.held
 
-        left = sum(u.samples for u in self._units)
+        left = sum(u.stop - u.first for u in self.units)
         for index in range(self.batches):
             count = min(config.batch_size, left)
             left -= count

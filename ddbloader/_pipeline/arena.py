@@ -81,9 +81,6 @@ class Arena:
         self._base: Block | None = None
         #: every region as one segment, for pieces that draw from several regions at once
         self.whole: Segment | None = None
-        #: per region, the sample order of the step whose segment it holds, as rows of the base
-        #: (written once per step, see :class:`~ddbloader._pipeline.pool._Serving`)
-        self.orders: np.ndarray[Any, Any] | None = None
         self._free = list(range(regions))
         self._retired: list[int] = []
 
@@ -122,7 +119,6 @@ class Arena:
         self.regions = regions
         self._free = [r for r in self._free if r < regions]
         self._base = like.empty_like(regions * self.region_rows)
-        self.orders = np.empty(regions * self.region_rows, np.int64)
         self.whole = Segment(self._base)
         return self._base
 
