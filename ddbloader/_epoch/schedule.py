@@ -23,7 +23,8 @@ The order it defines (the pool's, see :class:`~ddbloader._pipeline.pool.GroupPoo
   (queued, in flight or being served), at most ``prepartition_num`` per unit: the active units'
   next partitions first, then the first ones of the next waiting unit.
 
-Not thread-safe: one consumer iterates it.
+The events and batches it yields are defined in :mod:`ddbloader._epoch.events`. Not thread-safe:
+one consumer iterates it.
 """
 
 from __future__ import annotations
@@ -31,154 +32,18 @@ from __future__ import annotations
 import itertools
 from collections import deque
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
-from enum import IntEnum
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
 from .._core.config import LoaderConfig
 from .._core.window import WindowGeometry
 from .._sql.plan import WorkUnit
+from .events import NO_SAMPLES, Event, EventKind, Recorder, ScheduledBatch
 from .shuffle import SampleOrders, SourceDraws
-from .units import PartitionKey, partition_visits
+from .units import partition_visits
 
 __all__ = ["BatchSchedule", "Event", "EventKind", "ScheduledBatch"]
-
-
-#: no samples (the order of a unit with no step loaded yet)
-_NONE: np.ndarray[Any, Any] = np.empty(0, np.int64)
-
-
-class EventKind(IntEnum):
-    """What an :class:`Event` asks of the executor."""
-
-    #: claim the partition from the fetchers (queue its fetch): it counts as held from now on
-    FETCH = 1
-    #: the partition's step becomes its unit's current one: its rows, with ``left`` kept rows of
-    #: loaded neighbours before them and ``right`` after, hold the step's samples
-    LOAD = 2
-    #: the partition is no longer held (its step is done, or its unit ended before loading it)
-    DROP = 3
-    #: the unit ended: no partition of its group that it needed is asked for again (one event per
-    #: partition; none for a group of one partition, whose one claim took its rows)
-    RELEASE = 4
-
-
-_FETCH, _LOAD, _DROP, _RELEASE = EventKind.FETCH, EventKind.LOAD, EventKind.DROP, EventKind.RELEASE
-
-
-class Event(NamedTuple):
-    """One partition event of unit ``unit`` (its index in the schedule's units), ``at`` samples
-    into its batch (before the sample of that number).
-
-    A LOAD loads step number ``step`` (the epoch's steps are numbered in load order from 0),
-    which holds the unit's samples ``[first, stop)``, whose start rows lie in its partition with
-    ``left`` and ``right`` kept rows. A DROP drops step ``step``, or a partition queued and not
-    loaded (``step`` -1)."""
-
-    kind: EventKind
-    key: PartitionKey
-    at: int
-    left: int = 0
-    right: int = 0
-    unit: int = 0
-    first: int = 0
-    stop: int = 0
-    step: int = -1
-
-
-# Not frozen: a frozen dataclass's __init__ costs a microsecond more, a batch each; read-only by contract.
-@dataclass(slots=True, eq=False)
-class ScheduledBatch:
-    """One batch: its samples in chunks, each from one step, and the partition events of its
-    draw, in order (see :class:`Event`; those after its last sample are the top-up for the next
-    batch).
-
-    Chunk ``c`` is samples ``chunks[c]`` (an int64 array of ``counts[c]`` sample numbers) of group
-    ``chunk_groups[c]``, drawn from step number ``steps[c]``; so an executor turns a chunk into rows
-    with one ``chunk * stride + shift``. :attr:`samples` and :attr:`groups` are the whole batch's."""
-
-    index: int
-    chunks: tuple[np.ndarray[Any, Any], ...]
-    events: tuple[Event, ...]
-    steps: tuple[int, ...]
-    counts: tuple[int, ...]
-    chunk_groups: tuple[int, ...]
-
-    @property
-    def samples(self) -> np.ndarray[Any, Any]:
-        """Sample ``j`` of the batch is sample ``samples[j]`` of group ``groups[j]``."""
-        chunks = self.chunks
-        return chunks[0] if len(chunks) == 1 else np.concatenate(chunks) if chunks else _NONE
-
-    @property
-    def groups(self) -> np.ndarray[Any, Any]:
-        groups: np.ndarray[Any, Any] = np.repeat(np.array(self.chunk_groups, np.int64), self.counts)
-        return groups
-
-
-#: makes a tuple subclass from a tuple, without the NamedTuple's Python-level ``__new__`` (a few
-#: events per small group)
-_new = tuple.__new__
-
-
-class _Recorder:
-    """A batch being drawn: its samples by chunk, its events, and the partitions held."""
-
-    def __init__(self) -> None:
-        self.held = 0
-        self.high_water = 0
-        self.drawn = 0
-        self.loads = 0
-        self._groups: list[int] = []
-        self._samples: list[np.ndarray[Any, Any]] = []
-        self._steps: list[int] = []
-        self._counts: list[int] = []
-        self.events: list[Event] = []
-
-    def fetch(self, unit: int, key: PartitionKey) -> None:
-        self.held += 1
-        self.high_water = max(self.high_water, self.held)
-        self.events.append(_new(Event, (_FETCH, key, self.drawn, 0, 0, unit, 0, 0, -1)))
-
-    def drop(self, unit: int, key: PartitionKey, step: int = -1) -> None:
-        self.held -= 1
-        self.events.append(_new(Event, (_DROP, key, self.drawn, 0, 0, unit, 0, 0, step)))
-
-    def load(self, unit: int, key: PartitionKey, left: int, right: int, first: int, stop: int) -> int:
-        """Record a LOAD; the step's number."""
-        step = self.loads
-        self.events.append(_new(Event, (_LOAD, key, self.drawn, left, right, unit, first, stop, step)))
-        self.loads = step + 1
-        return step
-
-    def release(self, unit: int, key: PartitionKey) -> None:
-        self.events.append(_new(Event, (_RELEASE, key, self.drawn, 0, 0, unit, 0, 0, -1)))
-
-    def draw(self, group: int, step: int, samples: np.ndarray[Any, Any], count: int) -> None:
-        self._groups.append(group)
-        self._steps.append(step)
-        self._counts.append(count)
-        self._samples.append(samples)
-        self.drawn += count
-
-    def batch(self, index: int) -> ScheduledBatch:
-        batch = ScheduledBatch(
-            index,
-            tuple(self._samples),
-            tuple(self.events),
-            tuple(self._steps),
-            tuple(self._counts),
-            tuple(self._groups),
-        )
-        self._groups.clear()
-        self._samples.clear()
-        self._steps.clear()
-        self._counts.clear()
-        self.events.clear()
-        self.drawn = 0
-        return batch
 
 
 class _Unit:
@@ -211,7 +76,7 @@ class _Unit:
         config: LoaderConfig,
         geometry: WindowGeometry,
         epoch: int,
-        log: _Recorder,
+        log: Recorder,
     ) -> None:
         group = unit.group
         self.index = index
@@ -230,7 +95,7 @@ class _Unit:
         self._kept: dict[int, int] = {}
         self._step: int | None = None
         self._step_number = -1
-        self._order: np.ndarray[Any, Any] = _NONE
+        self._order: np.ndarray[Any, Any] = NO_SAMPLES
         self._served = 0
 
     @property
@@ -348,7 +213,7 @@ class _One:
         "remaining",
     )
 
-    def __init__(self, index: int, unit: WorkUnit, log: _Recorder) -> None:
+    def __init__(self, index: int, unit: WorkUnit, log: Recorder) -> None:
         self.index = index
         self.group = unit.group.index
         self.remaining = unit.stop - unit.first
@@ -407,7 +272,7 @@ class BatchSchedule:
         self.config = config
         self._epoch = epoch
         self.batches = batches
-        self._log = _Recorder()
+        self._log = Recorder()
 
     @property
     def high_water(self) -> int:
@@ -416,7 +281,7 @@ class BatchSchedule:
     def __iter__(self) -> Iterator[ScheduledBatch]:
         """The epoch's batches from the first (each iteration starts the epoch afresh)."""
         config = self.config
-        log = self._log = _Recorder()
+        log = self._log = Recorder()
         pool, shuffle = config.group_pool_size, config.shuffle
         budget = pool * config.prepartition_num
         units = self.units
