@@ -70,8 +70,8 @@ class Arena:
     the lowest free region (so the touched pages stay few); :meth:`retire` hands it back once the
     batch being drawn, whose pieces may still point into it, has been gathered: regions retired
     during one draw are reused from the next :meth:`recycle` on, which the pool calls before each
-    draw. A segment that is not fetched, does not fit or finds no free region gets arrays of its
-    own, as without an arena. Owned by one assembler thread at a time.
+    draw. A segment that does not fit or finds no free region gets arrays of its own, as without
+    an arena. Owned by one assembler thread at a time.
     """
 
     def __init__(self, region_rows: int, regions: int, *, whole_partitions: bool = True) -> None:
@@ -99,7 +99,7 @@ class Arena:
         if len(blocks) == 1 and not self.whole_partitions:
             return Segment(blocks[0])
         rows = sum(b.rows for b in blocks)
-        if not self._free or rows > self.region_rows or not all(b.fetched for b in blocks):
+        if not self._free or rows > self.region_rows:
             return Segment(Block.concatenate(blocks))
         base = self._base or self._allocate(blocks[0])
         if not all(base.same_layout(b) for b in blocks) or not self._free:
