@@ -66,6 +66,7 @@ class _Unit:
         "_unit",
         "group",
         "index",
+        "queued",
         "remaining",
     )
 
@@ -91,6 +92,8 @@ class _Unit:
         self._needed = partition_visits(unit, config, geometry, epoch)
         self._bounds: list[int] = []
         self._to_submit: deque[int] = deque(self._needed)
+        #: whether every partition it needs is queued (topping it up does nothing)
+        self.queued = not self._to_submit
         self._pending: deque[int] = deque()
         self._kept: dict[int, int] = {}
         self._step: int | None = None
@@ -118,6 +121,7 @@ class _Unit:
             position = self._to_submit.popleft()
             self._pending.append(position)
             self._log.fetch(self.index, (self.group, position))
+            self.queued = not self._to_submit
 
     def take(self, count: int, orders: SampleOrders) -> None:
         """Draw the next ``count`` samples (``0 < count <= remaining``), loading steps as needed."""
@@ -190,6 +194,7 @@ class _Unit:
             self._log.drop(self.index, (key, position))
         self._pending.clear()
         self._to_submit.clear()
+        self.queued = True
         if not self._single:
             for position in self._needed:
                 self._log.release(self.index, (key, position))
@@ -207,9 +212,9 @@ class _One:
         "_served",
         "_step",
         "_unit",
-        "fetched",
         "group",
         "index",
+        "queued",
         "remaining",
     )
 
@@ -217,7 +222,7 @@ class _One:
         self.index = index
         self.group = unit.group.index
         self.remaining = unit.stop - unit.first
-        self.fetched = False
+        self.queued = False
         self._unit = unit
         self._log = log
         self._key = unit.group.partitions[0].key
@@ -226,8 +231,8 @@ class _One:
         self._step = -1
 
     def top_up(self, room: int) -> None:
-        if room > 0 and not self.fetched:
-            self.fetched = True
+        if room > 0 and not self.queued:
+            self.queued = True
             self._log.fetch(self.index, self._key)
 
     def take(self, count: int, orders: SampleOrders) -> None:
@@ -235,8 +240,8 @@ class _One:
         order = self._order
         if order is None:
             log = self._log
-            if not self.fetched:
-                self.fetched = True
+            if not self.queued:
+                self.queued = True
                 log.fetch(self.index, self._key)
             unit = self._unit
             self._step = log.load(self.index, self._key, 0, 0, unit.first, unit.stop)
@@ -306,11 +311,12 @@ class BatchSchedule:
         def top_up() -> None:
             nonlocal topped_up_at
             for unit in active:
-                unit.top_up(budget - log.held)
+                if not unit.queued:
+                    unit.top_up(budget - log.held)
             room = budget - log.held
             if room > 0 and not ahead and waiting:
                 ahead.append(make(waiting.popleft()))
-            if room > 0 and ahead:
+            if room > 0 and ahead and not ahead[0].queued:
                 ahead[0].top_up(room)
             topped_up_at = log.held
 

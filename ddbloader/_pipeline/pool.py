@@ -127,12 +127,13 @@ class GroupPool:
             kind = event.kind
             if releases and kind is not _RELEASE:
                 self._release(releases)
+            # the partition numbers inline: a few events per small group
             if kind is _FETCH:
                 self.gauge.acquire()
                 spec = self._units[event.unit].group.partitions[event.key[1]]
-                self._pending[_number(event.unit, spec.position)] = self._fetcher.submit(spec)
+                self._pending[event.unit << 32 | spec.position] = self._fetcher.submit(spec)
             elif kind is _LOAD:
-                pending = self._pending.pop(_number(event.unit, event.key[1]))
+                pending = self._pending.pop(event.unit << 32 | event.key[1])
                 assert pending is not None
                 block = pending.wait(self._stop, self._timeout)
                 if len(self._units[event.unit].group.partitions) == 1:  # no neighbours, shift 0
@@ -142,7 +143,7 @@ class GroupPool:
             elif kind is _DROP:
                 self.gauge.release()
                 if event.step < 0:  # its unit ended before loading it
-                    del self._pending[_number(event.unit, event.key[1])]
+                    del self._pending[event.unit << 32 | event.key[1]]
                 else:
                     segment = self._segments.get(event.step)
                     if segment is not None:
