@@ -102,10 +102,11 @@ class Recorder:
         self.high_water = 0
         self.drawn = 0
         self.loads = 0
-        self._groups: list[int] = []
-        self._samples: list[np.ndarray[Any, Any]] = []
-        self._steps: list[int] = []
-        self._counts: list[int] = []
+        #: the batch's chunks so far (see :class:`ScheduledBatch`; appended to by :meth:`draw`)
+        self.groups: list[int] = []
+        self.samples: list[np.ndarray[Any, Any]] = []
+        self.steps: list[int] = []
+        self.counts: list[int] = []
         self.events: list[Event] = []
 
     def fetch(self, unit: int, key: PartitionKey) -> None:
@@ -128,25 +129,25 @@ class Recorder:
         self.events.append(_new(Event, (_RELEASE, key, self.drawn, 0, 0, unit, 0, 0, -1)))
 
     def draw(self, group: int, step: int, samples: np.ndarray[Any, Any], count: int) -> None:
-        self._groups.append(group)
-        self._steps.append(step)
-        self._counts.append(count)
-        self._samples.append(samples)
+        self.groups.append(group)
+        self.steps.append(step)
+        self.counts.append(count)
+        self.samples.append(samples)
         self.drawn += count
 
     def batch(self, index: int) -> ScheduledBatch:
         batch = ScheduledBatch(
             index,
-            tuple(self._samples),
+            tuple(self.samples),
             tuple(self.events),
-            tuple(self._steps),
-            tuple(self._counts),
-            tuple(self._groups),
+            tuple(self.steps),
+            tuple(self.counts),
+            tuple(self.groups),
         )
-        self._groups.clear()
-        self._samples.clear()
-        self._steps.clear()
-        self._counts.clear()
+        self.groups.clear()
+        self.samples.clear()
+        self.steps.clear()
+        self.counts.clear()
         self.events.clear()
         self.drawn = 0
         return batch

@@ -247,7 +247,13 @@ class _One:
             self._step = log.load(self.index, self._key, 0, 0, unit.first, unit.stop)
             order = self._order = orders.order(unit.first, unit.stop)
         served = self._served
-        self._log.draw(self.group, self._step, order[served : served + count], count)
+        # Recorder.draw, inline: a chunk or two per small group
+        log = self._log
+        log.groups.append(self.group)
+        log.steps.append(self._step)
+        log.counts.append(count)
+        log.samples.append(order[served : served + count])
+        log.drawn += count
         self._served = served + count
         self.remaining -= count
         if not self.remaining:

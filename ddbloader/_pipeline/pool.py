@@ -123,13 +123,15 @@ class GroupPool:
         if arena is not None:
             arena.recycle()
         releases: list[_Key] = []
+        gauge = self.gauge
+        # the gauge's counts and the partition numbers inline: a few events per small group
         for event in batch.events:
             kind = event.kind
             if releases and kind is not _RELEASE:
                 self._release(releases)
-            # the partition numbers inline: a few events per small group
             if kind is _FETCH:
-                self.gauge.acquire()
+                gauge.held += 1
+                gauge.high_water = max(gauge.high_water, gauge.held)
                 spec = self._units[event.unit].group.partitions[event.key[1]]
                 self._pending[event.unit << 32 | spec.position] = self._fetcher.submit(spec)
             elif kind is _LOAD:
@@ -141,7 +143,7 @@ class GroupPool:
                 else:
                     self._load(event, block)
             elif kind is _DROP:
-                self.gauge.release()
+                gauge.held -= 1
                 if event.step < 0:  # its unit ended before loading it
                     del self._pending[event.unit << 32 | event.key[1]]
                 else:
