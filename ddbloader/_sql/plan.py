@@ -26,6 +26,7 @@ from .._core.errors import add_note, warn_caller
 from .._core.window import WindowGeometry
 from .binding import POSTGRES_TYPE, binds_exactly, text_identifies
 from .literals import dolphindb_literal_hint
+from .pieces import KeyRanges, RangeCutter
 from .query import (
     GROUP_ALIAS,
     INDEX_SUFFIX,
@@ -82,6 +83,8 @@ class PartitionSpec:
     piece: int = 0
     pieces: int = 1
     first_row: int = 0
+    #: A range piece's key ranges (see :mod:`ddbloader._sql.pieces`): ``sql`` reads only them.
+    ranges: KeyRanges | None = None
 
     # made once per plan: at thousands of groups, a tuple per partition and epoch cost ~5 ms an epoch
     @functools.cached_property
@@ -91,8 +94,9 @@ class PartitionSpec:
 
     @property
     def streamed(self) -> bool:
-        """Whether this partition is a piece of a subquery read by one streaming query."""
-        return self.pieces > 1
+        """Whether this partition is read by a streaming query of its own, never by a fetch unit:
+        a piece of a subquery read in pieces, or a range piece (a subquery of one piece)."""
+        return self.pieces > 1 or self.ranges is not None
 
     @property
     def head(self) -> int:
@@ -107,9 +111,10 @@ class PartitionSpec:
             if self.streamed
             else ""
         )
+        ranges = f"order key in {self.ranges.describe()}: " if self.ranges is not None else ""
         return (
             f"partition {self.position} of group {self.group} "
-            f"({rows}subquery {self.sql!r} with parameters {list(self.params)!r})"
+            f"({rows}{ranges}subquery {self.sql!r} with parameters {list(self.params)!r})"
         )
 
 
@@ -239,7 +244,12 @@ def plan_fingerprint(plan: QueryPlan) -> str:
     parts = {
         "query": plan.query.text if plan.query is not None else "",
         "schemes": repr([(g.value, [p.repartition_value for p in g.partitions]) for g in plan.groups]),
-        "counts": repr([[(p.rows, p.pieces) for p in g.partitions] for g in plan.groups]),
+        "counts": repr(
+            [
+                [(p.rows, p.pieces) + ((p.ranges,) if p.ranges else ()) for p in g.partitions]
+                for g in plan.groups
+            ]
+        ),
         "layout": repr(
             (layout.x_names, layout.y_names, str(layout.x_dtype), str(layout.y_dtype), layout.key_names)
         ),
@@ -397,6 +407,7 @@ def build_plan(backend: Backend, sql: str, config: LoaderConfig, progress: bool 
             rows, where = _probe_partition(cursor, partition_sql, cells)
             planned = resolve_layout_on_rows(probe, rows, where, config, with_nulls)
         layout = planned
+        ranged = _range_pieces(cursor, query, keys, cells, layout.row_bytes, config, geometry)
     except Exception as error:
         _name_the_key(error, keys, result_columns)
         raise
@@ -412,9 +423,12 @@ def build_plan(backend: Backend, sql: str, config: LoaderConfig, progress: bool 
     groups: list[GroupPlan] = []
     for index, (group_value, row) in enumerate(cells):
         cut = [
-            (repartition_value, params, piece)
-            for repartition_value, params, rows in row
-            if rows > 0
+            (repartition_value, sql, ranges, params, piece)
+            for cell, (repartition_value, cell_params, cell_rows) in enumerate(row)
+            if cell_rows > 0
+            for sql, ranges, params, rows in ranged.get(
+                (index, cell), [(partition_sql, None, cell_params, cell_rows)]
+            )
             for piece in _cut(rows, layout.row_bytes, config.fetch_bytes)
         ]
         partitions = tuple(
@@ -423,14 +437,21 @@ def build_plan(backend: Backend, sql: str, config: LoaderConfig, progress: bool 
                 position=position,
                 group_value=group_value,
                 repartition_value=repartition_value,
-                sql=partition_sql,
+                sql=sql,
                 params=params,
                 rows=rows,
                 piece=piece,
                 pieces=count,
                 first_row=first_row,
+                ranges=ranges,
             )
-            for position, (repartition_value, params, (piece, count, first_row, rows)) in enumerate(cut)
+            for position, (
+                repartition_value,
+                sql,
+                ranges,
+                params,
+                (piece, count, first_row, rows),
+            ) in enumerate(cut)
         )
         total = sum(p.rows for p in partitions)
         groups.append(
@@ -476,6 +497,59 @@ def build_plan(backend: Backend, sql: str, config: LoaderConfig, progress: bool 
             f"the loader yields nothing; check the query, the schemes and window_size"
         )
     return plan
+
+
+#: Per (group index, cell index) cut into range pieces: each piece's SQL, ranges, parameters, rows.
+_Ranged = dict[tuple[int, int], list[tuple[str, KeyRanges | None, tuple[Any, ...], int]]]
+
+
+def _range_pieces(
+    cursor: Cursor,
+    query: Query,
+    keys: list[_Key],
+    cells: list[tuple[Any, list[_Cell]]],
+    row_bytes: int,
+    config: LoaderConfig,
+    geometry: WindowGeometry,
+) -> _Ranged:
+    """With shuffle, the subqueries larger than ``fetch_bytes`` cut into range pieces (see
+    :mod:`ddbloader._sql.pieces`): combed without windows, contiguous with them. Where they
+    cannot be cut, warns once naming why and what would fix it; those are read in consecutive
+    pieces (front to back)."""
+    big = [
+        (index, position, params, rows, count)
+        for index, (_, row) in enumerate(cells)
+        for position, (_, params, rows) in enumerate(row)
+        if config.shuffle and (count := len(pieces(rows, row_bytes, config.fetch_bytes))) > 1
+    ]
+    if not big:
+        return {}
+
+    def run(sql: str, purpose: str, params: Sequence[Any]) -> pa.Table:
+        return _run(cursor, sql, purpose, params)
+
+    cutter = RangeCutter(query, run, combed=geometry.span == 1)
+    expressions = [k.expression for k in keys]
+    ranged: _Ranged = {}
+    for index, position, params, rows, count in big:
+        layout = cutter.cut(expressions, params, rows, count) if cutter.reason is None else None
+        if layout is None:
+            break
+        ranged[index, position] = [
+            (cutter.piece_sql(expressions, ranges), ranges, (*params, *ranges.bounds()), size)
+            for ranges, size in layout
+        ]
+    if cutter.reason is not None:
+        warn_caller(
+            f"shuffle=True, but {len(big)} subquer{'y is' if len(big) == 1 else 'ies are'} larger than "
+            f"fetch_bytes={config.fetch_bytes} and cannot be cut into pieces by ranges of the order key: "
+            f"{cutter.reason}; they are read front to back in consecutive pieces, so their samples come "
+            f"close to row order. To shuffle them across the epoch, order the query by a result column "
+            f"(ORDER BY a column it selects, of an integer, float, text, date or timestamp type), split "
+            f"it with a repartition_col, or set fetch_bytes=0 (each subquery read whole)"
+        )
+        return {}
+    return ranged
 
 
 def _exact_keys(cursor: Cursor, query: UserQuery, keys: list[_Key]) -> list[_Key]:

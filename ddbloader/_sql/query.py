@@ -444,6 +444,35 @@ class UserQuery:
         """True: :meth:`distinct_values` counts every subquery's rows exactly (see there)."""
         return True
 
+    def order_key(self) -> exp.Ordered | None:
+        """The leading term of the query's ORDER BY, restated over its result columns as the
+        split restates it (an ordinal becomes the column it names), or None: no ORDER BY, or a
+        term that is not a result column (see :meth:`_outer_order`)."""
+        try:
+            order = self._outer_order()
+        except ValueError:
+            return None
+        if order is None:
+            return None
+        term = order.expressions[0].copy()
+        if isinstance(term.this, exp.Literal):
+            names = self._output_names()
+            position = int(term.this.name)
+            if names is None or not 0 < position <= len(names):
+                return None
+            term.set("this", exp.column(names[position - 1], quoted=True))
+        return term if isinstance(term, exp.Ordered) else None
+
+    def filtered_where(self, columns: Sequence[exp.Expr], predicate: exp.Expr, *, ordered: bool) -> exp.Expr:
+        """:meth:`filtered`'s query (``column_i = $i``) AND-ed with ``predicate`` over the
+        result columns (its parameters numbered after the keys'), as a tree to render or wrap;
+        in the query's order when ``ordered``, else without the outer ORDER BY."""
+        keys = [_parameter_equals(c, n) for n, c in enumerate(columns, start=1)]
+        tree = self._filter(columns, exp.and_(*keys, predicate))
+        if not ordered:
+            tree.set("order", None)
+        return tree
+
     def is_ordered(self) -> bool:
         """Whether the query states its rows' order (a top-level ORDER BY)."""
         return self._tree.args.get("order") is not None

@@ -1,0 +1,343 @@
+"""Range pieces: a partition too big for ``fetch_bytes``, cut at planning by its order key.
+
+With ``shuffle=True`` a subquery whose planned bytes exceed ``fetch_bytes`` would otherwise be
+read by one query in consecutive pieces (:mod:`ddbloader._io.streams`), front to back: one big
+table's epoch would walk it in row order. Instead planning cuts it into *range pieces*, each the
+rows whose leading ORDER BY key ``k`` falls in some ranges ``a <= k < b``, each read by a query
+of its own, so the plan holds them as partitions of their group and the epoch visits them in a
+random order like repartitions (windows continue across consecutive pieces through the kept
+edge rows, as across repartitions).
+
+How the ranges are found: one query per subquery ranks its rows by ``k`` (``RANK()``, so equal
+keys share a rank) and cuts the ranks into *tiles* of about equal rows; each tile is a key range
+``[lowest key of the tile, lowest key of the next)`` with its exact row count. Equal keys always
+share a tile, so a piece never splits them. NULL keys form their own piece, placed where the
+ORDER BY puts NULLs.
+
+Two layouts (:func:`layout`):
+
+* *contiguous* (windows, ``span > 1``): each piece is one range of consecutive tiles, the pieces in
+  the query's order (descending keys for ``DESC``), so the rows of the pieces in plan order are
+  the subquery's rows in its order, and windows straddle pieces as they straddle partitions.
+* *combed* (one row per sample): within a *band* of at most :data:`COMB_BAND` pieces' rows, tile
+  ``j`` goes to piece ``j mod pieces``, so each piece holds :data:`COMB_STRIPES` thin ranges
+  spread over the band: one piece's batches mix the whole band, where a contiguous piece would
+  hold a few thousand neighbouring rows. The cost: each piece's query reads its band (the rows
+  of up to :data:`COMB_BAND` pieces) to find its stripes.
+
+Invariants (checked by the tests without an engine): the tiles' ranges are disjoint and cover
+every key, each tile is in exactly one piece, a piece's row count is the sum of its tiles',
+so the pieces cover the subquery's rows exactly once. Each piece's count is checked again
+when it is read (the stream refuses a piece whose rows differ from the plan).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+from sqlglot import exp
+
+from .binding import binds_exactly
+from .query import Query, UserQuery
+
+__all__ = [
+    "COMB_BAND",
+    "COMB_STRIPES",
+    "CONTIGUOUS_TILES",
+    "KeyRanges",
+    "OrderKey",
+    "RangeCutter",
+    "layout",
+]
+
+#: Thin ranges per combed piece: a batch drawn from one piece holds rows from this many places
+#: of its band (32 stripes put every 100,000-row block of a 2M-row table in each batch).
+COMB_STRIPES = 32
+#: Pieces combed together at most: a piece's query reads the rows of its band (this many pieces'
+#: worth) to find its own, so an epoch reads each row of a combed subquery up to this many times.
+COMB_BAND = 64
+#: Tiles per contiguous piece: finer tiles keep the pieces near equal when keys repeat.
+CONTIGUOUS_TILES = 8
+
+_KEY_ALIAS = "_ddb_k"
+_TILE_ALIAS = "_ddb_tile"
+_LOW_ALIAS = "_ddb_low"
+_ROWS_ALIAS = "_ddb_rows"
+
+#: ``(low, high)``: ``low <= k < high``; None is unbounded on that side.
+Range = tuple[Any, Any]
+
+
+@dataclass(frozen=True)
+class KeyRanges:
+    """The rows of one range piece: order key in one of ``ranges``, or NULL (``nulls``).
+
+    Invariants: ``ranges`` ascending and disjoint; empty exactly when ``nulls``.
+    """
+
+    ranges: tuple[Range, ...] = ()
+    nulls: bool = False
+
+    def bounds(self) -> tuple[Any, ...]:
+        """The bound values, in the order :meth:`predicate` numbers their parameters."""
+        return tuple(value for low, high in self._terms() for value in (low, high) if value is not None)
+
+    def predicate(self, key: exp.Expr, first: int) -> exp.Expr:
+        """This piece's condition on ``key``, parameters numbered from ``first``; a piece of
+        several ranges also bounds the key by its first low and last high, which engines can
+        prune on where they cannot on a disjunction."""
+        if self.nulls:
+            return exp.Is(this=_paren(key), expression=exp.Null())
+        number = first
+        parts: list[exp.Expr] = []
+        for low, high in self._terms():
+            sides: list[exp.Expr] = []
+            if low is not None:
+                sides.append(exp.GTE(this=_paren(key), expression=_parameter(number)))
+                number += 1
+            if high is not None:
+                sides.append(exp.LT(this=_paren(key), expression=_parameter(number)))
+                number += 1
+            if not sides:
+                sides.append(exp.Not(this=exp.Is(this=_paren(key), expression=exp.Null())))
+            parts.append(exp.and_(*sides) if len(sides) > 1 else sides[0])
+        if len(parts) == 1:
+            return parts[0]
+        return exp.and_(parts[0], exp.Paren(this=exp.or_(*parts[1:])))
+
+    def describe(self) -> str:
+        """The ranges for messages: ``[a, b) ∪ [c, d)`` or ``NULL``."""
+        if self.nulls:
+            return "NULL"
+        shown = [
+            f"[{'-inf' if lo is None else repr(lo)}, {'+inf' if hi is None else repr(hi)})"
+            for lo, hi in self.ranges
+        ]
+        more = f" ∪ ... ({len(shown)} ranges)" if len(shown) > 3 else ""
+        return " ∪ ".join(shown[:3]) + more
+
+    def _terms(self) -> list[Range]:
+        """The ranges the predicate tests: with several, the enclosing range first."""
+        if len(self.ranges) == 1:
+            return list(self.ranges)
+        return [(self.ranges[0][0], self.ranges[-1][1]), *self.ranges]
+
+
+def layout(
+    tiles: Sequence[tuple[Any, int]],
+    null_rows: int,
+    pieces: int,
+    band: int,
+    *,
+    descending: bool,
+    nulls_first: bool,
+) -> list[tuple[KeyRanges, int]]:
+    """The range pieces of a subquery, in plan order, each with its row count. Pure.
+
+    Args:
+        tiles: ``(lowest key, rows)`` of each non-empty tile, ascending by key (distinct keys);
+            tile ``i`` is the keys ``[low_i, low_{i+1})``, the first unbounded below and the last
+            above.
+        null_rows: rows whose key is NULL (one piece of their own when any).
+        pieces: how many pieces to cut the keyed rows into (at most one per tile).
+        band: 1 for contiguous pieces; more to comb up to that many pieces together.
+        descending: the ORDER BY sorts the key descending (contiguous pieces come in that order).
+        nulls_first: the ORDER BY puts NULL keys first (their piece comes first).
+    """
+    total = sum(rows for _, rows in tiles)
+    count = max(min(pieces, len(tiles)), 1)
+    cut: list[list[int]] = []
+    if tiles and (band <= 1 or count == 1):
+        chunk = _chunks(tiles, total, count)
+        for index, piece in enumerate(chunk):
+            if not cut or piece != chunk[index - 1]:
+                cut.append([])
+            cut[-1].append(index)
+    elif tiles:
+        bands = -(-count // band)
+        owner = _chunks(tiles, total, bands)
+        for b in range(bands):
+            members = [i for i, o in enumerate(owner) if o == b]
+            per_band = max(min(-(-count // bands), len(members)), 1)
+            combs: list[list[int]] = [[] for _ in range(per_band)]
+            for j, index in enumerate(members):
+                combs[j % per_band].append(index)
+            cut.extend(c for c in combs if c)
+    lows = [low for low, _ in tiles]
+    result = [(KeyRanges(_merged(members, lows)), sum(tiles[i][1] for i in members)) for members in cut]
+    if descending:
+        result.reverse()
+    if null_rows:
+        nulls = (KeyRanges(nulls=True), null_rows)
+        result = [nulls, *result] if nulls_first else [*result, nulls]
+    return result
+
+
+def _chunks(tiles: Sequence[tuple[Any, int]], total: int, count: int) -> list[int]:
+    """Per tile, which of ``count`` consecutive chunks of near-equal rows holds it (by the rows
+    before its middle, so a tile larger than a chunk takes the chunk it mostly falls in)."""
+    owner = []
+    before = 0
+    for _, rows in tiles:
+        middle = before + rows / 2
+        owner.append(min(int(middle * count / max(total, 1)), count - 1))
+        before += rows
+    return owner
+
+
+def _merged(members: Sequence[int], lows: Sequence[Any]) -> tuple[Range, ...]:
+    """The key ranges of tiles ``members`` (ascending), consecutive tiles merged into one range."""
+    ranges: list[list[Any]] = []
+    previous = -2
+    for index in members:
+        high = lows[index + 1] if index + 1 < len(lows) else None
+        if index == previous + 1:
+            ranges[-1][1] = high
+        else:
+            ranges.append([None if index == 0 else lows[index], high])
+        previous = index
+    return tuple((low, high) for low, high in ranges)
+
+
+def _parameter(number: int) -> exp.Parameter:
+    return exp.Parameter(this=exp.Literal.number(number))
+
+
+def _paren(expression: exp.Expr) -> exp.Expr:
+    if isinstance(expression, (exp.Column, exp.Literal, exp.Paren)):
+        return expression.copy()
+    return exp.Paren(this=expression.copy())
+
+
+@dataclass(frozen=True)
+class OrderKey:
+    """The key range pieces are cut on: the query's leading ORDER BY term over its result."""
+
+    expression: exp.Expr
+    descending: bool
+    nulls_first: bool
+    text: str
+
+
+#: Runs a planning query: (sql, purpose, parameters) -> its result.
+Run = Callable[[str, str, Sequence[Any]], pa.Table]
+
+
+class RangeCutter:
+    """Cuts the subqueries of one plan into range pieces, or says why it cannot.
+
+    Built once per plan; :attr:`reason` is None when range pieces are possible, else a sentence
+    naming why (the caller warns and reads the big subqueries in consecutive pieces instead).
+    """
+
+    def __init__(self, query: Query, run: Run, *, combed: bool) -> None:
+        self._query = query
+        self._run = run
+        self._combed = combed
+        self.key: OrderKey | None = None
+        self.reason: str | None = None
+        if not isinstance(query, UserQuery):
+            self.reason = "this engine's queries cannot be cut by key ranges"
+            return
+        ordered = query.order_key()
+        if ordered is None:
+            self.reason = (
+                "the query has no ORDER BY"
+                if not query.is_ordered()
+                else "its leading ORDER BY term is not one of the query's result columns"
+            )
+            return
+        term = ordered.this
+        self.key = OrderKey(
+            term,
+            bool(ordered.args.get("desc")),
+            bool(ordered.args.get("nulls_first")),
+            term.sql(dialect=query.dialect),
+        )
+
+    def cut(
+        self, columns: Sequence[exp.Expr], params: tuple[Any, ...], rows: int, pieces: int
+    ) -> list[tuple[KeyRanges, int]] | None:
+        """The range pieces of the subquery of ``columns = params`` (``rows`` rows), in plan
+        order; None when the key's type does not bind back exactly or the engine refused the
+        ranking query (then :attr:`reason` says which)."""
+        assert isinstance(self._query, UserQuery) and self.key is not None
+        stripes = COMB_STRIPES if self._combed else CONTIGUOUS_TILES
+        sql = self._query.render(self._tiles_tree(columns, pieces * stripes))
+        try:
+            table = self._run(sql, "ranking the rows of a big subquery by its order key", params)
+        except Exception as error:  # the engine's refusal is a reason to fall back, not to fail
+            self.reason = f"the engine could not rank the rows by {self.key.text!r} ({_first_line(error)})"
+            return None
+        if not binds_exactly(table.schema.field(_LOW_ALIAS)):
+            self.reason = (
+                f"the order key {self.key.text!r} is of type {table.schema.field(_LOW_ALIAS).type}, "
+                f"whose values do not bind back to the engine exactly"
+            )
+            return None
+        lows = table.column(_LOW_ALIAS).to_pylist()
+        counts = [int(n) for n in table.column(_ROWS_ALIAS).to_pylist()]
+        tiles = list(zip(lows, counts, strict=True))
+        keyed = sum(counts)
+        return layout(
+            tiles,
+            rows - keyed,
+            pieces,
+            COMB_BAND if self._combed else 1,
+            descending=self.key.descending,
+            nulls_first=self.key.nulls_first,
+        )
+
+    def piece_sql(self, columns: Sequence[exp.Expr], ranges: KeyRanges) -> str:
+        """The piece's query: the subquery's rows in ``ranges``, in the query's order; its key
+        parameters first, then :meth:`KeyRanges.bounds`."""
+        assert isinstance(self._query, UserQuery) and self.key is not None
+        predicate = ranges.predicate(self.key.expression, len(columns) + 1)
+        return self._query.render(self._query.filtered_where(columns, predicate, ordered=True))
+
+    def _tiles_tree(self, columns: Sequence[exp.Expr], tiles: int) -> exp.Expr:
+        """``(tile, lowest key, rows)`` per non-empty tile of the subquery's non-NULL keys, by tile:
+        a row's tile is ``(rank - 1) * tiles // rows`` (equal keys share their rank)."""
+        assert isinstance(self._query, UserQuery) and self.key is not None
+        key = self.key.expression
+        filtered = self._query.filtered_where(
+            columns, exp.Not(this=exp.Is(this=_paren(key), expression=exp.Null())), ordered=False
+        )
+        keys = exp.select(_paren(key).as_(_KEY_ALIAS)).from_(_subquery(filtered, "_ddb_r"))
+        column = exp.column(_KEY_ALIAS)
+        rank = exp.Window(
+            this=exp.Anonymous(this="RANK"), order=exp.Order(expressions=[exp.Ordered(this=column)])
+        )
+        everything = exp.Window(this=exp.Count(this=exp.Star()))
+        tile = exp.IntDiv(
+            this=exp.Paren(
+                this=exp.Mul(
+                    this=exp.Paren(this=exp.Sub(this=rank, expression=exp.Literal.number(1))),
+                    expression=exp.Literal.number(tiles),
+                )
+            ),
+            expression=everything,
+        )
+        ranked = exp.select(column, tile.as_(_TILE_ALIAS)).from_(_subquery(keys, "_ddb_s"))
+        return (
+            exp.select(
+                exp.column(_TILE_ALIAS),
+                exp.Min(this=column).as_(_LOW_ALIAS),
+                exp.Count(this=exp.Star()).as_(_ROWS_ALIAS),
+            )
+            .from_(_subquery(ranked, "_ddb_t"))
+            .group_by(exp.column(_TILE_ALIAS))
+            .order_by(exp.column(_TILE_ALIAS))
+        )
+
+
+def _subquery(tree: exp.Expr, alias: str) -> exp.Subquery:
+    return exp.Subquery(this=tree, alias=exp.TableAlias(this=exp.to_identifier(alias)))
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
