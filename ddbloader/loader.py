@@ -29,6 +29,7 @@ from ._pipeline.device import DeviceStage
 from ._pipeline.epoch import EpochIterator, EpochRun
 from ._sql.plan import build_plan, plan_differences, plan_fingerprint
 from .backends import Backend, DuckDBBackend, connect
+from .mixing import MixingWatch
 from .stats import LoaderStats, StatsRecorder
 from .transforms import as_pipeline
 
@@ -214,6 +215,7 @@ class DDBDataLoader:
         self._progress: tuple[int, int, bool] | None = None
         self._iterator: weakref.ref[EpochIterator] | None = None
         self._recorder: StatsRecorder | None = None
+        self._mixing = MixingWatch(self.plan, self.config)
         self._closed = False
         self._arena: Arena | None = None
         self._cache = self._partition_cache()
@@ -402,7 +404,7 @@ class DDBDataLoader:
         )
         batches = batch_count(sum(u.samples for u in units), config.batch_size, config.drop_last)
         skip = min(self._resume_skip, batches)
-        self._recorder = StatsRecorder(epoch)
+        self._recorder = StatsRecorder(epoch, self._mixing.epoch(units, epoch, batches))
         stage = DeviceStage(config.device, config.pin_memory, config.window_on_device, config.collate)
         # an arena is taken by one epoch at a time and shelved when its last batch is gathered
         arena, self._arena = (

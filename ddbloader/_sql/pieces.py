@@ -80,6 +80,8 @@ class KeyRanges:
 
     ranges: tuple[Range, ...] = ()
     nulls: bool = False
+    #: A combed piece's band (its subquery's pieces combed together share one); None if contiguous.
+    band: int | None = None
 
     def bounds(self) -> tuple[Any, ...]:
         """The bound values, in the order :meth:`predicate` numbers their parameters."""
@@ -149,13 +151,13 @@ def layout(
     """
     total = sum(rows for _, rows in tiles)
     count = max(min(pieces, len(tiles)), 1)
-    cut: list[list[int]] = []
+    cut: list[tuple[list[int], int | None]] = []
     if tiles and (band <= 1 or count == 1):
         chunk = _chunks(tiles, total, count)
         for index, piece in enumerate(chunk):
             if not cut or piece != chunk[index - 1]:
-                cut.append([])
-            cut[-1].append(index)
+                cut.append(([], None))
+            cut[-1][0].append(index)
     elif tiles:
         bands = -(-count // band)
         owner = _chunks(tiles, total, bands)
@@ -165,9 +167,12 @@ def layout(
             combs: list[list[int]] = [[] for _ in range(per_band)]
             for j, index in enumerate(members):
                 combs[j % per_band].append(index)
-            cut.extend(c for c in combs if c)
+            cut.extend((c, b) for c in combs if c)
     lows = [low for low, _ in tiles]
-    result = [(KeyRanges(_merged(members, lows)), sum(tiles[i][1] for i in members)) for members in cut]
+    result = [
+        (KeyRanges(_merged(members, lows), band=owner), sum(tiles[i][1] for i in members))
+        for members, owner in cut
+    ]
     if descending:
         result.reverse()
     if null_rows:
