@@ -33,7 +33,7 @@ from ._core.errors import warn_caller
 from ._epoch.schedule import BatchSchedule
 from ._sql.plan import GroupPlan, QueryPlan, WorkUnit
 
-__all__ = ["CORRELATION_SAMPLES", "ROW_ORDER", "Mixing", "MixingWatch", "measure"]
+__all__ = ["CORRELATION_SAMPLES", "JUDGED_SAMPLES", "ROW_ORDER", "Mixing", "MixingWatch", "measure"]
 
 #: Samples the rank correlation is computed over at most (evenly strided over the epoch).
 CORRELATION_SAMPLES = 65_536
@@ -41,6 +41,9 @@ CORRELATION_SAMPLES = 65_536
 #: order: the loader warns (a uniform shuffle of 2M rows: |rho| < 0.01; pieces visited in a random
 #: order: |rho| about 1/sqrt(pieces); a walk front to back with a local shuffle: 0.98 and more).
 ROW_ORDER = 0.9
+#: Fewer samples than this in an epoch say nothing about its order (a few windows of a few
+#: groups often come out in row order by chance): no warning.
+JUDGED_SAMPLES = 4096
 
 
 @dataclass(frozen=True)
@@ -48,12 +51,14 @@ class Mixing:
     """One epoch's mixing (see the module); NaN figures when the epoch has no samples."""
 
     batches: int
+    samples: int
     partitions_per_batch: float
     rank_correlation: float
 
     @property
     def close_to_row_order(self) -> bool:
-        return abs(self.rank_correlation) >= ROW_ORDER
+        """Whether enough samples (:data:`JUDGED_SAMPLES`) came close to row order (:data:`ROW_ORDER`)."""
+        return self.samples >= JUDGED_SAMPLES and abs(self.rank_correlation) >= ROW_ORDER
 
 
 def measure(
@@ -71,10 +76,10 @@ def measure(
         per_batch.append(len(np.unique(partition)))
         rows.append(position)
     if not rows:
-        return Mixing(0, math.nan, math.nan)
+        return Mixing(0, 0, math.nan, math.nan)
     order = np.concatenate(rows)
     step = max(len(order) // CORRELATION_SAMPLES, 1)
-    return Mixing(len(per_batch), float(np.median(per_batch)), _spearman(order[::step]))
+    return Mixing(len(per_batch), len(order), float(np.median(per_batch)), _spearman(order[::step]))
 
 
 def _spearman(values: np.ndarray[Any, Any]) -> float:

@@ -123,7 +123,7 @@ class KeyRanges:
 
     def _terms(self) -> list[Range]:
         """The ranges the predicate tests: with several, the enclosing range first."""
-        if len(self.ranges) == 1:
+        if len(self.ranges) <= 1:
             return list(self.ranges)
         return [(self.ranges[0][0], self.ranges[-1][1]), *self.ranges]
 
@@ -163,7 +163,8 @@ def layout(
         owner = _chunks(tiles, total, bands)
         for b in range(bands):
             members = [i for i, o in enumerate(owner) if o == b]
-            per_band = max(min(-(-count // bands), len(members)), 1)
+            share = count // bands + (1 if b < count % bands else 0)
+            per_band = max(min(share, len(members)), 1)
             combs: list[list[int]] = [[] for _ in range(per_band)]
             for j, index in enumerate(members):
                 combs[j % per_band].append(index)
