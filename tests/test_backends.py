@@ -578,9 +578,13 @@ def test_streamed_partitions_cover_every_window_once_and_resume_exactly(
     }
     with DDBDataLoader(engine.source(), SERIES_SQL, **options) as loader:
         assert [len(g.partitions) for g in loader.plan.groups] == [3 + 1 + 2, 5]
+        ranged = [p.ranges is not None for g in loader.plan.groups for p in g.partitions]
         got = list(loader)
         stats = loader.stats()
-    assert stats.queries == 4  # one per streamed subquery, one for the 5-row partition
+    # with shuffle, range pieces by pos, each read by its own query; else one query per streamed
+    # subquery, and one for the 5-row partition
+    assert ranged == [shuffle] * 3 + [False] + [shuffle] * 7
+    assert stats.queries == (11 if shuffle else 4)
     starts = [int(r) for x, _ in got for r in x[:, 0, 0].tolist()]
     expected = [g * 1_000_000 + s for g, sizes in enumerate(STREAMED_PARTS) for s in range(sum(sizes) - 7)]
     assert sorted(starts) == expected  # every window once, across piece boundaries too

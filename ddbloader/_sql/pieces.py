@@ -239,7 +239,7 @@ class RangeCutter:
     naming why (the caller warns and reads the big subqueries in consecutive pieces instead).
     """
 
-    def __init__(self, query: Query, run: Run, *, combed: bool) -> None:
+    def __init__(self, query: Query, keys: Sequence[exp.Expr], run: Run, *, combed: bool) -> None:
         self._query = query
         self._run = run
         self._combed = combed
@@ -248,12 +248,13 @@ class RangeCutter:
         if not isinstance(query, UserQuery):
             self.reason = "this engine's queries cannot be cut by key ranges"
             return
-        ordered = query.order_key()
+        ordered = query.order_key(keys)
         if ordered is None:
             self.reason = (
                 "the query has no ORDER BY"
                 if not query.is_ordered()
-                else "its leading ORDER BY term is not one of the query's result columns"
+                else "its ORDER BY has no term besides group_col and repartition_col, or its leading "
+                "one is not one of the query's result columns"
             )
             return
         term = ordered.this
@@ -318,14 +319,18 @@ class RangeCutter:
             this=exp.Anonymous(this="RANK"), order=exp.Order(expressions=[exp.Ordered(this=column)])
         )
         everything = exp.Window(this=exp.Count(this=exp.Star()))
-        tile = exp.IntDiv(
-            this=exp.Paren(
-                this=exp.Mul(
-                    this=exp.Paren(this=exp.Sub(this=rank, expression=exp.Literal.number(1))),
-                    expression=exp.Literal.number(tiles),
-                )
-            ),
-            expression=everything,
+        # FLOOR of a division, not an integer division: every engine spells that alike, and the
+        # tile only has to grow with the rank
+        tile = exp.Floor(
+            this=exp.Div(
+                this=exp.Paren(
+                    this=exp.Mul(
+                        this=exp.Paren(this=exp.Sub(this=rank, expression=exp.Literal.number(1))),
+                        expression=exp.Literal.number(tiles),
+                    )
+                ),
+                expression=everything,
+            )
         )
         ranked = exp.select(column, tile.as_(_TILE_ALIAS)).from_(_subquery(keys, "_ddb_s"))
         return (

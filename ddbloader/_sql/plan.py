@@ -528,7 +528,8 @@ def _range_pieces(
     def run(sql: str, purpose: str, params: Sequence[Any]) -> pa.Table:
         return _run(cursor, sql, purpose, params)
 
-    cutter = RangeCutter(query, run, combed=geometry.span == 1)
+    columns = [query.column(k.text, k.parameter) for k in keys]  # as written, not as compared
+    cutter = RangeCutter(query, columns, run, combed=geometry.span == 1)
     expressions = [k.expression for k in keys]
     ranged: _Ranged = {}
     for index, position, params, rows, count in big:

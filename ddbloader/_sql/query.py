@@ -444,24 +444,26 @@ class UserQuery:
         """True: :meth:`distinct_values` counts every subquery's rows exactly (see there)."""
         return True
 
-    def order_key(self) -> exp.Ordered | None:
-        """The leading term of the query's ORDER BY, restated over its result columns as the
-        split restates it (an ordinal becomes the column it names), or None: no ORDER BY, or a
-        term that is not a result column (see :meth:`_outer_order`)."""
+    def order_key(self, keys: Sequence[exp.Expr]) -> exp.Ordered | None:
+        """The leading term of the query's ORDER BY that is none of ``keys`` (the partition keys,
+        constant within a partition), restated over its result columns as the split restates it
+        (an ordinal becomes the column it names), or None: no ORDER BY, no such term, or a term
+        that is not a result column (see :meth:`_outer_order`)."""
         try:
             order = self._outer_order()
         except ValueError:
             return None
-        if order is None:
-            return None
-        term = order.expressions[0].copy()
-        if isinstance(term.this, exp.Literal):
-            names = self._output_names()
-            position = int(term.this.name)
-            if names is None or not 0 < position <= len(names):
-                return None
-            term.set("this", exp.column(names[position - 1], quoted=True))
-        return term if isinstance(term, exp.Ordered) else None
+        names = self._output_names()
+        for ordered in order.expressions if order is not None else []:
+            term = ordered.copy()
+            if isinstance(term.this, exp.Literal):
+                position = int(term.this.name)
+                if names is None or not 0 < position <= len(names):
+                    return None
+                term.set("this", exp.column(names[position - 1], quoted=True))
+            if not any(_same_expression(term.this, key) for key in keys):
+                return term if isinstance(term, exp.Ordered) else None
+        return None
 
     def filtered_where(self, columns: Sequence[exp.Expr], predicate: exp.Expr, *, ordered: bool) -> exp.Expr:
         """:meth:`filtered`'s query (``column_i = $i``) AND-ed with ``predicate`` over the
@@ -708,6 +710,13 @@ class UserQuery:
 
     def _wrapped(self, alias: str) -> exp.Select:
         return exp.select("*").from_(_subquery(self._tree.copy(), alias))
+
+
+def _same_expression(a: exp.Expr, b: exp.Expr) -> bool:
+    """Whether two expressions read the same: columns by name as the engine resolves them."""
+    if isinstance(a, exp.Column) and isinstance(b, exp.Column) and not a.table and not b.table:
+        return _name(a) == _name(b)
+    return bool(a == b)
 
 
 def _name(column: exp.Column) -> str:
