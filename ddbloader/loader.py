@@ -118,7 +118,9 @@ class DDBDataLoader:
             An epoch's first unit gets an eighth of it (its first batch waits for a small
             query). At most two units' rows wait to be served. A partition larger than the
             budget is streamed: planned as consecutive pieces of at most ``fetch_bytes`` (or 64
-            rows if more) read by one query as they are served (see ddbloader._io.streams). 0
+            rows if more) read by one query as they are served (see ddbloader._io.streams);
+            with ``shuffle``, cut instead into range pieces of its ORDER BY key, each read by
+            its own query and visited in a random order (see ddbloader._sql.pieces). 0
             fetches every partition on its own and whole.
         cache_bytes: keep the partitions fetched in the first epoch in memory and serve later
             epochs from there, without querying again, when the planned partitions (rows ×
