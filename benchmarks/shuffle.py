@@ -26,8 +26,10 @@ blocks of 100,000 consecutive ids per batch (20 blocks in the tabular table; a u
 puts nearly all 20 in each batch), the rank correlation between a batch's position in the epoch
 and its mean id (the issue's figure: +0.99 front to back, 0 for no trace of order), and the rank
 correlation between a sample's position and its id. Time: the constructor plus the first epoch
-(cold: a fresh loader in a fresh process) and the second epoch (warm). The machine is shared
-and noisy: the table gives the median and the range over the rounds.
+(cold: a fresh loader in a fresh process) and the second epoch (warm), in wall and in CPU
+seconds of the process (all threads, DuckDB's included: steadier than wall time when other jobs
+compete for the cores). The machine is shared and noisy: the table gives the median and the
+range over the rounds.
 """
 
 from __future__ import annotations
@@ -79,7 +81,7 @@ def child(workload: str, config: str, path: str) -> dict[str, Any]:
     from scipy.stats import spearmanr
 
     warnings.simplefilter("ignore")
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), _cpu()
     from ddbloader import DDBDataLoader
 
     options: dict[str, Any] = {
@@ -97,11 +99,11 @@ def child(workload: str, config: str, path: str) -> dict[str, Any]:
     ids: list[Any] = []
     for batch in loader:
         ids.append(np.asarray(batch[2]["id"]))
-    cold = time.perf_counter() - started
-    started = time.perf_counter()
+    cold, cold_cpu = time.perf_counter() - started, _cpu() - cpu
+    started, cpu = time.perf_counter(), _cpu()
     for _ in loader:
         pass
-    warm = time.perf_counter() - started
+    warm, warm_cpu = time.perf_counter() - started, _cpu() - cpu
     ranged = (
         sum(p.ranges is not None for g in loader.plan.groups for p in g.partitions) if config != "main" else 0
     )
@@ -115,12 +117,21 @@ def child(workload: str, config: str, path: str) -> dict[str, Any]:
     return {
         "cold_s": cold,
         "warm_s": warm,
+        "cold_cpu_s": cold_cpu,
+        "warm_cpu_s": warm_cpu,
         "blocks": float(np.median(blocks)),
         "batch_rho": float(spearmanr(np.arange(len(means)), means)[0]),
         "sample_rho": float(spearmanr(np.arange(0, len(every), step), every[::step])[0]),
         "pieces": ranged,
         "rss_mb": hwm / 1024,
     }
+
+
+def _cpu() -> float:
+    """CPU seconds of this process, all its threads (the engine's too): steadier than wall time
+    on a shared machine."""
+    times = os.times()
+    return times.user + times.system
 
 
 def run_child(workload: str, config: str, path: Path, main: str) -> dict[str, Any]:
@@ -164,8 +175,8 @@ def render(results: dict[tuple[str, str], list[dict[str, Any]]], args: argparse.
             "",
             "| configuration | range pieces | 100k-id blocks per batch (median) "
             "| rank corr. batch position vs mean id | rank corr. sample position vs id "
-            "| cold s (constructor + epoch 1) | warm s (epoch 2) | peak RSS MB |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|",
+            "| cold s (constructor + epoch 1) | warm s (epoch 2) | cold CPU s | warm CPU s | peak RSS MB |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         ]
         for config in CONFIGS:
             runs = results.get((workload, config), [])
@@ -177,18 +188,22 @@ def render(results: dict[tuple[str, str], list[dict[str, Any]]], args: argparse.
                 f"| {_span([r['sample_rho'] for r in runs], '+.3f')} "
                 f"| {_span([r['cold_s'] for r in runs], '.2f')} "
                 f"| {_span([r['warm_s'] for r in runs], '.2f')} "
+                f"| {_span([r['cold_cpu_s'] for r in runs], '.2f')} "
+                f"| {_span([r['warm_cpu_s'] for r in runs], '.2f')} "
                 f"| {_span([r['rss_mb'] for r in runs], '.0f')} |"
             )
         ours = results.get((workload, "range pieces"), [])
         uniform = results.get((workload, "uniform"), [])
         main = results.get((workload, "main"), [])
         if ours and main:
-            ratios_cold = [o["cold_s"] / m["cold_s"] for o, m in zip(ours, main, strict=False)]
-            ratios_warm = [o["warm_s"] / m["warm_s"] for o, m in zip(ours, main, strict=False)]
+            ratios = {
+                key: _span([o[key] / m[key] for o, m in zip(ours, main, strict=False)], ".2f")
+                for key in ("cold_s", "warm_s", "cold_cpu_s", "warm_cpu_s")
+            }
             lines += [
                 "",
-                f"Range pieces ÷ main, per round: cold {_span(ratios_cold, '.2f')}x, "
-                f"warm {_span(ratios_warm, '.2f')}x (target ≤ 1.3x).",
+                f"Range pieces ÷ main, per round: wall cold {ratios['cold_s']}x, warm {ratios['warm_s']}x; "
+                f"CPU cold {ratios['cold_cpu_s']}x, warm {ratios['warm_cpu_s']}x (target ≤ 1.3x).",
             ]
         if ours and uniform:
             share = [o["blocks"] / u["blocks"] for o, u in zip(ours, uniform, strict=False)]
