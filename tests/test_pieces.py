@@ -25,6 +25,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from resume_check import assert_resumes_exactly
+from sqlglot import exp
 
 from ddbloader import DDBDataLoader
 from ddbloader._sql.pieces import KeyRanges, layout
@@ -84,6 +85,27 @@ def test_layout_puts_every_row_in_exactly_one_piece_ties_together_in_order(
         ]
         assert served == order
         assert all(len(piece.ranges) <= 1 for piece, _ in cut)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    ends=st.lists(st.integers(-50, 50), min_size=2, max_size=16, unique=True),
+    open_low=st.booleans(),
+    open_high=st.booleans(),
+)
+def test_the_predicate_holds_exactly_the_ranges(ends: list[int], open_low: bool, open_high: bool) -> None:
+    points = sorted(ends)[: len(ends) // 2 * 2]
+    ranges = [[points[i], points[i + 1]] for i in range(0, len(points), 2)]
+    ranges[0][0] = None if open_low else ranges[0][0]
+    ranges[-1][1] = None if open_high else ranges[-1][1]
+    piece = KeyRanges(tuple((lo, hi) for lo, hi in ranges), band=0)
+    sql = exp.select("k").from_("v").where(piece.predicate(exp.column("k"), 1)).sql(dialect="duckdb")
+    with duckdb.connect() as con:
+        con.execute(
+            "CREATE TABLE v AS SELECT * FROM (SELECT range AS k FROM range(-60, 61) UNION ALL SELECT NULL)"
+        )
+        held = sorted(row[0] for row in con.execute(sql, list(piece.bounds())).fetchall())
+    assert held == [k for k in range(-60, 61) if _holds(piece, k)]
 
 
 def test_combed_pieces_spread_over_their_band() -> None:
