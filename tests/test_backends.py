@@ -596,6 +596,30 @@ def test_streamed_partitions_cover_every_window_once_and_resume_exactly(
     assert_resumes_exactly(lambda: DDBDataLoader(engine.source(), SERIES_SQL, **options), epochs=2)
 
 
+@pytest.mark.parametrize(
+    "engine", ["duckdb", "postgres", "sqlite", "datafusion", "clickhouse", "flightsql"], indirect=True
+)
+def test_combed_range_pieces_serve_every_row_once(engine: Engine) -> None:
+    data = series_table(STREAMED_PARTS)
+    engine.create("series", data)
+    options: dict[str, Any] = {
+        "target_col": "y",
+        "input_col": ["f0"],
+        "batch_size": 16,
+        "shuffle": True,
+        "seed": 5,
+        "group_col": "gid",
+        "fetch_bytes": 100 * 16,
+    }
+    with DDBDataLoader(engine.source(), SERIES_SQL, **options) as loader:
+        pieces = [p.ranges for g in loader.plan.groups for p in g.partitions]
+        got = list(loader)
+    assert all(r is not None for r in pieces) and any(len(r.ranges) > 1 for r in pieces if r is not None)
+    rows = sorted(int(v) for x, _ in got for v in x[:, 0].tolist())
+    assert rows == sorted(int(v) for v in data.column("rid").to_pylist())  # every row once
+    assert_same(got, reference(SERIES_SQL, data, **options))
+
+
 # --- dtypes and nulls ---------------------------------------------------------------------------
 
 _TYPED_SPARK = "CREATE TABLE typed (i4 INT, i8 BIGINT, f8 DOUBLE, n DECIMAL(10, 2), y DOUBLE) USING parquet"
