@@ -297,7 +297,12 @@ class RangeCutter:
     ) -> list[tuple[KeyRanges, int]] | None:
         """The range pieces of the subquery of ``columns = params`` (``rows`` rows), in plan
         order; None when the key's type does not bind back exactly or the engine refused the
-        ranking query (then :attr:`reason` says which)."""
+        ranking query (then :attr:`reason` says which).
+
+        Raises:
+            ValueError: the ranking query found more rows than counting the subquery did (the
+                data changed during planning).
+        """
         assert isinstance(self._query, UserQuery) and self.key is not None
         stripes = COMB_STRIPES if self._combed else CONTIGUOUS_TILES
         sql = self._query.render(self._tiles_tree(columns, pieces * stripes))
@@ -316,6 +321,11 @@ class RangeCutter:
         counts = [int(n) for n in table.column(_ROWS_ALIAS).to_pylist()]
         tiles = list(zip(lows, counts, strict=True))
         keyed = sum(counts)
+        if keyed > rows:
+            raise ValueError(
+                f"ranking a subquery by {self.key.text!r} found {keyed} rows, but counting it found "
+                f"{rows}: the data changed while the loader was being built; build it again"
+            )
         return layout(
             tiles,
             rows - keyed,
