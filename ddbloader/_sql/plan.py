@@ -71,6 +71,11 @@ class PartitionSpec:
     ``[first_row, first_row + rows)``; all pieces share ``sql`` and ``params``, and are read by
     one query (see :mod:`ddbloader._io.streams`). Invariants: ``0 <= piece < pieces``; the pieces of
     one subquery sit at positions ``position - piece`` to ``position - piece + pieces - 1``.
+
+    With shuffle, such a subquery is cut instead into range pieces (see
+    :mod:`ddbloader._sql.pieces`): each a partition of its own, ``sql`` the subquery's rows in
+    ``ranges`` of its order key, ``params`` the key values then the ranges' bounds; one larger
+    than ``fetch_bytes`` (equal keys) is itself read in pieces as above.
     """
 
     group: int
