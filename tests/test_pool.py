@@ -421,8 +421,21 @@ def test_the_pool_serves_the_schedule(case: Case, whole: bool | None, resume_at:
                 )
                 batches = batch_count(plan.samples, case.batch_size, case.drop_last)
                 schedule = BatchSchedule(units, plan.geometry, config, case.epoch, batches)
-                # a group's value is its gid (None without group_col: the one series of gid 0)
-                gids = np.array([group.value or 0 for group in plan.groups], dtype=np.int64)
+                # each group's rids in plan order: its partitions' rows one after another (the
+                # query's order, except across combed range pieces, see ddbloader._sql.pieces)
+                rids_of = [
+                    np.concatenate(
+                        [
+                            con.execute(p.sql, list(p.params))
+                            .to_arrow_table()
+                            .column("rid")
+                            .to_numpy()[p.first_row : p.first_row + p.rows]
+                            for p in group.partitions
+                        ]
+                        or [np.empty(0, np.int64)]
+                    )
+                    for group in plan.groups
+                ]
                 for batch in schedule:
                     if batch.index < skip:
                         pool.take(len(batch.groups))
@@ -432,7 +445,13 @@ def test_the_pool_serves_the_schedule(case: Case, whole: bool | None, resume_at:
                     claimed = len(fetcher.claimed)
                     x, _ = gather(pool.take(len(batch.groups)), plan.geometry, plan.layout, pin=False)
                     rids = x.reshape(len(x), -1)[:, 0].long().numpy()
-                    starts = gids[batch.groups] * GROUP_ROWS + batch.samples * case.stride
+                    starts = np.array(
+                        [
+                            rids_of[g][i * case.stride]
+                            for g, i in zip(batch.groups, batch.samples, strict=True)
+                        ],
+                        dtype=np.int64,
+                    )
                     assert rids.tolist() == starts.tolist()
                     if not skip:
                         assert fetcher.claimed[claimed:] == [
