@@ -597,7 +597,17 @@ def test_streamed_partitions_cover_every_window_once_and_resume_exactly(
 
 
 @pytest.mark.parametrize(
-    "engine", ["duckdb", "postgres", "sqlite", "datafusion", "clickhouse", "flightsql"], indirect=True
+    "engine",
+    [
+        "duckdb",
+        "postgres",
+        "sqlite",
+        pytest.param("spark", marks=SPARK_TIMEOUT),
+        "datafusion",
+        "clickhouse",
+        "flightsql",
+    ],
+    indirect=True,
 )
 def test_combed_range_pieces_serve_every_row_once(engine: Engine) -> None:
     data = series_table(STREAMED_PARTS)
