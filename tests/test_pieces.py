@@ -319,3 +319,39 @@ def test_without_shuffle_nothing_is_cut_by_ranges(con: duckdb.DuckDBPyConnection
         con, "SELECT * FROM big ORDER BY id", "y", input_col=["f"], fetch_bytes=50_000
     ) as loader:
         assert all(p.ranges is None for p in loader.plan.groups[0].partitions)
+
+
+def _update(engine: _Engine, sql: str) -> None:
+    if engine.name == "duckdb":
+        engine.source.execute(sql)
+        return
+    from adbc_driver_postgresql import dbapi
+
+    with dbapi.connect(engine.source, autocommit=True) as admin, admin.cursor() as cursor:
+        cursor.execute(sql)
+
+
+@pytest.mark.parametrize("engine", ["duckdb", "postgres"], indirect=True)
+@pytest.mark.parametrize("window_size", [None, 3], ids=["combed", "contiguous"])
+def test_verify_checks_each_range_piece(engine: _Engine, window_size: int | None) -> None:
+    """With verify=True every range piece carries its own fingerprint: a value changed in place
+    (the same row count) is an error naming the piece's subquery, not a silent change."""
+    sql = "SELECT id, k, f, y FROM t ORDER BY k, id"
+    options: dict[str, Any] = {"input_col": ["f"], "batch_size": 64, "shuffle": True, "seed": 5}
+    with (
+        DDBDataLoader(
+            engine.source, sql, "y", fetch_bytes=FETCH_BYTES, window_size=window_size, verify=True, **options
+        ) as verified,
+        DDBDataLoader(
+            engine.source, sql, "y", fetch_bytes=FETCH_BYTES, window_size=window_size, **options
+        ) as plain,
+    ):
+        pieces = [p for p in verified.plan.groups[0].partitions if p.ranges is not None]
+        assert len(pieces) > 5 and all(p.fingerprint is not None for p in pieces)
+        assert [(x.tolist(), y.tolist()) for x, y in verified] == [(x.tolist(), y.tolist()) for x, y in plain]
+        _update(engine, "UPDATE t SET y = y + 1 WHERE id = 123")
+        with pytest.raises(
+            ValueError, match=r"returned the \d+ rows planning counted, but their content differs"
+        ):
+            for _ in verified:
+                pass

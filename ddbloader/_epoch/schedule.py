@@ -40,6 +40,7 @@ import numpy as np
 from .._core.config import LoaderConfig
 from .._core.window import WindowGeometry
 from .._sql.plan import WorkUnit
+from .owed import keep_owed
 from .shuffle import SampleOrders, SourceDraws
 from .units import PartitionKey, partition_visits
 
@@ -209,7 +210,7 @@ class _Unit:
             samples = range(max(completed.start, unit.first), min(completed.stop, unit.stop))
         self._log.event(EventKind.LOAD, (self.group, position), left, right)
         self._step = position
-        self._order = orders.order(samples.start, samples.stop)
+        self._order = keep_owed(unit, orders.order(samples.start, samples.stop))
         self._served = 0
 
     def _kept_rows(self, position: int, direction: int, rows: int) -> int:

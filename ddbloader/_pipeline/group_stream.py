@@ -19,6 +19,7 @@ from collections.abc import Sequence
 
 from .._core.config import LoaderConfig
 from .._core.window import WindowGeometry
+from .._epoch.owed import keep_owed
 from .._epoch.shard import WorkUnit
 from .._epoch.shuffle import SampleOrders
 from .._epoch.units import partition_visits
@@ -236,7 +237,7 @@ class GroupStream(UnitStream):
         hi = stop + sum(b.rows for b in right)
         completed = self._geometry.samples_completed_by(first, stop, lo, hi, self.group.samples)
         samples = range(max(completed.start, self._unit.first), min(completed.stop, self._unit.stop))
-        order = self._orders.order(samples.start, samples.stop)
+        order = keep_owed(self._unit, self._orders.order(samples.start, samples.stop))
         self._steps_taken += 1
         segment = self._segment([*left, block, *right])
         stride = self._geometry.stride

@@ -16,6 +16,7 @@ import numpy as np
 
 from .._core.config import LoaderConfig
 from .._core.window import WindowGeometry
+from .._epoch.owed import keep_owed
 from .._epoch.shard import WorkUnit
 from .._epoch.shuffle import SampleOrders
 from .._io.source import PartitionSource
@@ -89,7 +90,7 @@ class UnitStream:
         arena: Arena | None,
     ) -> None:
         self.group = unit.group
-        self.remaining = unit.stop - unit.first
+        self.remaining = unit.samples
         self._unit = unit
         self._config = config
         self._geometry = geometry
@@ -173,7 +174,7 @@ class PartitionStream(UnitStream):
         self._pending = None
         segment = Segment(block) if self._arena is None else self._arena.place((block,))
         unit = self._unit
-        order = self._orders.order(unit.first, unit.stop)
+        order = keep_owed(unit, self._orders.order(unit.first, unit.stop))
         stride = self._geometry.stride
         if (unit.stop - 1) * stride + self._geometry.span > block.rows:
             # the gather copies without bounds checks (see batch.gather): never let a bad row through

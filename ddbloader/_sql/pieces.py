@@ -335,12 +335,14 @@ class RangeCutter:
             nulls_first=self.key.nulls_first,
         )
 
-    def piece_sql(self, columns: Sequence[exp.Expr], ranges: KeyRanges) -> str:
+    def piece_sql(self, columns: Sequence[exp.Expr], ranges: KeyRanges, query: Query | None = None) -> str:
         """The piece's query: the subquery's rows in ``ranges``, in the query's order; its key
-        parameters first, then :meth:`KeyRanges.bounds`."""
-        assert isinstance(self._query, UserQuery) and self.key is not None
+        parameters first, then :meth:`KeyRanges.bounds`. ``query`` (default: the one cut) may be
+        the same query carrying the row hash (``verify=True``)."""
+        query = self._query if query is None else query
+        assert isinstance(query, UserQuery) and self.key is not None
         predicate = ranges.predicate(self.key.expression, len(columns) + 1)
-        return self._query.render(self._query.filtered_where(columns, predicate, ordered=True))
+        return query.render(query.filtered_where(columns, predicate, ordered=True))
 
     def _tiles_tree(self, columns: Sequence[exp.Expr], tiles: int) -> exp.Expr:
         """``(tile, lowest key, rows)`` per non-empty tile of the subquery's non-NULL keys, by tile:

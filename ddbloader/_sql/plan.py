@@ -12,10 +12,11 @@ import functools
 import hashlib
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import pyarrow as pa
 from sqlglot import exp
 
@@ -25,6 +26,7 @@ from .._core.engine import Backend, Cursor
 from .._core.errors import add_note, warn_caller
 from .._core.window import WindowGeometry
 from .binding import POSTGRES_TYPE, binds_exactly, text_identifies
+from .fingerprint import HASH_SUM_ALIAS, Fingerprint, planned_sum, row_hash
 from .literals import dolphindb_literal_hint
 from .pieces import KeyRanges, RangeCutter
 from .query import (
@@ -76,6 +78,9 @@ class PartitionSpec:
     :mod:`ddbloader._sql.pieces`): each a partition of its own, ``sql`` the subquery's rows in
     ``ranges`` of its order key, ``params`` the key values then the ranges' bounds; one larger
     than ``fetch_bytes`` (equal keys) is itself read in pieces as above.
+
+    ``fingerprint`` (``verify=True``): what the subquery's (or the range piece's) rows hash to
+    (see :mod:`ddbloader._sql.fingerprint`); its SQL is the one fetches run, ``sql`` the plain one.
     """
 
     group: int
@@ -90,6 +95,7 @@ class PartitionSpec:
     first_row: int = 0
     #: A range piece's key ranges (see :mod:`ddbloader._sql.pieces`): ``sql`` reads only them.
     ranges: KeyRanges | None = None
+    fingerprint: Fingerprint | None = None
 
     # made once per plan: at thousands of groups, a tuple per partition and epoch cost ~5 ms an epoch
     @functools.cached_property
@@ -163,15 +169,23 @@ class GroupPlan:
 
 @dataclass(frozen=True)
 class WorkUnit:
-    """Samples ``[first, stop)`` of one group (indices as in the whole group)."""
+    """Samples ``[first, stop)`` of one group (indices as in the whole group), or only the ``owed``
+    ones among them.
+
+    ``owed`` (an elastic resume's remainder, see :mod:`ddbloader._epoch.elastic`) is None for every
+    sample of ``[first, stop)``, else their sorted, distinct int64 indices with ``owed[0] == first``
+    and ``owed[-1] == stop - 1``. It is left out of comparisons and hashing (an array compares
+    elementwise), so a unit's identity stays ``(group, first, stop)``.
+    """
 
     group: GroupPlan
     first: int
     stop: int
+    owed: np.ndarray[Any, Any] | None = dataclasses.field(default=None, compare=False, repr=False)
 
     @property
     def samples(self) -> int:
-        return self.stop - self.first
+        return self.stop - self.first if self.owed is None else len(self.owed)
 
 
 @dataclass(frozen=True)
@@ -352,7 +366,8 @@ class _TickingCursor:
         self._cursor.close()
 
 
-_Cell = tuple[Any, tuple[Any, ...], int]
+#: A subquery: its repartition value, parameters, rows and (verify=True) planned hash sum.
+_Cell = tuple[Any, tuple[Any, ...], int, int | None]
 #: Rows whose key is NULL, per key: they match no subquery and are not loaded.
 _Lost = dict[str, int]
 
@@ -370,6 +385,7 @@ def build_plan(backend: Backend, sql: str, config: LoaderConfig, progress: bool 
         Exception: an engine error, with a note naming the query that failed.
     """
     query = _parse(backend, sql)
+    hashing = _row_hash(backend, query) if config.verify else None
     keys = [
         _Key(query.column(column, parameter), scheme, parameter, column)
         for column, scheme, parameter in (
@@ -390,6 +406,7 @@ def build_plan(backend: Backend, sql: str, config: LoaderConfig, progress: bool 
         schema = probe.schema
         result_columns = list(schema.names)
         query = query.with_output(schema.names)
+        key_columns = _key_columns(keys, schema.names)
         if keys and isinstance(query, UserQuery):
             keys = _exact_keys(cursor, query, keys)
         names = {*(config.input_col or schema.names), *config.target_col}
@@ -404,15 +421,20 @@ def build_plan(backend: Backend, sql: str, config: LoaderConfig, progress: bool 
             fed = {name: count for name, count in counts.items() if name in names}
             if with_nulls & set(fed):
                 _refuse_all_null(cursor, query, fed)
-        planned = resolve_layout(probe, config, with_nulls)
+        planned = resolve_layout(probe, config, with_nulls, key_columns)
         partition_sql = query.filtered([k.expression for k in keys])
         lists = bool(getattr(backend, "binds_lists", False))
-        cells = _cells(cursor, query, keys, partition_sql, lost, lists)
+        counted, counted_sql = query, partition_sql
+        if hashing is not None:  # the fetch queries and the counts carry the row hash
+            assert isinstance(query, UserQuery)
+            counted = query.with_row_hash(hashing)
+            counted_sql = counted.filtered([k.expression for k in keys])
+        cells = _cells(cursor, counted, keys, counted_sql, lost, lists)
         if planned is None:  # the transform needs rows to show its output
             rows, where = _probe_partition(cursor, partition_sql, cells)
-            planned = resolve_layout_on_rows(probe, rows, where, config, with_nulls)
+            planned = resolve_layout_on_rows(probe, rows, where, config, with_nulls, key_columns)
         layout = planned
-        ranged = _range_pieces(cursor, query, keys, cells, layout.row_bytes, config, geometry)
+        ranged = _range_pieces(cursor, query, counted, keys, cells, layout.row_bytes, config, geometry)
     except Exception as error:
         _name_the_key(error, keys, result_columns)
         raise
@@ -428,11 +450,20 @@ def build_plan(backend: Backend, sql: str, config: LoaderConfig, progress: bool 
     groups: list[GroupPlan] = []
     for index, (group_value, row) in enumerate(cells):
         cut = [
-            (repartition_value, sql, ranges, params, piece)
-            for cell, (repartition_value, cell_params, cell_rows) in enumerate(row)
+            (repartition_value, sql, ranges, params, piece, fingerprint)
+            for cell, (repartition_value, cell_params, cell_rows, content) in enumerate(row)
             if cell_rows > 0
-            for sql, ranges, params, rows in ranged.get(
-                (index, cell), [(partition_sql, None, cell_params, cell_rows)]
+            for sql, ranges, params, rows, fingerprint in ranged.get(
+                (index, cell),
+                [
+                    (
+                        partition_sql,
+                        None,
+                        cell_params,
+                        cell_rows,
+                        None if content is None else Fingerprint(counted_sql, content),
+                    )
+                ],
             )
             for piece in _cut(rows, layout.row_bytes, config.fetch_bytes)
         ]
@@ -449,6 +480,7 @@ def build_plan(backend: Backend, sql: str, config: LoaderConfig, progress: bool 
                 pieces=count,
                 first_row=first_row,
                 ranges=ranges,
+                fingerprint=fingerprint,
             )
             for position, (
                 repartition_value,
@@ -456,6 +488,7 @@ def build_plan(backend: Backend, sql: str, config: LoaderConfig, progress: bool 
                 ranges,
                 params,
                 (piece, count, first_row, rows),
+                fingerprint,
             ) in enumerate(cut)
         )
         total = sum(p.rows for p in partitions)
@@ -478,7 +511,7 @@ def build_plan(backend: Backend, sql: str, config: LoaderConfig, progress: bool 
         tuple(groups),
         layout,
         geometry,
-        query,
+        counted,  # its fetch units carry the row hash when the partitions do
         tuple((k.parameter, k.expression) for k in keys),
     )
     if geometry.windowed and not query.is_ordered():
@@ -504,13 +537,16 @@ def build_plan(backend: Backend, sql: str, config: LoaderConfig, progress: bool 
     return plan
 
 
-#: Per (group index, cell index) cut into range pieces: each piece's SQL, ranges, parameters, rows.
-_Ranged = dict[tuple[int, int], list[tuple[str, KeyRanges | None, tuple[Any, ...], int]]]
+#: Per (group index, cell index) cut into range pieces: each piece's SQL, ranges, parameters,
+#: rows and, with ``verify=True``, fingerprint.
+_Piece = tuple[str, KeyRanges | None, tuple[Any, ...], int, Fingerprint | None]
+_Ranged = dict[tuple[int, int], list[_Piece]]
 
 
 def _range_pieces(
     cursor: Cursor,
     query: Query,
+    counted: Query,
     keys: list[_Key],
     cells: list[tuple[Any, list[_Cell]]],
     row_bytes: int,
@@ -520,11 +556,12 @@ def _range_pieces(
     """With shuffle, the subqueries larger than ``fetch_bytes`` cut into range pieces (see
     :mod:`ddbloader._sql.pieces`): combed without windows, contiguous with them. Where they
     cannot be cut, warns once naming why and what would fix it; those are read in consecutive
-    pieces (front to back)."""
+    pieces (front to back). With ``verify=True`` (``counted`` carries the row hash) each piece's
+    rows are counted and hashed by one more query, so each piece is checked at its fetch."""
     big = [
         (index, position, params, rows, count)
         for index, (_, row) in enumerate(cells)
-        for position, (_, params, rows) in enumerate(row)
+        for position, (_, params, rows, _) in enumerate(row)
         if config.shuffle and (count := len(pieces(rows, row_bytes, config.fetch_bytes))) > 1
     ]
     if not big:
@@ -542,7 +579,7 @@ def _range_pieces(
         if layout is None:
             break
         ranged[index, position] = [
-            (cutter.piece_sql(expressions, ranges), ranges, (*params, *ranges.bounds()), size)
+            _range_piece(cutter, counted, expressions, ranges, (*params, *ranges.bounds()), size, run)
             for ranges, size in layout
         ]
     if cutter.reason is not None:
@@ -556,6 +593,35 @@ def _range_pieces(
         )
         return {}
     return ranged
+
+
+def _range_piece(
+    cutter: RangeCutter,
+    counted: Query,
+    expressions: Sequence[exp.Expr],
+    ranges: KeyRanges,
+    params: tuple[Any, ...],
+    rows: int,
+    run: Callable[[str, str, Sequence[Any]], pa.Table],
+) -> _Piece:
+    """One range piece of ``rows`` rows; fingerprinted when ``counted`` carries the row hash.
+
+    Raises:
+        ValueError: the piece's hashing count finds another number of rows than its cut did
+            (the data changed during planning).
+    """
+    sql = cutter.piece_sql(expressions, ranges)
+    if not (isinstance(counted, UserQuery) and counted.hashes_rows):
+        return sql, ranges, params, rows, None
+    hashed = cutter.piece_sql(expressions, ranges, counted)
+    counts = run(counted.count(hashed), "fingerprinting a range piece", params).to_pylist()[0]
+    if counts[ROWS_ALIAS] != rows:
+        raise ValueError(
+            f"a range piece of the subquery with parameters {list(params)!r} holds {counts[ROWS_ALIAS]} "
+            f"rows, where cutting it counted {rows}: the data changed while the loader was planning; "
+            f"build the loader again"
+        )
+    return sql, ranges, params, rows, Fingerprint(hashed, planned_sum(counts[HASH_SUM_ALIAS]))
 
 
 def _exact_keys(cursor: Cursor, query: UserQuery, keys: list[_Key]) -> list[_Key]:
@@ -591,6 +657,35 @@ def _exact_keys(cursor: Cursor, query: UserQuery, keys: list[_Key]) -> list[_Key
     return exact
 
 
+def _key_columns(keys: Sequence[_Key], names: Sequence[str]) -> list[str]:
+    """The result columns that ``group_col`` / ``repartition_col`` name as plain columns: they
+    stay out of a derived x (a key expression such as ``CAST(ts AS DATE)`` leaves ``ts`` in)."""
+    found = []
+    for key in keys:
+        expression = key.expression
+        if isinstance(expression, exp.Column) and not expression.table:
+            identifier = expression.this
+            quoted = bool(identifier.args.get("quoted"))
+            found += [
+                n
+                for n in names
+                if (n == identifier.name if quoted else n.casefold() == identifier.name.casefold())
+            ]
+        elif isinstance(expression, str) and expression in names:  # an engine's own column text
+            found.append(expression)
+    return found
+
+
+def _row_hash(backend: Backend, query: Query) -> exp.Expr:
+    """The engine's row hash for ``verify=True``.
+
+    Raises:
+        ValueError: the engine has no row hash ddbloader uses (or brings its own query parser,
+            as DolphinDB does), naming the engine.
+    """
+    return row_hash(backend, backend.dialect if isinstance(query, UserQuery) else "")
+
+
 def _short(text: str, limit: int = 120) -> str:
     """``text`` on one line, cut to ``limit`` characters for a message."""
     line = " ".join(text.split())
@@ -607,7 +702,7 @@ def _probe_partition(
     cursor: Cursor, partition_sql: str, cells: list[tuple[Any, list[_Cell]]]
 ) -> tuple[pa.Table | None, str]:
     """The smallest partition, to probe a transform on that cannot run on zero rows, and its name."""
-    sized = [(rows, params) for _, row in cells for _, params, rows in row if rows > 0]
+    sized = [(rows, params) for _, row in cells for _, params, rows, _ in row if rows > 0]
     if not sized:
         return None, "the query's empty result (the query has no rows)"
     _, params = min(sized, key=lambda cell: cell[0])
@@ -657,7 +752,8 @@ def _cells(
     """
     if not keys:
         table = _run(cursor, query.count(partition_sql), "counting rows")
-        return [(None, [(None, (), int(table.column(ROWS_ALIAS)[0].as_py()))])]
+        content = _content(table)
+        return [(None, [(None, (), int(table.column(ROWS_ALIAS)[0].as_py()), content)])]
     if isinstance(query, UserQuery):
         cursor.expect(1)
         return _counted_cells(cursor, query, keys, lost, lists)
@@ -674,9 +770,16 @@ def _cells(
 
     if len(keys) == 1:
         if keys[0].parameter == "group_col":
-            return [(v, [(None, (v,), count((v,)))]) for v in schemes[0]]
-        return [(None, [(v, (v,), count((v,))) for v in schemes[0]])]
-    return [(g, [(r, (g, r), count((g, r))) for r in schemes[1]]) for g in schemes[0]]
+            return [(v, [(None, (v,), count((v,)), None)]) for v in schemes[0]]
+        return [(None, [(v, (v,), count((v,)), None) for v in schemes[0]])]
+    return [(g, [(r, (g, r), count((g, r)), None) for r in schemes[1]]) for g in schemes[0]]
+
+
+def _content(table: pa.Table) -> int | None:
+    """A whole-query count's planned hash sum (verify=True), or None when it has none."""
+    if HASH_SUM_ALIAS not in table.column_names:
+        return None
+    return planned_sum(table.column(HASH_SUM_ALIAS)[0].as_py())
 
 
 def _grouped_counts(
@@ -699,11 +802,11 @@ def _grouped_counts(
     complete = [r for r in rows if None not in r[:-1]]
     if len(keys) == 1:
         if keys[0].parameter == "group_col":
-            return [(v, [(None, (v,), n)]) for v, n in complete]
-        return [(None, [(v, (v,), n) for v, n in complete])]
+            return [(v, [(None, (v,), n, None)]) for v, n in complete]
+        return [(None, [(v, (v,), n, None) for v, n in complete])]
     cells: dict[Any, list[_Cell]] = {}
     for g, r, n in complete:
-        cells.setdefault(g, []).append((r, (g, r), n))
+        cells.setdefault(g, []).append((r, (g, r), n, None))
     return list(cells.items())
 
 
@@ -748,16 +851,20 @@ def _counted_cells(
             _check_scheme(key, [r[alias + INDEX_SUFFIX] for r in found], [r[alias] for r in found])
             values.append(list(enumerate(key.scheme)))
     rows: dict[tuple[Any, ...], int] = {}
+    # verify=True: per cell, the sum of its rows' hashes (mod 2**64, as rows add up)
+    contents: dict[tuple[Any, ...], int | None] = {}
     for r in found:
         cell = tuple(
             repr(r[a]) if k.scheme is None else r[a + INDEX_SUFFIX]
             for k, a in zip(keys, aliases, strict=True)
         )
         rows[cell] = rows.get(cell, 0) + int(r[ROWS_ALIAS])
+        if HASH_SUM_ALIAS in r:
+            contents[cell] = planned_sum((contents.get(cell) or 0) + planned_sum(r[HASH_SUM_ALIAS]))
     if len(keys) == 1:
         if keys[0].parameter == "group_col":
-            return [(v, [(None, (v,), rows.get((t,), 0))]) for t, v in values[0]]
-        return [(None, [(v, (v,), rows.get((t,), 0)) for t, v in values[0]])]
+            return [(v, [(None, (v,), rows.get((t,), 0), contents.get((t,)))]) for t, v in values[0]]
+        return [(None, [(v, (v,), rows.get((t,), 0), contents.get((t,))) for t, v in values[0]])]
     # Within a group, repartitions in scheme order: the scheme's, or the engine's sort order of
     # the values it found (the rows come sorted by group, then repartition value).
     order = {t: n for n, (t, _) in enumerate(values[1])} if keys[1].scheme is not None else {}
@@ -770,7 +877,7 @@ def _counted_cells(
     cells = []
     for tg, g in values[0]:
         present = sorted(by_group.get(tg, {}).items(), key=lambda item: order.get(item[0], 0))
-        cells.append((g, [(r, (g, r), rows[tg, tr]) for tr, r in present]))
+        cells.append((g, [(r, (g, r), rows[tg, tr], contents.get((tg, tr))) for tr, r in present]))
     return cells
 
 
