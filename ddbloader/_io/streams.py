@@ -240,8 +240,10 @@ class _Stream:
                 last = spec.piece == spec.pieces - 1
                 if last and fingerprint is not None and digest.total != fingerprint.content:
                     raise content_mismatch(
-                        f"{spec.describe()}, read in {spec.pieces} pieces",
-                        spec.params,
+                        f"{spec.describe()}, read in {spec.pieces} pieces"
+                        if spec.pieces > 1
+                        else spec.describe(),
+                        spec.key_params,
                         at,
                         fingerprint.content,
                         digest.total,

@@ -114,6 +114,13 @@ class PartitionSpec:
         """The position of the first piece of this partition's subquery (its own if not streamed)."""
         return self.position - self.piece
 
+    @property
+    def key_params(self) -> tuple[Any, ...]:
+        """The key values among :attr:`params` (a range piece's bounds follow them)."""
+        if self.ranges is None:
+            return self.params
+        return self.params[: len(self.params) - len(self.ranges.bounds())]
+
     def describe(self) -> str:
         """Name the subquery for messages: its values, its SQL and its parameters."""
         rows = (
