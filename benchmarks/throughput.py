@@ -204,7 +204,8 @@ def _hwm_mb(pid: int | str = "self") -> float | None:
 # ---------------------------------------------------------------------------------- contenders
 
 
-def _make_loader(shape: Shape) -> Any:
+def _make_loader(shape: Shape, **options: Any) -> Any:
+    """The loader every ddbloader measurement uses; ``options`` add arguments (``verify=True``)."""
     from ddbloader import DDBDataLoader
 
     return DDBDataLoader(
@@ -218,6 +219,7 @@ def _make_loader(shape: Shape) -> Any:
         repartition_col="CAST(ts AS DATE)",
         exclude_col=["symbol", "ts", "target"],
         seed=SEED,
+        **options,
     )
 
 
@@ -859,7 +861,11 @@ def render(data: dict[str, Any]) -> str:
         from gather import render as render_gather  # benchmarks/gather.py, which imports this module
 
         out.append(render_gather(data["gather"]))
-    for key in ("throughput", "memory_check", "gather"):
+    if "fingerprint" in data:
+        from fingerprint_cost import render as render_fingerprint  # imports this module too
+
+        out.append(render_fingerprint(data["fingerprint"]))
+    for key in ("throughput", "memory_check", "gather", "fingerprint"):
         if key in data:
             m = data[key]["machine"]
             out.append(

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
+import sys
+from collections.abc import Iterator, Mapping
 from typing import Any
 
+import pyarrow as pa
 import torch
-from torch.utils.data import IterableDataset, get_worker_info
+from torch.utils.data import IterableDataset, default_collate, default_convert, get_worker_info
 
-from ._pipeline.epoch import Delivered, EpochIterator
+from ._epoch.shard import Sharding
+from ._epoch.state import merge_worker_states
+from ._pipeline.epoch import Delivered
 from .loader import _NO_SOURCE, DDBDataLoader
 
 __all__ = ["DDBIterableDataset"]
@@ -36,7 +40,21 @@ class DDBIterableDataset(IterableDataset[Delivered]):
     ``state_dict``/``load_state_dict``
     follow torchdata's ``Stateful`` protocol, so ``StatefulDataLoader`` resumes it per worker;
     give an explicit ``seed`` then, since a resumed state reaches only the workers' copies and the
-    epochs after it are built from this one.
+    epochs after it are built from this one. torchdata refuses its state under another
+    ``num_workers``: load :meth:`merge_worker_states` of it into a new dataset instead, whose
+    workers then split the rest of the epoch (an elastic resume, see ``DDBDataLoader``).
+
+    Under ``accelerator.prepare`` (Accelerate, and so HF ``Trainer``), whose
+    ``DataLoaderDispatcher`` reads batches in the main process only and splits each group of
+    ``num_processes`` of them between the processes, the dataset notices the dispatcher when it
+    calls ``len()``, ``set_epoch`` or ``iter()`` and serves it the whole epoch (rank 0 of 1) in the
+    main process and nothing elsewhere, so every sample is dispatched once per epoch (Accelerate
+    pads the last step with at most ``num_processes - 1`` repeats). What the dispatcher would
+    lose or cannot carry is refused before the epoch starts: DataLoader workers with several
+    processes, keys that are lists (strings) under torch's default ``collate_fn``,
+    ``split_batches`` with a batch size that is not a multiple of the process count, a DataLoader
+    ``drop_last``, and ``dispatch_batches=False`` (its ``IterableDatasetShard`` would shard what
+    ddbloader already shards).
     """
 
     def __init__(
@@ -56,9 +74,13 @@ class DDBIterableDataset(IterableDataset[Delivered]):
         self.loader = DDBDataLoader(source, sql, target_col, *args, **kwargs)
         # shared memory: a forked or spawned worker writes the slot this process's copy reads
         self._worker_epochs = torch.zeros(_MAX_WORKERS, dtype=torch.int64).share_memory_()  # type: ignore[no-untyped-call]
+        #: under Accelerate's DataLoaderDispatcher: whether this is its main process (which reads)
+        self._dispatched: bool | None = None
 
-    def __iter__(self) -> EpochIterator:
+    def __iter__(self) -> Iterator[Delivered]:
         info = get_worker_info()
+        if info is None and self._under_dispatcher() and not self._dispatched:
+            return iter(())  # a dispatcher's other processes receive their batches from the main one
         workers = 0 if info is None else info.num_workers
         if self.num_workers is not None and workers != self.num_workers:
             raise ValueError(
@@ -77,7 +99,13 @@ class DDBIterableDataset(IterableDataset[Delivered]):
         self._worker_epochs[slot] = epoch + 1
 
     def __len__(self) -> int:
-        """Batches per epoch under a DataLoader with this dataset's ``num_workers`` (default 1)."""
+        """Batches per epoch under a DataLoader with this dataset's ``num_workers`` (default 1).
+
+        Under Accelerate's dispatcher: the whole epoch's (it yields them all in the main process
+        and counts ``num_processes`` of them as one step).
+        """
+        if get_worker_info() is None:
+            self._under_dispatcher()
         return self.batches(self.num_workers or 1)
 
     def batches(self, num_workers: int) -> int:
@@ -86,6 +114,8 @@ class DDBIterableDataset(IterableDataset[Delivered]):
 
     def set_epoch(self, epoch: int) -> None:
         """Pin the next epoch that starts, here and in every worker (also persistent ones)."""
+        if get_worker_info() is None:
+            self._under_dispatcher()
         self.loader.set_epoch(epoch)
         self._worker_epochs.fill_(epoch)
 
@@ -96,11 +126,9 @@ class DDBIterableDataset(IterableDataset[Delivered]):
         while the other workers finish the epoch, and after a finished epoch it starts the next
         one itself: a state naming the next epoch would make it serve that epoch too early.
         """
-        state = self.loader.state_dict()
-        progress = self.loader._progress
-        if progress is not None and progress[2]:
-            state.update(epoch=progress[0], batches=progress[1])
-        return state
+        return self.loader._state(ended_names_next=False)
+
+    merge_worker_states = staticmethod(merge_worker_states)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.loader.load_state_dict(state)
@@ -115,3 +143,113 @@ class DDBIterableDataset(IterableDataset[Delivered]):
 
     def __repr__(self) -> str:
         return f"DDBIterableDataset({self.loader!r})"
+
+    def _under_dispatcher(self) -> bool:
+        """Whether Accelerate's DataLoaderDispatcher serves this dataset; adapt to it or refuse.
+
+        Called from the dataset's entry points in the main process. The first call that finds the
+        dispatcher checks what it would lose, then fixes the loader's place to rank 0 of 1 for
+        good (a prepared DataLoader stays prepared): the main process reads the whole epoch.
+
+        Raises:
+            ValueError: ``dispatch_batches=False`` (Accelerate shards this dataset again), or a
+                dispatcher setting under which samples would be lost or could not be carried.
+        """
+        if self._dispatched is not None:
+            return True
+        wrapper = _accelerate_wrapper(self)
+        if wrapper is None:
+            return False
+        if wrapper.dataset is not self:
+            raise ValueError(
+                "accelerator.prepare wrapped this DDBIterableDataset in IterableDatasetShard "
+                "(dispatch_batches=False), which would shard again the samples ddbloader already splits "
+                "by rank, and lose them: keep Accelerate's default dispatch_batches (None or True), or "
+                "pass a DDBDataLoader to accelerator.prepare (it comes back as it is)"
+            )
+        if not isinstance(wrapper, sys.modules["accelerate.data_loader"].DataLoaderDispatcher):
+            return False  # one process, dispatch_batches=False: Accelerate only moves batches
+        self._check_dispatch(wrapper)
+        loader = self.loader
+        loader._fixed_sharding = Sharding(0, 1, loader._even_batches)
+        self._dispatched = wrapper.state.process_index == 0
+        return True
+
+    def _check_dispatch(self, dispatcher: Any) -> None:
+        processes = int(dispatcher.state.num_processes)
+        batch_size = self.loader.config.batch_size
+        # a collate_fn of the user's may leave the keys out (HF Trainer's collator builds the
+        # model's arguments); torch's default ones keep them
+        listed = (
+            _listed_keys(self.loader) if dispatcher.collate_fn in (default_convert, default_collate) else []
+        )
+        fix = "or pass a DDBDataLoader to accelerator.prepare (it comes back as it is and shards itself)"
+        if listed:
+            raise ValueError(
+                f"key_col {listed} are delivered as lists (strings and other non-numeric values), which "
+                f"Accelerate's DataLoaderDispatcher cannot concatenate or broadcast: give key_col numeric "
+                f"or temporal columns (select an integer id, e.g. dense_rank() OVER (ORDER BY symbol)), "
+                f"{fix}"
+            )
+        if processes > 1 and dispatcher.num_workers:
+            raise ValueError(
+                f"Accelerate's DataLoaderDispatcher reads every batch in the main process and splits "
+                f"each {processes} batches between the {processes} processes; the final partial batches "
+                f"of {dispatcher.num_workers} DataLoader workers would be split unevenly and lose "
+                f"samples: use num_workers=0 (ddbloader fetches in background threads), {fix}"
+            )
+        if processes > 1 and dispatcher.split_batches and batch_size % processes:
+            raise ValueError(
+                f"split_batches=True splits every batch between {processes} processes: batch_size="
+                f"{batch_size} is not a multiple of {processes}, so each batch would lose samples; "
+                f"give a batch_size that is"
+            )
+        if processes > 1 and getattr(dispatcher, "_drop_last", False):
+            raise ValueError(
+                "the DataLoader's drop_last=True makes Accelerate's dispatcher drop the last step's "
+                "batches of every epoch: leave the DataLoader's drop_last off and give drop_last= to "
+                "DDBIterableDataset"
+            )
+
+
+#: How many frames above a dataset method an Accelerate loader's own method can be: ``len()``
+#: comes through ``DataLoader.__len__``, ``iter()`` through DataLoader's iterator and fetcher.
+_WRAPPER_FRAMES = 12
+
+
+def _accelerate_wrapper(dataset: DDBIterableDataset) -> Any:
+    """The Accelerate loader (DataLoaderDispatcher or DataLoaderShard) calling into ``dataset``.
+
+    Accelerate gives a dataset no sign of the loader it wraps it in, but that loader calls
+    ``len()``, ``set_epoch()`` and ``iter()`` on the dataset from its own methods: one of the
+    frames above holds it as ``self``. None when Accelerate is not imported or no such frame is
+    found.
+    """
+    module = sys.modules.get("accelerate.data_loader")
+    if module is None:
+        return None
+    kinds = (module.DataLoaderDispatcher, module.DataLoaderShard)
+    frame = sys._getframe(2)
+    for _ in range(_WRAPPER_FRAMES):
+        owner = frame.f_locals.get("self")
+        if isinstance(owner, kinds):
+            inner = owner.dataset
+            if inner is dataset or getattr(inner, "dataset", None) is dataset:
+                return owner
+        if frame.f_back is None:
+            return None
+        frame = frame.f_back
+    return None
+
+
+def _listed_keys(loader: DDBDataLoader) -> list[str]:
+    """The ``key_col`` columns a batch carries as lists (see ddbloader.keys): all but numbers,
+    booleans and temporal columns, and those read as Python values (decimals, nullable ints)."""
+    layout = loader.plan.layout
+    types = dict(zip(layout.result_names, layout.result_types, strict=True))
+    tensors = (pa.types.is_integer, pa.types.is_floating, pa.types.is_boolean, pa.types.is_temporal)
+    return [
+        name
+        for name in layout.key_names
+        if name in layout.key_objects or not any(kind(types[name]) for kind in tensors)
+    ]

@@ -20,15 +20,26 @@ from torch.utils.data import get_worker_info
 from ._core.config import normalise_config, resolve_aliases
 from ._core.display import plan_html, plan_text
 from ._core.errors import warn_caller
-from ._epoch.shard import Sharding, agree_seed, epoch_units, part_range, resolve_sharding, shard_samples
+from ._epoch.elastic import Stretch, epoch_remainder
+from ._epoch.shard import (
+    Sharding,
+    agree_seed,
+    epoch_units,
+    part_range,
+    resolve_sharding,
+    shard_samples,
+    share_units,
+)
+from ._epoch.state import Resume, check_state, make_state
 from ._epoch.summary import plan_rows
 from ._io.cache import PartitionCache
 from ._pipeline.arena import Arena, arena_for
 from ._pipeline.batch import batch_count
 from ._pipeline.device import DeviceStage
 from ._pipeline.epoch import EpochIterator, EpochRun
-from ._sql.plan import build_plan, plan_differences, plan_fingerprint
+from ._sql.plan import WorkUnit, build_plan
 from .backends import Backend, DuckDBBackend, connect
+from .mixing import MixingWatch
 from .stats import LoaderStats, StatsRecorder
 from .transforms import as_pipeline
 
@@ -117,7 +128,9 @@ class DDBDataLoader:
             An epoch's first unit gets an eighth of it (its first batch waits for a small
             query). At most two units' rows wait to be served. A partition larger than the
             budget is streamed: planned as consecutive pieces of at most ``fetch_bytes`` (or 64
-            rows if more) read by one query as they are served (see ddbloader._io.streams). 0
+            rows if more) read by one query as they are served (see ddbloader._io.streams);
+            with ``shuffle``, cut instead into range pieces of its ORDER BY key, each read by
+            its own query and visited in a random order (see ddbloader._sql.pieces). 0
             fetches every partition on its own and whole.
         cache_bytes: keep the partitions fetched in the first epoch in memory and serve later
             epochs from there, without querying again, when the planned partitions (rows ×
@@ -129,6 +142,10 @@ class DDBDataLoader:
             without windows) come with the batch as a third element, a dict name → tensor (numbers;
             temporal values as int64 since the epoch) or list (strings and other types), so
             predictions can be joined back (see ddbloader.keys). Left out of a derived x.
+        verify: check every fetched partition's rows, not only their count, against an engine
+            hash of each row summed at planning (DuckDB and PostgreSQL; refused elsewhere):
+            wrong rows in the right number raise, naming the partition. Costs a hash per row
+            at planning and at every fetch (see README).
         mode: DolphinDB's framework switch; only ``"pytorch"`` exists here.
         verbose: accepted for DolphinDB code and ignored: ddbloader reports through the
             ``"ddbloader"`` logger (INFO per epoch, DEBUG per partition).
@@ -177,6 +194,7 @@ class DDBDataLoader:
         fetch_bytes: int = 8 * 2**20,
         cache_bytes: int | None = None,
         key_col: str | Sequence[str] | None = None,
+        verify: bool = False,
         mode: str = "pytorch",
         verbose: bool = False,
         **aliases: Any,
@@ -210,20 +228,26 @@ class DDBDataLoader:
         self._agree(built)
         self.sql = sql
         self._epoch = 0
-        self._resume_skip = 0
+        #: where a loaded state (or a peek given back) stopped in epoch ``_epoch``, until it starts
+        self._resume: Resume | None = None
+        #: where the latest iteration's epoch started: its earlier stretches and this stretch's world
+        self._running: Resume | None = None
+        #: the remainder of an elastically resumed epoch, by (epoch, seed, stretches)
+        self._left: tuple[tuple[int, int, tuple[Stretch, ...]], list[WorkUnit]] | None = None
         self._progress: tuple[int, int, bool] | None = None
         self._iterator: weakref.ref[EpochIterator] | None = None
         self._recorder: StatsRecorder | None = None
+        self._mixing = MixingWatch(self.plan, self.config)
         self._closed = False
         self._arena: Arena | None = None
         self._cache = self._partition_cache()
-        #: an unfinished iteration that has handed out only its first batch: (token, epoch, skip)
-        self._peek: tuple[int, int, int] | None = None
+        #: an unfinished iteration that has handed out only its first batch: (token, epoch, place)
+        self._peek: tuple[int, int, Resume] | None = None
         self._tokens = itertools.count()
-        self._resume_world: int | None = None
 
     def __len__(self) -> int:
-        """Batches this rank yields per epoch (the same on every rank) under the current world size."""
+        """Batches this rank yields per epoch (the same on every rank) under the current world size;
+        for an epoch resumed from another world size, the batches of its rest (see :meth:`batches`)."""
         return self.batches()
 
     @property
@@ -297,9 +321,19 @@ class DDBDataLoader:
         return LoaderSamples(self, per_rank=True)
 
     def batches(self, num_workers: int = 1) -> int:
-        """Batches per epoch on this rank when its share is split over ``num_workers`` workers."""
+        """Batches per epoch on this rank when its share is split over ``num_workers`` workers.
+
+        When the next epoch resumes a state saved under another world size (or worker count), its
+        rest is what this rank serves of it instead: the samples no old rank had handed out.
+        """
         sharding = self.sharding
-        samples = shard_samples(self.plan.samples, sharding.world_size, sharding.even_batches)
+        total = self.plan.samples
+        resume = self._resume
+        if resume is not None:
+            stretches, _ = self._next_run(sharding, resume.worker, num_workers)
+            if stretches:
+                total = sum(u.samples for u in self._remainder(self._epoch, stretches))
+        samples = shard_samples(total, sharding.world_size, sharding.even_batches)
         return sum(
             batch_count(
                 len(part_range(samples, num_workers, w)), self.config.batch_size, self.config.drop_last
@@ -327,7 +361,7 @@ class DDBDataLoader:
         if epoch == self._epoch:
             return
         self._epoch = epoch
-        self._resume_skip = 0
+        self._resume = None
         self._progress = None
 
     def __iter__(self) -> EpochIterator:
@@ -361,7 +395,7 @@ class DDBDataLoader:
         iterator = EpochIterator(iteration)
         weakref.finalize(iterator, self._give_back, iteration.token).atexit = False
         self._iterator = weakref.ref(iterator)
-        if self._resume_skip and not len(iterator):
+        if self._resume is not None and self._resume.started and not len(iterator):
             # a state saved at the end of its epoch: that epoch is over, whether this iterator
             # is stepped or dropped (StatefulDataLoader restores one it never steps)
             iterator.start()
@@ -370,10 +404,52 @@ class DDBDataLoader:
     def _pending(self, worker: int, num_workers: int) -> tuple[int, int]:
         """``(epoch, batches)`` an iteration of this worker would serve if it started now."""
         sharding = self.sharding
-        samples = shard_samples(self.plan.samples, sharding.world_size, sharding.even_batches)
-        share = len(part_range(samples, num_workers, worker))
+        stretches, skip = self._next_run(sharding, worker, num_workers)
+        if stretches:
+            share = sum(u.samples for u in self._units(self._epoch, stretches, sharding, worker, num_workers))
+        else:
+            samples = shard_samples(self.plan.samples, sharding.world_size, sharding.even_batches)
+            share = len(part_range(samples, num_workers, worker))
         batches = batch_count(share, self.config.batch_size, self.config.drop_last)
-        return self._epoch, batches - min(self._resume_skip, batches)
+        return self._epoch, batches - min(skip, batches)
+
+    def _next_run(self, sharding: Sharding, worker: int, num_workers: int) -> tuple[tuple[Stretch, ...], int]:
+        """The stretches of the next epoch served before it and the batches of its own schedule to
+        skip (see :meth:`~ddbloader._epoch.state.Resume.continued_by`); none for an ordinary epoch."""
+        if self._resume is None:
+            return (), 0
+        return self._resume.continued_by(sharding.world_size, sharding.even_batches, worker, num_workers)
+
+    def _remainder(self, epoch: int, stretches: tuple[Stretch, ...]) -> list[WorkUnit]:
+        """What ``stretches`` left of ``epoch`` (kept for the epoch's iterations and ``len``)."""
+        key = (epoch, self.config.seed, stretches)
+        if self._left is None or self._left[0] != key:
+            self._left = (key, epoch_remainder(self.plan, self.config, epoch, stretches))
+        return self._left[1]
+
+    def _units(
+        self, epoch: int, stretches: tuple[Stretch, ...], sharding: Sharding, worker: int, num_workers: int
+    ) -> list[WorkUnit]:
+        """The work units of this (rank, worker) in ``epoch``, after ``stretches`` of it."""
+        if stretches:
+            return share_units(
+                self._remainder(epoch, stretches),
+                sharding.rank,
+                sharding.world_size,
+                worker,
+                num_workers,
+                sharding.even_batches,
+            )
+        return epoch_units(
+            self.plan,
+            self.config,
+            epoch,
+            sharding.rank,
+            sharding.world_size,
+            worker,
+            num_workers,
+            sharding.even_batches,
+        )
 
     def _claim(self, iteration: _Iteration) -> tuple[EpochRun, Backend]:
         """Start the next epoch for ``iteration`` (its first step)."""
@@ -381,28 +457,12 @@ class DDBDataLoader:
             raise RuntimeError("this DDBDataLoader is closed")
         sharding = self.sharding
         self._agree(sharding)
-        if self._resume_skip and self._resume_world not in (None, sharding.world_size):
-            raise ValueError(
-                f"the loaded state stopped mid-epoch under world_size={self._resume_world}, and this epoch "
-                f"starts under world_size={sharding.world_size}: the rest of that epoch was split for "
-                f"{self._resume_world} ranks; resume with the same world size"
-            )
         epoch, config = self._epoch, self.config
-        units = tuple(
-            epoch_units(
-                self.plan,
-                config,
-                epoch,
-                sharding.rank,
-                sharding.world_size,
-                iteration.worker,
-                iteration.num_workers,
-                sharding.even_batches,
-            )
-        )
+        stretches, saved = self._next_run(sharding, iteration.worker, iteration.num_workers)
+        units = tuple(self._units(epoch, stretches, sharding, iteration.worker, iteration.num_workers))
         batches = batch_count(sum(u.samples for u in units), config.batch_size, config.drop_last)
-        skip = min(self._resume_skip, batches)
-        self._recorder = StatsRecorder(epoch)
+        skip = min(saved, batches)
+        self._recorder = StatsRecorder(epoch, self._mixing.epoch(units, epoch, batches))
         stage = DeviceStage(config.device, config.pin_memory, config.window_on_device, config.collate)
         # an arena is taken by one epoch at a time and shelved when its last batch is gathered
         arena, self._arena = (
@@ -437,19 +497,28 @@ class DDBDataLoader:
             self.plan.partitions,
             self.plan.samples,
             batches,
-            f" (resuming after batch {skip})" if skip else "",
+            (f" (resuming after batch {skip})" if skip else "")
+            + (f" (the rest after {len(stretches)} stretch(es) under other worlds)" if stretches else ""),
         )
         self._epoch = epoch + 1
-        self._resume_skip = 0
-        self._resume_world = None
+        self._resume = None
+        self._running = Resume(
+            stretches,
+            sharding.world_size,
+            sharding.even_batches,
+            iteration.num_workers,
+            iteration.worker,
+            0,
+            None,
+        )
         self._progress = (epoch, skip, False)
-        iteration.started(epoch, skip, sharding.world_size)
+        iteration.started(epoch, skip, sharding.world_size, self._running)
         return run, backend
 
-    def _report(self, token: int, skip: int, progress: tuple[int, int, bool]) -> None:
+    def _report(self, token: int, skip: int, progress: tuple[int, int, bool], place: Resume) -> None:
         self._progress = progress
         epoch, yielded, ended = progress
-        self._peek = (token, epoch, skip) if yielded == skip + 1 and not ended else None
+        self._peek = (token, epoch, place.at(skip)) if yielded == skip + 1 and not ended else None
 
     def _give_back(self, token: int | None) -> None:
         """Return the epoch of an iteration abandoned after its first batch (``None``: any such one)."""
@@ -457,7 +526,7 @@ class DDBDataLoader:
         if peek is None or (token is not None and peek[0] != token):
             return
         self._peek = None
-        _, self._epoch, self._resume_skip = peek
+        _, self._epoch, self._resume = peek
         self._progress = None
 
     def _check_world(self, world: int) -> None:
@@ -481,86 +550,45 @@ class DDBDataLoader:
         after an epoch's last batch but inside the loop, the state still names that epoch (so the
         resumed loop finishes it, empty, and the next pass runs the next epoch, as in a checkpoint
         taken at the last step); once the iteration has ended it names the next epoch. Every rank
-        reaches the same state, so rank 0's state may be loaded on every rank.
+        reaches the same state, so rank 0's state may be loaded on every rank, also under another
+        world size (then the rest of the epoch is what no old rank had handed out, split anew).
         """
+        return self._state(ended_names_next=True)
+
+    def _state(self, ended_names_next: bool) -> dict[str, Any]:
+        """:meth:`state_dict`; an ended iteration names its own epoch, fully served, unless
+        ``ended_names_next`` (see :meth:`DDBIterableDataset.state_dict`)."""
+        sharding = self.sharding
+        fresh = Resume((), sharding.world_size, sharding.even_batches, 1, 0, 0, (0,))
         if self._progress is None:
-            epoch, batches = self._epoch, self._resume_skip
+            epoch, place = self._epoch, self._resume or fresh
         else:
             epoch, batches, finished = self._progress
-            if finished:
-                epoch, batches = epoch + 1, 0
-        return {
-            "version": _STATE_VERSION,
-            "epoch": epoch,
-            "batches": batches,
-            "seed": self.config.seed,
-            "samples": self.plan.samples,
-            "world_size": self.sharding.world_size,
-            "rank": self.sharding.rank,
-            "batch_size": self.config.batch_size,
-            "shuffle": self.config.shuffle,
-            "drop_last": self.config.drop_last,
-            "even_batches": self.sharding.even_batches,
-            "group_pool_size": self.config.group_pool_size,
-            "partitions": self.plan.partitions,
-            "plan": plan_fingerprint(self.plan),
-        }
+            assert self._running is not None
+            place = self._running.at(batches)
+            if finished and ended_names_next:
+                epoch, place = epoch + 1, fresh
+        return make_state(epoch, self.config, self.plan, sharding.rank, place)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue from ``state``: the next iteration resumes that epoch after its last batch.
 
+        A state saved under another world size, ``even_batches`` or DataLoader worker count is
+        resumed elastically: the rest of its epoch is the samples no old rank had handed out,
+        split among this world's ranks with equal batch counts (see :mod:`ddbloader._epoch.elastic`).
+
         Raises:
             ValueError: the state belongs to another plan (sample count, or partition count:
-                streamed pieces depend on ``fetch_bytes``), world size, batch size, shuffle,
-                drop_last, even_batches, group_pool_size or version.
+                streamed pieces depend on ``fetch_bytes``), batch size, shuffle, drop_last,
+                group_pool_size or version, or is malformed.
         """
-        if state.get("version") != _STATE_VERSION:
-            raise ValueError(
-                f"state version {state.get('version')!r} is not {_STATE_VERSION}: it was saved by a "
-                f"ddbloader whose batches for the same seed differ, so it cannot be resumed exactly"
-            )
-        if state["samples"] != self.plan.samples:
-            raise ValueError(
-                f"state was saved by a loader with {state['samples']} samples per epoch; this one has "
-                f"{self.plan.samples}: the query, the data or the window arguments differ"
-            )
-        if state["world_size"] != self.sharding.world_size:
-            raise ValueError(
-                f"state was saved with world_size={state['world_size']}; this loader has "
-                f"world_size={self.sharding.world_size}, which splits the epoch differently"
-            )
-        if "partitions" in state and state["partitions"] != self.plan.partitions:
-            raise ValueError(
-                f"state was saved by a loader whose plan has {state['partitions']} partitions; this one "
-                f"has {self.plan.partitions}: the schemes or fetch_bytes differ (a partition larger than "
-                f"fetch_bytes is read in pieces, and the pieces decide the sample order)"
-            )
-        differences = plan_differences(state["plan"], plan_fingerprint(self.plan)) if "plan" in state else []
-        if differences:
-            raise ValueError(
-                f"state was saved by a loader with another plan (it differs in {'; '.join(differences)}), "
-                f"so the saved position names other samples in this loader's epoch"
-            )
-        current = {
-            "batch_size": self.config.batch_size,
-            "shuffle": self.config.shuffle,
-            "drop_last": self.config.drop_last,
-            "even_batches": self.sharding.even_batches,
-            "group_pool_size": self.config.group_pool_size,
-        }
-        for name, value in current.items():
-            if name in state and state[name] != value:
-                raise ValueError(
-                    f"state was saved with {name}={state[name]!r}; this loader has {name}={value!r}, "
-                    f"so its batches would not continue the saved sequence"
-                )
+        resume = check_state(state, self.config, self.plan)
         self._stop_iterator("this DDBDataLoader iteration was superseded by load_state_dict()")
         self._peek = None
-        self._resume_world = int(state["world_size"])
         if state["seed"] != self.config.seed:
             self.config = dataclasses.replace(self.config, seed=int(state["seed"]))
         self._epoch = int(state["epoch"])
-        self._resume_skip = int(state["batches"])
+        self._resume = resume
         self._progress = None
 
     def _backend_here(self) -> Backend:
@@ -601,6 +629,7 @@ class DDBDataLoader:
             )
         state = self.__dict__.copy()
         state.update(_backend=None, _iterator=None, _recorder=None, _progress=None, _arena=None, _peek=None)
+        state.update(_left=None)
         # a worker started by pickling (spawn) has no process group: it keeps this process's place
         state.update(_fixed_sharding=self.sharding, _tokens=itertools.count())
         # a worker process keeps the partitions it fetches itself
@@ -719,6 +748,7 @@ class _Iteration:
         self._claimed = claimed
         self._skip = 0
         self._world = 1
+        self._place: Resume | None = None
 
     def pending(self) -> tuple[int, int]:
         return self.loader._pending(self.worker, self.num_workers)
@@ -726,13 +756,14 @@ class _Iteration:
     def claim(self) -> tuple[EpochRun, Backend]:
         return self.loader._claim(self)
 
-    def started(self, epoch: int, skip: int, world: int) -> None:
-        self._skip, self._world = skip, world
+    def started(self, epoch: int, skip: int, world: int, place: Resume) -> None:
+        self._skip, self._world, self._place = skip, world, place
         if self._claimed is not None:
             self._claimed(epoch)
 
     def report(self, progress: tuple[int, int, bool]) -> None:
-        self.loader._report(self.token, self._skip, progress)
+        assert self._place is not None
+        self.loader._report(self.token, self._skip, progress, self._place)
 
     def check(self) -> None:
         self.loader._check_world(self._world)
@@ -744,11 +775,6 @@ def _reopenable(source: Any) -> bool:
         return str(source) != ":memory:"
     return callable(source) and not hasattr(source, "cursor")
 
-
-#: Raised whenever a state's meaning changes: its keys, or the batch order that a seed gives (2: one
-#: generator of sample orders per epoch, group_pool_size and partitions recorded; 3: a finished
-#: unit hands its pool slot to the next unit).
-_STATE_VERSION = 3
 
 _DEFAULTS: dict[str, Any] = {
     name: parameter.default

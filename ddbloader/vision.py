@@ -30,7 +30,7 @@ import pyarrow as pa
 import torch
 
 from ._core.errors import add_note
-from .transforms import Accepts, Frame, numpy_to_arrow
+from .transforms.pipeline import Accepts, Frame, numpy_to_arrow
 
 __all__ = ["ImageColumn", "decode_images"]
 

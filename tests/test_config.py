@@ -221,6 +221,7 @@ BAD_INPUT: list[tuple[dict[str, Any], type[Exception], str]] = [
     ({"timeout": "10"}, TypeError, r"timeout must be a number of seconds, got str"),
     ({"shuffle": 1}, TypeError, r"shuffle must be a bool"),
     ({"drop_last": "yes"}, TypeError, r"drop_last must be a bool"),
+    ({"verify": "yes"}, TypeError, r"verify must be a bool"),
     ({"dtype": (torch.float32,)}, ValueError, r"dtype must be one dtype or a pair"),
     ({"dtype": (torch.float32, torch.int64, torch.int64)}, ValueError, r"dtype must be one dtype or a pair"),
     ({"dtype": (torch.float32, "nonsense")}, TypeError, r"dtype\[1\]='nonsense' has no numpy equivalent"),
@@ -371,6 +372,31 @@ def test_empty_exclude_col_excludes_nothing(db: duckdb.DuckDBPyConnection) -> No
     with load(db, exclude_col=[], window_size=2) as empty, load(db, window_size=2) as default:
         assert empty.config.exclude_col == ()
         assert empty.plan.layout.x_names == default.plan.layout.x_names
+
+
+@pytest.mark.parametrize(
+    ("keys", "x_names"),
+    [
+        ({}, ("gid", "part", "pos", "rid", "f0", "f1")),
+        ({"group_col": "gid"}, ("part", "pos", "rid", "f0", "f1")),
+        ({"group_col": "GID", "repartition_col": "part"}, ("pos", "rid", "f0", "f1")),
+        ({"group_col": '"gid"', "repartition_col": "part % 2"}, ("part", "pos", "rid", "f0", "f1")),
+    ],
+    ids=["no-keys", "group", "group-and-repartition", "quoted-and-expression"],
+)
+def test_a_derived_x_leaves_the_key_columns_out(
+    db: duckdb.DuckDBPyConnection, keys: dict[str, str], x_names: tuple[str, ...]
+) -> None:
+    # A key naming a result column is an id, not a feature; a key expression leaves its columns in.
+    with load(db, exclude_col="y", **keys) as loader:
+        assert loader.plan.layout.x_names == x_names
+
+
+def test_a_key_named_in_input_col_stays_in_x(db: duckdb.DuckDBPyConnection) -> None:
+    with load(db, input_col=["gid", "f0"], group_col="gid", repartition_col="part") as loader:
+        assert loader.plan.layout.x_names == ("gid", "f0")
+        x, _ = next(iter(loader))
+        assert x[:, 0].tolist() == [0.0]
 
 
 def test_exclude_col_is_ignored_with_input_col_and_says_so(db: duckdb.DuckDBPyConnection) -> None:

@@ -19,12 +19,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ddbloader.backends import DolphinDBBackend, connect
-from ddbloader.backends.dolphindb import (
-    DolphinDBQuery,
-    parse_column_expression,
-    substitute,
-    to_literal,
-)
+from ddbloader.backends.dolphindb_literals import substitute, to_literal
+from ddbloader.backends.dolphindb_sql import DolphinDBQuery, parse_column_expression
 
 DFS = 'select ts, sym, price, qty from loadTable("dfs://trades where group by", "t")'
 

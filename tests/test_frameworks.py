@@ -1,4 +1,5 @@
-"""ddbloader inside the training frameworks users pass it to: every sample once per epoch, new orders.
+"""ddbloader inside the training frameworks users pass it to (Lightning, Accelerate, HF Trainer):
+every sample once per epoch, new orders.
 
 Each test runs a helper script in a fresh interpreter (the frameworks start their own processes)
 over a DuckDB file, and checks by ``key_col`` what every rank trained on.
@@ -85,19 +86,12 @@ def test_lightning_with_persistent_workers_runs_new_epochs_without_set_epoch(db:
     check_epochs(reports(tmp_path, 1), every)
 
 
-def test_accelerate_prepare_of_a_ddbdataloader_shards_once(db: str, tmp_path: Path) -> None:
-    every = every_key(db)
+def torchrun(script: str, *args: str, cwd: Path, processes: int = 2) -> None:
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{HERE}", "PYTHONWARNINGS": "ignore"}
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node=2",
-        str(HERE / "accelerate_run.py"),
-    ]
+    command = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={processes}"]
     done = subprocess.run(
-        [*command, db, str(tmp_path)],
-        cwd=tmp_path,
+        [*command, str(HERE / script), *args],
+        cwd=cwd,
         env=env,
         capture_output=True,
         text=True,
@@ -105,6 +99,64 @@ def test_accelerate_prepare_of_a_ddbdataloader_shards_once(db: str, tmp_path: Pa
         check=False,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
-    found = reports(tmp_path, 2)
+
+
+@pytest.fixture(scope="module")
+def accelerate_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Counter[int]]:
+    """One torchrun launch of tests/accelerate_run.py (2 processes) for the Accelerate tests."""
+    out = tmp_path_factory.mktemp("accelerate")
+    db = str(series_file(out / "series.duckdb", PARTS))
+    every = every_key(db)
+    torchrun("accelerate_run.py", db, str(out), cwd=out)
+    return out, every
+
+
+def test_accelerate_prepare_of_a_ddbdataloader_shards_once(accelerate_run: tuple[Path, Counter[int]]) -> None:
+    out, every = accelerate_run
+    found = [json.loads((out / f"loader-rank{r}.json").read_text()) for r in range(2)]
     check_epochs(found, every)
     assert [r["planned"] for r in found] == [5, 5]
+    assert all(r["same"] for r in found), "prepare() hands a DDBDataLoader back as it is"
+
+
+def test_accelerate_dispatches_a_dataloader_over_the_dataset_without_losing_samples(
+    accelerate_run: tuple[Path, Counter[int]],
+) -> None:
+    """The dispatcher's main process reads the whole epoch; each process trains on its half."""
+    out, every = accelerate_run
+    found = [json.loads((out / f"dataset-rank{r}.json").read_text()) for r in range(2)]
+    check_epochs(found, every)
+    assert [r["planned"] for r in found] == [5, 5], "len() counts the steps of each process"
+    assert all(len(r["seen"][str(e)]) == 40 for r in found for e in range(3))
+
+
+def test_accelerate_dispatches_string_keys_that_a_collate_fn_leaves_out(
+    accelerate_run: tuple[Path, Counter[int]],
+) -> None:
+    out, every = accelerate_run
+    ranks = [json.loads((out / f"collated-rank{r}.json").read_text()) for r in range(2)]
+    # f0 = rid, and a window's y row follows its 3 x rows: its rid is the last x row's + 1
+    found = Counter(int(window[-1]) + 1 for rank in ranks for batch in rank for window in batch)
+    assert found == every
+
+
+def test_accelerate_refuses_what_its_dispatcher_would_lose(accelerate_run: tuple[Path, Counter[int]]) -> None:
+    out, _ = accelerate_run
+    for rank in range(2):
+        refusals = json.loads((out / f"refusals-rank{rank}.json").read_text())
+        assert "key_col ['rid'] are delivered as lists" in refusals["strings"]
+        assert "dense_rank()" in refusals["strings"]
+        assert "use num_workers=0" in refusals["workers"]
+        assert "IterableDatasetShard (dispatch_batches=False)" in refusals["no dispatch"]
+        assert "give drop_last= to DDBIterableDataset" in refusals["drop_last"]
+        assert "batch_size=7 is not a multiple of 2" in refusals["split"]
+
+
+def test_hf_trainer_under_torchrun_trains_every_sample_once_per_epoch(db: str, tmp_path: Path) -> None:
+    """Trainer's DataLoader, prepared by Accelerate, dispatches the dataset's batches (2 processes);
+    Trainer's set_epoch calls give each epoch its own order. (One process: README's recipe.)"""
+    every = every_key(db)
+    torchrun("trainer_run.py", db, str(tmp_path), cwd=tmp_path)
+    found = [json.loads((tmp_path / f"trainer-rank{r}.json").read_text()) for r in range(2)]
+    check_epochs(found, every)
+    assert [r["planned"] for r in found] == [5, 5], "Trainer plans each process's steps"

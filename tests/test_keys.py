@@ -137,15 +137,19 @@ def test_keys_are_read_from_the_query_even_when_a_transform_drops_them(path: str
         assert check(loader) == 79
 
 
-def test_an_unknown_key_column_is_refused_by_name(path: str) -> None:
-    with pytest.raises(ValueError, match=r"key_col names 'sym', which is not a column of the query"):
-        DDBDataLoader(path, KEYS_SQL, "y", **{**ARGS, "key_col": "sym"})
+def test_an_unknown_key_column_is_refused_naming_the_argument_and_the_query_columns(path: str) -> None:
+    columns = r"\['gid', 'part', 'rid', 'f0', 'y', 'symbol', 'ts', 'day'\]"
+    with pytest.raises(
+        ValueError, match=rf"key_col names 'sym', which is not a column of the query; columns: {columns}"
+    ):
+        DDBDataLoader(path, KEYS_SQL, "y", **{**ARGS, "key_col": ["rid", "sym"]})
 
 
 def test_key_columns_are_left_out_of_a_derived_x(path: str) -> None:
     args = {**ARGS, "input_col": None, "key_col": ["symbol", "ts", "day", "rid"]}
     with DDBDataLoader(path, KEYS_SQL, "y", **args) as loader:
-        assert loader.plan.layout.x_names == ("gid", "part", "f0", "y")
+        # gid and part are group_col and repartition_col: keys, out of x as key_col's columns are
+        assert loader.plan.layout.x_names == ("f0", "y")
 
 
 def test_a_null_timestamp_key_is_refused_by_name() -> None:

@@ -409,13 +409,32 @@ def test_the_pool_serves_the_schedule(case: Case, whole: bool | None, resume_at:
                 schedule = schedule_of(plan, config, case.epoch)
                 expected = list(schedule)  # the oracle: a pure function, iterated here first
                 pool = pool_of(plan, config, case.epoch, fetcher, stop, arena)
-                # a group's value is its gid (None without group_col: the one series of gid 0)
-                gids = np.array([group.value or 0 for group in plan.groups], dtype=np.int64)
+                # each group's rids in plan order: its partitions' rows one after another (the
+                # query's order, except across combed range pieces, see ddbloader._sql.pieces)
+                rids_of = [
+                    np.concatenate(
+                        [
+                            con.execute(p.sql, list(p.params))
+                            .to_arrow_table()
+                            .column("rid")
+                            .to_numpy()[p.first_row : p.first_row + p.rows]
+                            for p in group.partitions
+                        ]
+                        or [np.empty(0, np.int64)]
+                    )
+                    for group in plan.groups
+                ]
                 served = claimed = 0
                 for pieces, batch in zip(pool.batches(skip), expected[skip:], strict=True):
                     x, _ = gather(pieces, plan.geometry, plan.layout, pin=False)
                     rids = x.reshape(len(x), -1)[:, 0].long().numpy()
-                    starts = gids[batch.groups] * GROUP_ROWS + batch.samples * case.stride
+                    starts = np.array(
+                        [
+                            rids_of[g][i * case.stride]
+                            for g, i in zip(batch.groups, batch.samples, strict=True)
+                        ],
+                        dtype=np.int64,
+                    )
                     assert rids.tolist() == starts.tolist()
                     assert pool.gauge.held <= case.group_pool_size * case.prepartition_num
                     if not skip:  # the claims made for this batch (its events are honoured first)

@@ -189,6 +189,33 @@ def test_cte_query_is_filtered_at_its_top_level(db: duckdb.DuckDBPyConnection) -
     assert rows(db, statement, 1) == [(i, 1) for i in range(4, 24, 3)]
 
 
+@pytest.mark.parametrize(
+    ("sql", "clause"),
+    [
+        ("SELECT 1 AS g UNION ALL SELECT 2 AS g ORDER BY g", "ORDER BY"),
+        ("SELECT 1 AS g UNION ALL SELECT 2 AS g UNION ALL SELECT 3 AS g LIMIT 2", "LIMIT"),
+        ("WITH a AS (SELECT 1 AS g) SELECT g FROM a UNION DISTINCT SELECT 2 ORDER BY 1 DESC", "ORDER BY"),
+    ],
+)
+def test_clickhouse_union_ending_in_an_order_or_limit_is_refused(sql: str, clause: str) -> None:
+    # ClickHouse applies it to the last SELECT only; everyone else (sqlglot too) to the union.
+    with pytest.raises(ValueError, match=rf"ends its UNION with {clause} .*ClickHouse applies to the last"):
+        UserQuery(sql, "clickhouse")
+    UserQuery(sql, "duckdb")  # the same text means the union's order elsewhere
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "SELECT * FROM (SELECT 1 AS g UNION ALL SELECT 2 AS g) ORDER BY g",
+        "(SELECT 1 AS g) UNION ALL (SELECT 2 AS g ORDER BY g LIMIT 1)",
+        "SELECT 1 AS g UNION ALL SELECT 2 AS g",
+    ],
+)
+def test_clickhouse_union_ordered_as_written_is_accepted(sql: str) -> None:
+    assert UserQuery(sql, "clickhouse").text == sql
+
+
 def test_cte_with_union_keeps_its_with_clause_in_derived_queries(db: duckdb.DuckDBPyConnection) -> None:
     query = UserQuery(
         "WITH c AS (SELECT * FROM t) SELECT id, g FROM c UNION ALL SELECT id, g FROM u", DIALECT

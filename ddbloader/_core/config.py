@@ -119,6 +119,8 @@ class LoaderConfig:
     fetch_bytes: int = 8 * 2**20
     cache_bytes: int | None = None
     key_col: tuple[str, ...] = ()
+    #: check each fetched partition's rows against an engine hash recorded at planning
+    verify: bool = False
 
     @property
     def span(self) -> int:
@@ -336,8 +338,8 @@ def normalise_config(args: Mapping[str, Any]) -> LoaderConfig:
         )
     if not math.isfinite(backoff) or backoff < 0:
         raise ValueError(f"retry_backoff must be a finite number of seconds >= 0, got {backoff!r}")
-    for flag in ("shuffle", "drop_last", "window_on_device"):
-        if not isinstance(args[flag], (bool, np.bool_)):
+    for flag in ("shuffle", "drop_last", "window_on_device", "verify"):
+        if not isinstance(args.get(flag, False), (bool, np.bool_)):
             raise TypeError(f"{flag} must be a bool, got {args[flag]!r}")
     x_dtype, y_dtype = _dtypes(args["dtype"])
     return LoaderConfig(
@@ -376,6 +378,7 @@ def normalise_config(args: Mapping[str, Any]) -> LoaderConfig:
         if args.get("cache_bytes") is None
         else _positive_int(args["cache_bytes"], "cache_bytes", minimum=0),
         key_col=_names(args["key_col"], "key_col", allow_none=True) or (),
+        verify=bool(args.get("verify", False)),
     )
 
 

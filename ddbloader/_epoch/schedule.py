@@ -40,6 +40,7 @@ from .._core.config import LoaderConfig
 from .._core.window import WindowGeometry
 from .._sql.plan import WorkUnit
 from .events import NO_SAMPLES, Event, EventKind, Recorder, ScheduledBatch
+from .owed import keep_owed
 from .shuffle import SampleOrders, SourceDraws
 from .units import partition_visits
 
@@ -173,7 +174,7 @@ class _Unit:
             stop = max(first, stop)
         self._step_number = self._log.load(self.index, (self.group, position), left, right, first, stop)
         self._step = position
-        self._order = orders.order(first, stop)
+        self._order = keep_owed(unit, orders.order(first, stop))
         self._served = 0
 
     def _kept_rows(self, position: int, direction: int, rows: int) -> int:
@@ -221,7 +222,7 @@ class _One:
     def __init__(self, index: int, unit: WorkUnit, log: Recorder) -> None:
         self.index = index
         self.group = unit.group.index
-        self.remaining = unit.stop - unit.first
+        self.remaining = unit.samples
         self.queued = False
         self._unit = unit
         self._log = log
@@ -245,7 +246,7 @@ class _One:
                 log.fetch(self.index, self._key)
             unit = self._unit
             self._step = log.load(self.index, self._key, 0, 0, unit.first, unit.stop)
-            order = self._order = orders.order(unit.first, unit.stop)
+            order = self._order = keep_owed(unit, orders.order(unit.first, unit.stop))
         served = self._served
         # Recorder.draw, inline: a chunk or two per small group
         log = self._log

@@ -22,6 +22,7 @@ import torch
 
 from .._core.config import LoaderConfig
 from .._sql.plan import GroupPlan, QueryPlan, WorkUnit
+from .owed import owed_unit
 from .shuffle import Purpose, visit_order
 
 __all__ = [
@@ -33,6 +34,7 @@ __all__ = [
     "part_range",
     "resolve_sharding",
     "shard_samples",
+    "share_units",
     "split_units",
 ]
 
@@ -56,8 +58,11 @@ def _cut(units: Sequence[WorkUnit], begin: int, end: int) -> list[WorkUnit]:
     for unit in units:
         lo, hi = max(begin, position), min(end, position + unit.samples)
         if lo < hi:
-            offset = unit.first - position
-            cut.append(WorkUnit(unit.group, lo + offset, hi + offset))
+            if unit.owed is None:
+                offset = unit.first - position
+                cut.append(WorkUnit(unit.group, lo + offset, hi + offset))
+            else:
+                cut.append(owed_unit(unit.group, unit.owed[lo - position : hi - position]))
         position += unit.samples
     return cut
 
@@ -89,10 +94,23 @@ def split_units(
     rank holds :func:`shard_samples` samples; workers of a rank split its units disjointly.
     """
     whole = [g.whole for g in groups_in_order if g.samples > 0]
-    rank_units = whole
+    return share_units(whole, rank, world_size, worker, num_workers, even_batches)
+
+
+def share_units(
+    units: Sequence[WorkUnit],
+    rank: int,
+    world_size: int,
+    worker: int,
+    num_workers: int,
+    even_batches: EvenBatches,
+) -> list[WorkUnit]:
+    """The share of one (rank, worker) of ``units`` laid end to end, as :func:`split_units` cuts it
+    (units that owe only some samples are cut among those)."""
+    rank_units = list(units)
     if world_size > 1:
-        total = sum(u.samples for u in whole)
-        rank_units = _share(whole, world_size, rank, shard_samples(total, world_size, even_batches), total)
+        total = sum(u.samples for u in units)
+        rank_units = _share(units, world_size, rank, shard_samples(total, world_size, even_batches), total)
     if num_workers == 1:
         return rank_units
     part = part_range(sum(u.samples for u in rank_units), num_workers, worker)

@@ -32,6 +32,7 @@ from .._core.config import LoaderConfig
 from .._core.window import WindowGeometry
 from .._sql.plan import GroupPlan, PartitionSpec, QueryPlan, WorkUnit
 from .._sql.source import Block, ColumnLayout, arrow_values, to_block
+from .owed import owed_partitions
 from .shuffle import Purpose, visit_order
 
 __all__ = [
@@ -70,6 +71,8 @@ def touched_partitions(unit: WorkUnit, geometry: WindowGeometry) -> Sequence[int
     """
     if len(unit.group.partitions) == 1 and unit.samples > 0:
         return _ONLY_PARTITION
+    if unit.owed is not None:  # an elastic resume's remainder: only the partitions it owes samples of
+        return owed_partitions(unit, geometry)
     first_row = unit.first * geometry.stride
     stop_row = (unit.stop - 1) * geometry.stride + geometry.span
     touched = []

@@ -25,9 +25,12 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+import pyarrow as pa
+
 from .._core.engine import Backend, Cursor, redact_uri
 from .._core.errors import add_note
-from .._epoch.units import FetchUnit, PartitionKey, UnitPartitions, unit_blocks
+from .._epoch.units import FetchUnit, PartitionKey, UnitPartitions, split_by_key, unit_blocks
+from .._sql.fingerprint import content_mismatch, strip_hash
 from .._sql.plan import PartitionSpec
 from .._sql.source import Block, ColumnLayout, check_result_schema, to_block
 from .streams import Reading, Streams
@@ -127,9 +130,42 @@ class _PartitionJob:
 
 
 def _fetch_partition(cursor: Cursor, spec: PartitionSpec, layout: ColumnLayout) -> Block:
-    table = cursor.fetch(spec.sql, spec.params)
+    fingerprint = spec.fingerprint
+    if fingerprint is None:
+        table = cursor.fetch(spec.sql, spec.params)
+    else:  # verify=True: the hash column goes before anything else sees the rows
+        table, content = strip_hash(cursor.fetch(fingerprint.sql, spec.params))
     check_result_schema(table.schema, layout, spec.describe)
-    return _as_planned(spec, to_block(table, layout))
+    block = _as_planned(spec, to_block(table, layout))
+    if fingerprint is not None and content != fingerprint.content:
+        raise content_mismatch(spec.describe(), spec.key_params, spec.rows, fingerprint.content, content)
+    return block
+
+
+def _unit_contents(table: pa.Table, unit: FetchUnit) -> tuple[pa.Table, list[int] | None]:
+    """A verified unit's result without its hash column (before its key columns), and each cell's
+    hash sum; None when the result does not split into the planned cells (then neither does the
+    data, and the unit falls back to its partitions' own subqueries)."""
+    keys = len(unit.cells[0].params)
+    at = table.num_columns - keys - 1
+    parts = split_by_key(table.select([at, *range(at + 1, table.num_columns)]), unit.cells)
+    sums = None if parts is None else [strip_hash(part, 0)[1] for part in parts]
+    return table.remove_column(at), sums
+
+
+def _check_unit_contents(unit: FetchUnit, sums: list[int]) -> None:
+    """Refuse a unit whose cells hash otherwise than planned (the unit falls back to fetching
+    them one by one: a cell split wrongly by the client is then told from changed data)."""
+    for spec, content in zip(unit.cells, sums, strict=True):
+        assert spec.fingerprint is not None
+        if content != spec.fingerprint.content:
+            raise content_mismatch(
+                f"{spec.describe()} in {unit.describe()}",
+                spec.key_params,
+                spec.rows,
+                spec.fingerprint.content,
+                content,
+            )
 
 
 class _Cursors:
@@ -457,9 +493,15 @@ class _UnitJob:
         partitions = None
         try:
             table = cursor.fetch(unit.sql, unit.params)
+            sums = None
+            if unit.cells[0].fingerprint is not None:
+                table, sums = _unit_contents(table, unit)
             data = table.select(range(table.num_columns - len(unit.cells[0].params)))
             check_result_schema(data.schema, self.layout, unit.describe)
-            partitions = unit_blocks(table, unit, self.layout)
+            blocks = unit_blocks(table, unit, self.layout)
+            if blocks is not None and sums is not None:
+                _check_unit_contents(unit, sums)
+            partitions = blocks
         except Exception as error:
             if self.stop.is_set() or is_transient(self.backend, error):
                 raise

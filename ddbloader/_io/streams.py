@@ -15,6 +15,9 @@ read and dropped: a resumed epoch starts mid-subquery. The rows of a piece are t
 subquery's result in the engine's order, as for a partition fetched alone: with a total
 ``ORDER BY`` they are the same rows run after run; without one, the engine's order decides.
 
+A range piece (see :mod:`ddbloader._sql.pieces`) is read here too, as a subquery of one piece:
+its own query, outside fetch units, its rows checked against the planned count.
+
 Each stream runs on its own thread (``ddbloader-stream-G-P``) and cursor, so a stream waiting
 for the manager never holds up the fetch pool. A piece asked for again, or one behind the
 reader (after a fast-forward, a neighbour whose edge rows a window needs), starts a new stream;
@@ -34,6 +37,7 @@ from typing import Any, Protocol
 import pyarrow as pa
 
 from .._core.engine import Cursor, redact_uri
+from .._sql.fingerprint import HashSum, content_mismatch
 from .._sql.plan import PartitionSpec
 from .._sql.source import Block, ColumnLayout, check_result_schema, to_block
 from .threads import POLL_SECONDS, Pending, Stopped, ThreadFailure, join_all, start_thread
@@ -210,8 +214,13 @@ class _Stream:
         spec = self._spec
         rows: _Rows | None = None
         started = time.perf_counter()
+        # verify=True: every row read (skipped or delivered) is hashed, so the last piece checks all
+        fingerprint = spec.fingerprint
+        digest = HashSum()
         try:
-            rows = _Rows(read_batches(self._slot.get(), spec.sql, spec.params, spec.rows))
+            sql = spec.sql if fingerprint is None else fingerprint.sql
+            tables = read_batches(self._slot.get(), sql, spec.params, spec.rows)
+            rows = _Rows(tables if fingerprint is None else digest.stripping(tables))
             at, queries = 0, 1
             while True:
                 spec, _ = self._next_claim()
@@ -228,6 +237,17 @@ class _Stream:
                 block = to_block(table, self._reading.layout)
                 if spec.piece == spec.pieces - 1 and (extra := rows.take(1)) is not None and extra.num_rows:
                     raise self._changed(spec, at + extra.num_rows)
+                last = spec.piece == spec.pieces - 1
+                if last and fingerprint is not None and digest.total != fingerprint.content:
+                    raise content_mismatch(
+                        f"{spec.describe()}, read in {spec.pieces} pieces"
+                        if spec.pieces > 1
+                        else spec.describe(),
+                        spec.key_params,
+                        at,
+                        fingerprint.content,
+                        digest.total,
+                    )
                 self._delivered(spec, block)
                 self._reading.on_fetched(1, block.rows, queries, time.perf_counter() - started)
                 queries, started = 0, time.perf_counter()

@@ -12,10 +12,11 @@ import functools
 import hashlib
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import pyarrow as pa
 from sqlglot import exp
 
@@ -25,7 +26,9 @@ from .._core.engine import Backend, Cursor
 from .._core.errors import add_note, warn_caller
 from .._core.window import WindowGeometry
 from .binding import POSTGRES_TYPE, binds_exactly, text_identifies
+from .fingerprint import HASH_SUM_ALIAS, Fingerprint, planned_sum, row_hash
 from .literals import dolphindb_literal_hint
+from .pieces import KeyRanges, RangeCutter
 from .query import (
     GROUP_ALIAS,
     INDEX_SUFFIX,
@@ -70,6 +73,14 @@ class PartitionSpec:
     ``[first_row, first_row + rows)``; all pieces share ``sql`` and ``params``, and are read by
     one query (see :mod:`ddbloader._io.streams`). Invariants: ``0 <= piece < pieces``; the pieces of
     one subquery sit at positions ``position - piece`` to ``position - piece + pieces - 1``.
+
+    With shuffle, such a subquery is cut instead into range pieces (see
+    :mod:`ddbloader._sql.pieces`): each a partition of its own, ``sql`` the subquery's rows in
+    ``ranges`` of its order key, ``params`` the key values then the ranges' bounds; one larger
+    than ``fetch_bytes`` (equal keys) is itself read in pieces as above.
+
+    ``fingerprint`` (``verify=True``): what the subquery's (or the range piece's) rows hash to
+    (see :mod:`ddbloader._sql.fingerprint`); its SQL is the one fetches run, ``sql`` the plain one.
     """
 
     group: int
@@ -82,6 +93,9 @@ class PartitionSpec:
     piece: int = 0
     pieces: int = 1
     first_row: int = 0
+    #: A range piece's key ranges (see :mod:`ddbloader._sql.pieces`): ``sql`` reads only them.
+    ranges: KeyRanges | None = None
+    fingerprint: Fingerprint | None = None
 
     # made once per plan: at thousands of groups, a tuple per partition and epoch cost ~5 ms an epoch
     @functools.cached_property
@@ -91,13 +105,21 @@ class PartitionSpec:
 
     @property
     def streamed(self) -> bool:
-        """Whether this partition is a piece of a subquery read by one streaming query."""
-        return self.pieces > 1
+        """Whether this partition is read by a streaming query of its own, never by a fetch unit:
+        a piece of a subquery read in pieces, or a range piece (a subquery of one piece)."""
+        return self.pieces > 1 or self.ranges is not None
 
     @property
     def head(self) -> int:
         """The position of the first piece of this partition's subquery (its own if not streamed)."""
         return self.position - self.piece
+
+    @property
+    def key_params(self) -> tuple[Any, ...]:
+        """The key values among :attr:`params` (a range piece's bounds follow them)."""
+        if self.ranges is None:
+            return self.params
+        return self.params[: len(self.params) - len(self.ranges.bounds())]
 
     def describe(self) -> str:
         """Name the subquery for messages: its values, its SQL and its parameters."""
@@ -107,9 +129,10 @@ class PartitionSpec:
             if self.streamed
             else ""
         )
+        ranges = f"order key in {self.ranges.describe()}: " if self.ranges is not None else ""
         return (
             f"partition {self.position} of group {self.group} "
-            f"({rows}subquery {self.sql!r} with parameters {list(self.params)!r})"
+            f"({rows}{ranges}subquery {self.sql!r} with parameters {list(self.params)!r})"
         )
 
 
@@ -153,15 +176,23 @@ class GroupPlan:
 
 @dataclass(frozen=True)
 class WorkUnit:
-    """Samples ``[first, stop)`` of one group (indices as in the whole group)."""
+    """Samples ``[first, stop)`` of one group (indices as in the whole group), or only the ``owed``
+    ones among them.
+
+    ``owed`` (an elastic resume's remainder, see :mod:`ddbloader._epoch.elastic`) is None for every
+    sample of ``[first, stop)``, else their sorted, distinct int64 indices with ``owed[0] == first``
+    and ``owed[-1] == stop - 1``. It is left out of comparisons and hashing (an array compares
+    elementwise), so a unit's identity stays ``(group, first, stop)``.
+    """
 
     group: GroupPlan
     first: int
     stop: int
+    owed: np.ndarray[Any, Any] | None = dataclasses.field(default=None, compare=False, repr=False)
 
     @property
     def samples(self) -> int:
-        return self.stop - self.first
+        return self.stop - self.first if self.owed is None else len(self.owed)
 
 
 @dataclass(frozen=True)
@@ -239,7 +270,12 @@ def plan_fingerprint(plan: QueryPlan) -> str:
     parts = {
         "query": plan.query.text if plan.query is not None else "",
         "schemes": repr([(g.value, [p.repartition_value for p in g.partitions]) for g in plan.groups]),
-        "counts": repr([[(p.rows, p.pieces) for p in g.partitions] for g in plan.groups]),
+        "counts": repr(
+            [
+                [(p.rows, p.pieces) + ((p.ranges,) if p.ranges else ()) for p in g.partitions]
+                for g in plan.groups
+            ]
+        ),
         "layout": repr(
             (layout.x_names, layout.y_names, str(layout.x_dtype), str(layout.y_dtype), layout.key_names)
         ),
@@ -337,7 +373,8 @@ class _TickingCursor:
         self._cursor.close()
 
 
-_Cell = tuple[Any, tuple[Any, ...], int]
+#: A subquery: its repartition value, parameters, rows and (verify=True) planned hash sum.
+_Cell = tuple[Any, tuple[Any, ...], int, int | None]
 #: Rows whose key is NULL, per key: they match no subquery and are not loaded.
 _Lost = dict[str, int]
 
@@ -355,6 +392,7 @@ def build_plan(backend: Backend, sql: str, config: LoaderConfig, progress: bool 
         Exception: an engine error, with a note naming the query that failed.
     """
     query = _parse(backend, sql)
+    hashing = _row_hash(backend, query) if config.verify else None
     keys = [
         _Key(query.column(column, parameter), scheme, parameter, column)
         for column, scheme, parameter in (
@@ -375,6 +413,7 @@ def build_plan(backend: Backend, sql: str, config: LoaderConfig, progress: bool 
         schema = probe.schema
         result_columns = list(schema.names)
         query = query.with_output(schema.names)
+        key_columns = _key_columns(keys, schema.names)
         if keys and isinstance(query, UserQuery):
             keys = _exact_keys(cursor, query, keys)
         names = {*(config.input_col or schema.names), *config.target_col}
@@ -389,14 +428,20 @@ def build_plan(backend: Backend, sql: str, config: LoaderConfig, progress: bool 
             fed = {name: count for name, count in counts.items() if name in names}
             if with_nulls & set(fed):
                 _refuse_all_null(cursor, query, fed)
-        planned = resolve_layout(probe, config, with_nulls)
+        planned = resolve_layout(probe, config, with_nulls, key_columns)
         partition_sql = query.filtered([k.expression for k in keys])
         lists = bool(getattr(backend, "binds_lists", False))
-        cells = _cells(cursor, query, keys, partition_sql, lost, lists)
+        counted, counted_sql = query, partition_sql
+        if hashing is not None:  # the fetch queries and the counts carry the row hash
+            assert isinstance(query, UserQuery)
+            counted = query.with_row_hash(hashing)
+            counted_sql = counted.filtered([k.expression for k in keys])
+        cells = _cells(cursor, counted, keys, counted_sql, lost, lists)
         if planned is None:  # the transform needs rows to show its output
             rows, where = _probe_partition(cursor, partition_sql, cells)
-            planned = resolve_layout_on_rows(probe, rows, where, config, with_nulls)
+            planned = resolve_layout_on_rows(probe, rows, where, config, with_nulls, key_columns)
         layout = planned
+        ranged = _range_pieces(cursor, query, counted, keys, cells, layout.row_bytes, config, geometry)
     except Exception as error:
         _name_the_key(error, keys, result_columns)
         raise
@@ -412,9 +457,21 @@ def build_plan(backend: Backend, sql: str, config: LoaderConfig, progress: bool 
     groups: list[GroupPlan] = []
     for index, (group_value, row) in enumerate(cells):
         cut = [
-            (repartition_value, params, piece)
-            for repartition_value, params, rows in row
-            if rows > 0
+            (repartition_value, sql, ranges, params, piece, fingerprint)
+            for cell, (repartition_value, cell_params, cell_rows, content) in enumerate(row)
+            if cell_rows > 0
+            for sql, ranges, params, rows, fingerprint in ranged.get(
+                (index, cell),
+                [
+                    (
+                        partition_sql,
+                        None,
+                        cell_params,
+                        cell_rows,
+                        None if content is None else Fingerprint(counted_sql, content),
+                    )
+                ],
+            )
             for piece in _cut(rows, layout.row_bytes, config.fetch_bytes)
         ]
         partitions = tuple(
@@ -423,14 +480,23 @@ def build_plan(backend: Backend, sql: str, config: LoaderConfig, progress: bool 
                 position=position,
                 group_value=group_value,
                 repartition_value=repartition_value,
-                sql=partition_sql,
+                sql=sql,
                 params=params,
                 rows=rows,
                 piece=piece,
                 pieces=count,
                 first_row=first_row,
+                ranges=ranges,
+                fingerprint=fingerprint,
             )
-            for position, (repartition_value, params, (piece, count, first_row, rows)) in enumerate(cut)
+            for position, (
+                repartition_value,
+                sql,
+                ranges,
+                params,
+                (piece, count, first_row, rows),
+                fingerprint,
+            ) in enumerate(cut)
         )
         total = sum(p.rows for p in partitions)
         groups.append(
@@ -452,7 +518,7 @@ def build_plan(backend: Backend, sql: str, config: LoaderConfig, progress: bool 
         tuple(groups),
         layout,
         geometry,
-        query,
+        counted,  # its fetch units carry the row hash when the partitions do
         tuple((k.parameter, k.expression) for k in keys),
     )
     if geometry.windowed and not query.is_ordered():
@@ -476,6 +542,93 @@ def build_plan(backend: Backend, sql: str, config: LoaderConfig, progress: bool 
             f"the loader yields nothing; check the query, the schemes and window_size"
         )
     return plan
+
+
+#: Per (group index, cell index) cut into range pieces: each piece's SQL, ranges, parameters,
+#: rows and, with ``verify=True``, fingerprint.
+_Piece = tuple[str, KeyRanges | None, tuple[Any, ...], int, Fingerprint | None]
+_Ranged = dict[tuple[int, int], list[_Piece]]
+
+
+def _range_pieces(
+    cursor: Cursor,
+    query: Query,
+    counted: Query,
+    keys: list[_Key],
+    cells: list[tuple[Any, list[_Cell]]],
+    row_bytes: int,
+    config: LoaderConfig,
+    geometry: WindowGeometry,
+) -> _Ranged:
+    """With shuffle, the subqueries larger than ``fetch_bytes`` cut into range pieces (see
+    :mod:`ddbloader._sql.pieces`): combed without windows, contiguous with them. Where they
+    cannot be cut, warns once naming why and what would fix it; those are read in consecutive
+    pieces (front to back). With ``verify=True`` (``counted`` carries the row hash) each piece's
+    rows are counted and hashed by one more query, so each piece is checked at its fetch."""
+    big = [
+        (index, position, params, rows, count)
+        for index, (_, row) in enumerate(cells)
+        for position, (_, params, rows, _) in enumerate(row)
+        if config.shuffle and (count := len(pieces(rows, row_bytes, config.fetch_bytes))) > 1
+    ]
+    if not big:
+        return {}
+
+    def run(sql: str, purpose: str, params: Sequence[Any]) -> pa.Table:
+        return _run(cursor, sql, purpose, params)
+
+    columns = [query.column(k.text, k.parameter) for k in keys]  # as written, not as compared
+    cutter = RangeCutter(query, columns, run, combed=geometry.span == 1)
+    expressions = [k.expression for k in keys]
+    ranged: _Ranged = {}
+    for index, position, params, rows, count in big:
+        layout = cutter.cut(expressions, params, rows, count) if cutter.reason is None else None
+        if layout is None:
+            break
+        ranged[index, position] = [
+            _range_piece(cutter, counted, expressions, ranges, (*params, *ranges.bounds()), size, run)
+            for ranges, size in layout
+        ]
+    if cutter.reason is not None:
+        warn_caller(
+            f"shuffle=True, but {len(big)} subquer{'y is' if len(big) == 1 else 'ies are'} larger than "
+            f"fetch_bytes={config.fetch_bytes} and cannot be cut into pieces by ranges of the order key: "
+            f"{cutter.reason}; they are read front to back in consecutive pieces, so their samples come "
+            f"close to row order. To shuffle them across the epoch, order the query by a result column "
+            f"(ORDER BY a column it selects, of an integer, float, text, date or timestamp type), split "
+            f"it with a repartition_col, or set fetch_bytes=0 (each subquery read whole)"
+        )
+        return {}
+    return ranged
+
+
+def _range_piece(
+    cutter: RangeCutter,
+    counted: Query,
+    expressions: Sequence[exp.Expr],
+    ranges: KeyRanges,
+    params: tuple[Any, ...],
+    rows: int,
+    run: Callable[[str, str, Sequence[Any]], pa.Table],
+) -> _Piece:
+    """One range piece of ``rows`` rows; fingerprinted when ``counted`` carries the row hash.
+
+    Raises:
+        ValueError: the piece's hashing count finds another number of rows than its cut did
+            (the data changed during planning).
+    """
+    sql = cutter.piece_sql(expressions, ranges)
+    if not (isinstance(counted, UserQuery) and counted.hashes_rows):
+        return sql, ranges, params, rows, None
+    hashed = cutter.piece_sql(expressions, ranges, counted)
+    counts = run(counted.count(hashed), "fingerprinting a range piece", params).to_pylist()[0]
+    if counts[ROWS_ALIAS] != rows:
+        raise ValueError(
+            f"a range piece of the subquery with parameters {list(params)!r} holds {counts[ROWS_ALIAS]} "
+            f"rows, where cutting it counted {rows}: the data changed while the loader was planning; "
+            f"build the loader again"
+        )
+    return sql, ranges, params, rows, Fingerprint(hashed, planned_sum(counts[HASH_SUM_ALIAS]))
 
 
 def _exact_keys(cursor: Cursor, query: UserQuery, keys: list[_Key]) -> list[_Key]:
@@ -511,6 +664,35 @@ def _exact_keys(cursor: Cursor, query: UserQuery, keys: list[_Key]) -> list[_Key
     return exact
 
 
+def _key_columns(keys: Sequence[_Key], names: Sequence[str]) -> list[str]:
+    """The result columns that ``group_col`` / ``repartition_col`` name as plain columns: they
+    stay out of a derived x (a key expression such as ``CAST(ts AS DATE)`` leaves ``ts`` in)."""
+    found = []
+    for key in keys:
+        expression = key.expression
+        if isinstance(expression, exp.Column) and not expression.table:
+            identifier = expression.this
+            quoted = bool(identifier.args.get("quoted"))
+            found += [
+                n
+                for n in names
+                if (n == identifier.name if quoted else n.casefold() == identifier.name.casefold())
+            ]
+        elif isinstance(expression, str) and expression in names:  # an engine's own column text
+            found.append(expression)
+    return found
+
+
+def _row_hash(backend: Backend, query: Query) -> exp.Expr:
+    """The engine's row hash for ``verify=True``.
+
+    Raises:
+        ValueError: the engine has no row hash ddbloader uses (or brings its own query parser,
+            as DolphinDB does), naming the engine.
+    """
+    return row_hash(backend, backend.dialect if isinstance(query, UserQuery) else "")
+
+
 def _short(text: str, limit: int = 120) -> str:
     """``text`` on one line, cut to ``limit`` characters for a message."""
     line = " ".join(text.split())
@@ -527,7 +709,7 @@ def _probe_partition(
     cursor: Cursor, partition_sql: str, cells: list[tuple[Any, list[_Cell]]]
 ) -> tuple[pa.Table | None, str]:
     """The smallest partition, to probe a transform on that cannot run on zero rows, and its name."""
-    sized = [(rows, params) for _, row in cells for _, params, rows in row if rows > 0]
+    sized = [(rows, params) for _, row in cells for _, params, rows, _ in row if rows > 0]
     if not sized:
         return None, "the query's empty result (the query has no rows)"
     _, params = min(sized, key=lambda cell: cell[0])
@@ -577,7 +759,8 @@ def _cells(
     """
     if not keys:
         table = _run(cursor, query.count(partition_sql), "counting rows")
-        return [(None, [(None, (), int(table.column(ROWS_ALIAS)[0].as_py()))])]
+        content = _content(table)
+        return [(None, [(None, (), int(table.column(ROWS_ALIAS)[0].as_py()), content)])]
     if isinstance(query, UserQuery):
         cursor.expect(1)
         return _counted_cells(cursor, query, keys, lost, lists)
@@ -594,9 +777,16 @@ def _cells(
 
     if len(keys) == 1:
         if keys[0].parameter == "group_col":
-            return [(v, [(None, (v,), count((v,)))]) for v in schemes[0]]
-        return [(None, [(v, (v,), count((v,))) for v in schemes[0]])]
-    return [(g, [(r, (g, r), count((g, r))) for r in schemes[1]]) for g in schemes[0]]
+            return [(v, [(None, (v,), count((v,)), None)]) for v in schemes[0]]
+        return [(None, [(v, (v,), count((v,)), None) for v in schemes[0]])]
+    return [(g, [(r, (g, r), count((g, r)), None) for r in schemes[1]]) for g in schemes[0]]
+
+
+def _content(table: pa.Table) -> int | None:
+    """A whole-query count's planned hash sum (verify=True), or None when it has none."""
+    if HASH_SUM_ALIAS not in table.column_names:
+        return None
+    return planned_sum(table.column(HASH_SUM_ALIAS)[0].as_py())
 
 
 def _grouped_counts(
@@ -619,11 +809,11 @@ def _grouped_counts(
     complete = [r for r in rows if None not in r[:-1]]
     if len(keys) == 1:
         if keys[0].parameter == "group_col":
-            return [(v, [(None, (v,), n)]) for v, n in complete]
-        return [(None, [(v, (v,), n) for v, n in complete])]
+            return [(v, [(None, (v,), n, None)]) for v, n in complete]
+        return [(None, [(v, (v,), n, None) for v, n in complete])]
     cells: dict[Any, list[_Cell]] = {}
     for g, r, n in complete:
-        cells.setdefault(g, []).append((r, (g, r), n))
+        cells.setdefault(g, []).append((r, (g, r), n, None))
     return list(cells.items())
 
 
@@ -668,16 +858,20 @@ def _counted_cells(
             _check_scheme(key, [r[alias + INDEX_SUFFIX] for r in found], [r[alias] for r in found])
             values.append(list(enumerate(key.scheme)))
     rows: dict[tuple[Any, ...], int] = {}
+    # verify=True: per cell, the sum of its rows' hashes (mod 2**64, as rows add up)
+    contents: dict[tuple[Any, ...], int | None] = {}
     for r in found:
         cell = tuple(
             repr(r[a]) if k.scheme is None else r[a + INDEX_SUFFIX]
             for k, a in zip(keys, aliases, strict=True)
         )
         rows[cell] = rows.get(cell, 0) + int(r[ROWS_ALIAS])
+        if HASH_SUM_ALIAS in r:
+            contents[cell] = planned_sum((contents.get(cell) or 0) + planned_sum(r[HASH_SUM_ALIAS]))
     if len(keys) == 1:
         if keys[0].parameter == "group_col":
-            return [(v, [(None, (v,), rows.get((t,), 0))]) for t, v in values[0]]
-        return [(None, [(v, (v,), rows.get((t,), 0)) for t, v in values[0]])]
+            return [(v, [(None, (v,), rows.get((t,), 0), contents.get((t,)))]) for t, v in values[0]]
+        return [(None, [(v, (v,), rows.get((t,), 0), contents.get((t,))) for t, v in values[0]])]
     # Within a group, repartitions in scheme order: the scheme's, or the engine's sort order of
     # the values it found (the rows come sorted by group, then repartition value).
     order = {t: n for n, (t, _) in enumerate(values[1])} if keys[1].scheme is not None else {}
@@ -690,7 +884,7 @@ def _counted_cells(
     cells = []
     for tg, g in values[0]:
         present = sorted(by_group.get(tg, {}).items(), key=lambda item: order.get(item[0], 0))
-        cells.append((g, [(r, (g, r), rows[tg, tr]) for tr, r in present]))
+        cells.append((g, [(r, (g, r), rows[tg, tr], contents.get((tg, tr))) for tr, r in present]))
     return cells
 
 

@@ -36,6 +36,8 @@ from sqlglot.errors import SqlglotError
 from sqlglot.parsers.duckdb import DuckDBParser
 from sqlglot.tokenizer_core import TokenType
 
+from .fingerprint import HASH_ALIAS, HASH_SUM_ALIAS
+
 __all__ = [
     "GROUP_ALIAS",
     "KEY_ALIASES",
@@ -256,8 +258,13 @@ class UserQuery:
             )
         if tree.find(exp.Placeholder, exp.Parameter):
             raise ValueError("sql must not contain parameters (?, $1, :name): ddbloader binds its own")
+        if dialect == "clickhouse":
+            _refuse_last_branch_order(tree, dialect)
         self._tree = tree
         self._output: tuple[str, ...] | None = None
+        #: the engine's row hash (verify=True, see :mod:`ddbloader._sql.fingerprint`): when set,
+        #: the fetch queries end with it and the planning counts sum it
+        self._row_hash: exp.Expr | None = None
 
     def column(self, text: str, parameter: str) -> exp.Expr:
         """:func:`parse_column_expression` in this query's dialect."""
@@ -274,20 +281,44 @@ class UserQuery:
         query._output = tuple(names)
         return query
 
+    def with_row_hash(self, row_hash: exp.Expr) -> UserQuery:
+        """This query fingerprinting its rows with ``row_hash`` (an expression over ``_ddb_q``):
+        :meth:`filtered` and :meth:`filtered_many` add it as column ``_ddb_hash`` after the
+        query's own; :meth:`key_counts` and :meth:`count` (of a :meth:`filtered` query) sum it as
+        text in ``_ddb_hash_sum``."""
+        query = copy.copy(self)
+        query._row_hash = row_hash
+        return query
+
+    @property
+    def hashes_rows(self) -> bool:
+        """Whether this query fingerprints its rows (see :meth:`with_row_hash`)."""
+        return self._row_hash is not None
+
     def filtered(self, columns: Sequence[exp.Expr]) -> str:
         """The query's rows where ``column_i = $i`` for each of ``columns``, in the query's order.
 
-        Injected into the top-level WHERE where that is provably the same rows, else the query
-        is wrapped (see the module docstring). Parameters bind in the order of ``columns``.
+        The query is wrapped (see the module docstring). Parameters bind in the order of
+        ``columns``. With a row hash, its column comes last.
 
         Raises:
             ValueError: the query can be neither injected into nor wrapped for these keys; the
                 message names the construct and the key, and says what to select.
         """
-        if not columns:
+        if not columns and self._row_hash is None:
             return self.render(self._tree.copy())
-        predicate = exp.and_(*(_parameter_equals(c, n) for n, c in enumerate(columns, start=1)))
-        return self.render(self._filter(columns, predicate))
+        if not columns:
+            inner, order = self._ordered_wrap()
+            tree: exp.Expr = exp.select("*").from_(_subquery(inner, "_ddb_q"))
+            if order is not None:
+                tree.set("order", order)
+        else:
+            predicate = exp.and_(*(_parameter_equals(c, n) for n, c in enumerate(columns, start=1)))
+            tree = self._filter(columns, predicate)
+        if self._row_hash is not None:
+            assert isinstance(tree, exp.Select)
+            tree = tree.select(self._row_hash.copy().as_(HASH_ALIAS), copy=False)
+        return self.render(tree)
 
     def filtered_many(
         self, columns: Sequence[exp.Expr], counts: Sequence[int | None], *, lists: bool = False
@@ -309,8 +340,10 @@ class UserQuery:
         """
         self._check_keys(columns)
         inner, order = self._ordered_wrap()
+        hashed = [] if self._row_hash is None else [self._row_hash.copy().as_(HASH_ALIAS)]
         outer = exp.select(
             exp.Star(),
+            *hashed,
             *(_operand(c).as_(a) for c, a in zip(columns, KEY_ALIASES[: len(columns)], strict=True)),
         ).from_(_subquery(inner, "_ddb_q"))
         terms = []
@@ -334,11 +367,22 @@ class UserQuery:
         return self.count(self.render(self._filter(columns, predicate)))
 
     def count(self, sql: str) -> str:
-        """``SELECT count(*)`` over a (derived) query."""
+        """``SELECT count(*)`` over a (derived) query; with a row hash, also the sum of ``sql``'s
+        hash column (``sql`` is then one of :meth:`filtered`)."""
         inner = sqlglot.parse_one(sql, read=_reader(self.dialect))
         return self.render(
-            exp.select(exp.Count(this=exp.Star()).as_(ROWS_ALIAS)).from_(_subquery(inner, "_ddb_count"))
+            exp.select(exp.Count(this=exp.Star()).as_(ROWS_ALIAS), *self._hash_sum()).from_(
+                _subquery(inner, "_ddb_count")
+            )
         )
+
+    def _hash_sum(self) -> list[exp.Expr]:
+        """``CAST(sum(_ddb_hash) AS TEXT) AS _ddb_hash_sum`` with a row hash (text: a sum of
+        64-bit hashes is exact as text on every driver), else nothing."""
+        if self._row_hash is None:
+            return []
+        total = exp.Sum(this=exp.column(HASH_ALIAS))
+        return [exp.Cast(this=total, to=exp.DataType.build("text")).as_(HASH_SUM_ALIAS)]
 
     def schema(self) -> str:
         """The user's query returning no rows, to read its result schema."""
@@ -400,7 +444,7 @@ class UserQuery:
         """
         aliases = (GROUP_ALIAS, REPARTITION_ALIAS)[: len(columns)]
         counted = (
-            exp.select(*aliases, exp.Count(this=exp.Star()).as_(ROWS_ALIAS))
+            exp.select(*aliases, exp.Count(this=exp.Star()).as_(ROWS_ALIAS), *self._hash_sum())
             .from_(_subquery(self._keys(columns), "_ddb_annotated"))
             .group_by(*aliases)
         )
@@ -421,7 +465,9 @@ class UserQuery:
                     (names[-1], _scheme_list(positions, [scheme[p] for p in positions], values, lists))
                 )
             tables.append(list(names))
-        branches: list[exp.Query] = [_matched_keys(aliases, c) for c in itertools.product(*tables)]
+        branches: list[exp.Query] = [
+            _matched_keys(aliases, c, self._row_hash is not None) for c in itertools.product(*tables)
+        ]
         matched = functools.reduce(lambda a, b: exp.union(a, b, distinct=False, copy=False), branches)
         outer = (
             exp.select("*")
@@ -443,6 +489,41 @@ class UserQuery:
     def counts_are_groupable(self) -> bool:
         """True: :meth:`distinct_values` counts every subquery's rows exactly (see there)."""
         return True
+
+    def order_key(self, keys: Sequence[exp.Expr]) -> exp.Ordered | None:
+        """The leading term of the query's ORDER BY that is none of ``keys`` (the partition keys,
+        constant within a partition), restated over its result columns as the split restates it
+        (an ordinal becomes the column it names), or None: no ORDER BY, no such term, or a term
+        that is not a result column (see :meth:`_outer_order`)."""
+        try:
+            order = self._outer_order()
+        except ValueError:
+            return None
+        names = self._output_names()
+        for ordered in order.expressions if order is not None else []:
+            term = ordered.copy()
+            if isinstance(term.this, exp.Literal):
+                position = int(term.this.name)
+                if names is None or not 0 < position <= len(names):
+                    return None
+                term.set("this", exp.column(names[position - 1], quoted=True))
+            if not any(_same_expression(term.this, key) for key in keys):
+                return term if isinstance(term, exp.Ordered) else None
+        return None
+
+    def filtered_where(self, columns: Sequence[exp.Expr], predicate: exp.Expr, *, ordered: bool) -> exp.Expr:
+        """:meth:`filtered`'s query (``column_i = $i``) AND-ed with ``predicate`` over the
+        result columns (its parameters numbered after the keys'), as a tree to render or wrap;
+        in the query's order when ``ordered``, else without the outer ORDER BY. With a row hash,
+        its column comes last, as in :meth:`filtered`."""
+        keys = [_parameter_equals(c, n) for n, c in enumerate(columns, start=1)]
+        tree = self._filter(columns, exp.and_(*keys, predicate))
+        if not ordered:
+            tree.set("order", None)
+        if self._row_hash is not None:
+            assert isinstance(tree, exp.Select)
+            tree = tree.select(self._row_hash.copy().as_(HASH_ALIAS), copy=False)
+        return tree
 
     def is_ordered(self) -> bool:
         """Whether the query states its rows' order (a top-level ORDER BY)."""
@@ -534,6 +615,8 @@ class UserQuery:
         self._check_keys(columns)
         aliases = (GROUP_ALIAS, REPARTITION_ALIAS)[: len(columns)]
         keyed = [_operand(c).as_(a) for c, a in zip(columns, aliases, strict=True)]
+        if self._row_hash is not None:
+            keyed.append(self._row_hash.copy().as_(HASH_ALIAS))
         tree = self._tree.copy()
         if not (tree.args.get("limit") or tree.args.get("offset")):
             tree.set("order", None)
@@ -681,6 +764,35 @@ class UserQuery:
         return exp.select("*").from_(_subquery(self._tree.copy(), alias))
 
 
+def _same_expression(a: exp.Expr, b: exp.Expr) -> bool:
+    """Whether two expressions read the same: columns by name as the engine resolves them."""
+    if isinstance(a, exp.Column) and isinstance(b, exp.Column) and not a.table and not b.table:
+        return _name(a) == _name(b)
+    return bool(a == b)
+
+
+def _refuse_last_branch_order(tree: exp.Expr, dialect: str) -> None:
+    """Refuse ClickHouse's ``A UNION ALL B ORDER BY x`` (or LIMIT/OFFSET): ClickHouse applies it
+    to the last SELECT only, where every other engine (and a reader) applies it to the union.
+
+    Raises:
+        ValueError: naming the construct and the two ways to write what is meant.
+    """
+    node = _unwrap(tree)
+    if not isinstance(node, exp.SetOperation):
+        return
+    last = node.expression
+    modifier = next((m for m in ("order", "limit", "offset") if last.args.get(m) is not None), None)
+    if isinstance(last, exp.Select) and modifier is not None:
+        clause = {"order": "ORDER BY", "limit": "LIMIT", "offset": "OFFSET"}[modifier]
+        raise ValueError(
+            f"sql ends its {node.key.upper()} with {clause} ({_text(last.args[modifier], dialect)!r}), "
+            f"which ClickHouse applies to the last SELECT only, not to the whole union: wrap the union "
+            f"to apply it to all rows (SELECT * FROM (... UNION ALL ...) {clause} ...), or parenthesise "
+            f"the last SELECT to mean that one"
+        )
+
+
 def _name(column: exp.Column) -> str:
     """A column's name as the engine resolves it: quoted exactly, unquoted case-insensitively."""
     return _name_of(column.this)
@@ -748,15 +860,17 @@ def _scheme_list(positions: list[int], listed: list[Any], values: list[Any], lis
     return exp.Values(expressions=rows)
 
 
-def _matched_keys(aliases: Sequence[str], tables: Sequence[str | None]) -> exp.Select:
-    """The counted keys joined to one VALUES list per explicit key (None: a discovered key)."""
+def _matched_keys(aliases: Sequence[str], tables: Sequence[str | None], hashed: bool) -> exp.Select:
+    """The counted keys joined to one VALUES list per explicit key (None: a discovered key);
+    ``hashed``: with their hash sums."""
     indexes = [
         exp.column("_ddb_index", table=t).as_(a + INDEX_SUFFIX)
         for a, t in zip(aliases, tables, strict=True)
         if t
     ]
     keys = [exp.column(a, table="_ddb_keys") for a in aliases]
-    select = exp.select(*indexes, *keys, exp.column(ROWS_ALIAS, table="_ddb_keys")).from_("_ddb_keys")
+    sums = [exp.column(HASH_SUM_ALIAS, table="_ddb_keys")] if hashed else []
+    select = exp.select(*indexes, *keys, exp.column(ROWS_ALIAS, table="_ddb_keys"), *sums).from_("_ddb_keys")
     for alias, table in zip(aliases, tables, strict=True):
         if table is not None:
             on = exp.EQ(

@@ -449,6 +449,7 @@ def _resolve(
     columns_with_nulls: Collection[str],
     result: pa.Schema,
     transform: PartitionTransform | None,
+    keys: Collection[str] = (),
 ) -> ColumnLayout:
     origin = "the query" if transform is None else f"the output of transform {transform.name}"
     names = [n for n, _ in columns]
@@ -463,7 +464,8 @@ def _resolve(
         _check_named(config.input_col, "input_col", columns, origin)
         x_names = [n for n in config.input_col if n not in config.exclude_col]
     else:
-        candidates = [n for n in names if n not in config.exclude_col and n not in config.key_col]
+        left_out = {*config.exclude_col, *config.key_col, *keys}
+        candidates = [n for n in names if n not in left_out]
         skipped = [n for n in candidates if types[n].dtype is None]
         if skipped:
             warn_caller(
@@ -541,20 +543,21 @@ def _key_names(key_col: tuple[str, ...], result_names: tuple[str, ...]) -> tuple
 
 
 def resolve_columns(
-    schema: pa.Schema, config: ColumnChoice, columns_with_nulls: Collection[str]
+    schema: pa.Schema, config: ColumnChoice, columns_with_nulls: Collection[str], keys: Collection[str] = ()
 ) -> ColumnLayout:
     """Pick x and y from the query's result schema (no transform).
 
-    y is ``target_col``; x is ``input_col`` if given, else every column; then ``exclude_col`` is
-    removed from x. A named non-numeric column is an error; unnamed non-numeric columns are left
-    out of x with one warning that names them.
+    y is ``target_col``; x is ``input_col`` if given, else every column but ``keys`` (the result
+    columns that ``group_col`` / ``repartition_col`` name) and ``key_col``; then ``exclude_col``
+    is removed from x. A named non-numeric column is an error; unnamed non-numeric columns are
+    left out of x with one warning that names them.
 
     Raises:
         ValueError: an unknown, duplicated or ambiguous column, or an empty x.
         TypeError: a named column that is not numeric.
     """
     columns = [(field.name, arrow_column_type(field.type)) for field in schema]
-    return _resolve(columns, config, columns_with_nulls, schema, None)
+    return _resolve(columns, config, columns_with_nulls, schema, None, keys)
 
 
 def _describe(output: Any) -> list[tuple[str, ColumnType]]:
@@ -564,25 +567,26 @@ def _describe(output: Any) -> list[tuple[str, ColumnType]]:
 
 
 def resolve_layout(
-    probe: pa.Table, config: ColumnChoice, columns_with_nulls: Collection[str]
+    probe: pa.Table, config: ColumnChoice, columns_with_nulls: Collection[str], keys: Collection[str] = ()
 ) -> ColumnLayout | None:
     """The layout of the query's result (``probe``: its empty result), after the transform if any.
 
     Returns None when the transform fails on zero rows: then probe it on rows with
     :func:`resolve_layout_on_rows`. ``columns_with_nulls`` names the query's columns that hold
-    nulls; a column the transform derives has the dtype the transform gives it.
+    nulls; a column the transform derives has the dtype the transform gives it. ``keys``: as
+    :func:`resolve_columns` (left out of a derived x, the transform's output's too).
 
     Raises:
         ValueError / TypeError: as :func:`resolve_columns`, for the transform's output.
     """
     transform = config.transform
     if transform is None:
-        return resolve_columns(probe.schema, config, columns_with_nulls)
+        return resolve_columns(probe.schema, config, columns_with_nulls, keys)
     try:
         output = transform(probe)
     except Exception:
         return None
-    return _resolve(_describe(output), config, columns_with_nulls, probe.schema, transform)
+    return _resolve(_describe(output), config, columns_with_nulls, probe.schema, transform, keys)
 
 
 def resolve_layout_on_rows(
@@ -591,6 +595,7 @@ def resolve_layout_on_rows(
     where: str,
     config: ColumnChoice,
     columns_with_nulls: Collection[str],
+    keys: Collection[str] = (),
 ) -> ColumnLayout:
     """The layout after a transform that needs rows, probed on the first :data:`PROBE_ROWS` of ``rows``.
 
@@ -609,7 +614,7 @@ def resolve_layout_on_rows(
     except Exception as error:
         add_note(error, f"ddbloader was probing transform {transform.name} at planning time on {where}")
         raise
-    return _resolve(_describe(output), config, columns_with_nulls, probe.schema, transform)
+    return _resolve(_describe(output), config, columns_with_nulls, probe.schema, transform, keys)
 
 
 def _renamed(table: pa.Table, names: tuple[str, ...]) -> pa.Table:

@@ -152,6 +152,7 @@ class _Owning:
         self.dialect = inner.dialect
         self.engine = inner.engine
         self.binds_lists = inner.binds_lists
+        self.row_hash_dialect = inner.row_hash_dialect
 
     def cursor(self) -> Cursor:
         with self._lock:

@@ -56,6 +56,9 @@ _DIALECTS = {
 #: Dialects whose drivers take ``$n`` as sqlglot renders it; the others get ``?``.
 _NUMBERED = frozenset({"postgres", "duckdb"})
 
+#: ADBC vendors whose engine computes the row hash of verify=True, and its dialect.
+_HASHED_VENDORS = {"postgresql": "postgres", "duckdb": "duckdb"}
+
 _INSTALL_HINT = "PostgreSQL needs adbc-driver-postgresql: pip install 'ddbloader[postgres]'"
 
 
@@ -306,6 +309,9 @@ class ADBCBackend:
                 raise
         #: PostgreSQL binds a fetch unit's key values as one array parameter (``key = ANY($1)``).
         self.binds_lists = found == "postgres"
+        hashed = _HASHED_VENDORS.get(vendor.lower())
+        #: verify=True: the vendor's own row hash (see ddbloader._sql.fingerprint), where it has one
+        self.row_hash_dialect = hashed if hashed == found else None
         if self.engine.startswith("adbc"):
             self.engine = f"{vendor or 'adbc'} {self.engine.removeprefix('adbc ')}"
         self.read_only_sql = read_only_statement(found)

@@ -44,6 +44,9 @@ PARAMSTYLES = ("qmark", "numeric", "named", "format", "pyformat")
 #: Rows read to type the columns of an empty schema probe.
 SCHEMA_SAMPLE_ROWS = 1000
 
+#: DB-API modules of PostgreSQL servers.
+_POSTGRES_DRIVERS = frozenset({"psycopg", "psycopg2", "pg8000"})
+
 #: DB-API module (top-level package) → sqlglot dialect.
 _DIALECTS = {
     "sqlite3": "sqlite",
@@ -294,6 +297,10 @@ class DBAPIBackend:
         name = module.__name__ if module is not None else type(sample).__module__
         self.dialect = dialect or _DIALECTS.get(name, "")
         self.paramstyle = paramstyle or str(getattr(module, "paramstyle", ""))
+        #: verify=True: PostgreSQL's row hash through its drivers (see ddbloader._sql.fingerprint)
+        self.row_hash_dialect = (
+            "postgres" if name in _POSTGRES_DRIVERS and self.dialect == "postgres" else None
+        )
         if not self.dialect or self.paramstyle not in PARAMSTYLES:
             self.close()
             raise TypeError(

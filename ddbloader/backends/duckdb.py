@@ -239,6 +239,8 @@ class DuckDBBackend:
     engine = "duckdb"
     #: Fetch units bind each key's values as one list parameter (``key = ANY($1)``).
     binds_lists = True
+    #: verify=True hashes rows with DuckDB's own ``hash`` (see ddbloader._sql.fingerprint).
+    row_hash_dialect = "duckdb"
 
     def __init__(
         self,

@@ -265,14 +265,11 @@ EXIT_SCRIPT = """
 
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize(
-    ("ending", "returncode", "long"),
-    [("pass", 0, False), ("raise KeyboardInterrupt", 1, False), ("sys.exit(3)", 3, True)],
+    ("ending", "returncode"), [("pass", 0), ("raise KeyboardInterrupt", 1), ("sys.exit(3)", 3)]
 )
 def test_interpreter_exit_never_hangs_whatever_the_threads_are_doing(
-    tmp_path: Path, pytestconfig: pytest.Config, ending: str, returncode: int, long: bool
+    tmp_path: Path, ending: str, returncode: int
 ) -> None:
-    if long and not soak(pytestconfig):
-        pytest.skip("soak variant: run with --soak")
     result, elapsed = _run(EXIT_SCRIPT.replace("{ending}", ending), tmp_path, timeout=80)
     assert result.stdout.strip() == "exiting", result.stderr
     # an uncaught KeyboardInterrupt exits with SIGINT's status
