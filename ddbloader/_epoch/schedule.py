@@ -297,7 +297,7 @@ class BatchSchedule:
         pool, shuffle = config.group_pool_size, config.shuffle
         budget = pool * config.prepartition_num
         units = self.units
-        waiting = deque(i for i, u in enumerate(units) if u.stop > u.first)
+        waiting = deque(i for i, u in enumerate(units) if u.samples > 0)
         active: list[_One | _Unit] = []
         ahead: list[_One | _Unit] = []
         draws = SourceDraws(config.seed, self._epoch, pool=pool)
@@ -327,7 +327,7 @@ class BatchSchedule:
                 ahead[0].top_up(room)
             topped_up_at = log.held
 
-        left = sum(u.stop - u.first for u in self.units)
+        left = sum(u.samples for u in self.units)
         for index in range(self.batches):
             count = min(config.batch_size, left)
             left -= count

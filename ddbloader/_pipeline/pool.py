@@ -16,6 +16,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from .._epoch.owed import keep_owed
 from .._epoch.schedule import BatchSchedule, Event, EventKind, ScheduledBatch
 from .._io.source import PartitionSource
 from .._io.threads import Pending
@@ -271,7 +272,8 @@ class GroupPool:
         rebuilt: list[tuple[Event, bool, bool, Pending[Block]]] = []
         stride, span = self._stride, self._span
         for event, drawn in self._replayed.values():
-            rest = np.setdiff1d(np.arange(event.first, event.stop), np.concatenate(drawn) if drawn else ())
+            whole = keep_owed(self._units[event.unit], np.arange(event.first, event.stop))
+            rest = np.setdiff1d(whole, np.concatenate(drawn) if drawn else ())
             if not len(rest):
                 continue
             key = (event.unit, event.key[1])
