@@ -39,6 +39,7 @@ from ._pipeline.device import DeviceStage
 from ._pipeline.epoch import EpochIterator, EpochRun
 from ._sql.plan import WorkUnit, build_plan
 from .backends import Backend, DuckDBBackend, connect
+from .mixing import MixingWatch
 from .stats import LoaderStats, StatsRecorder
 from .transforms import as_pipeline
 
@@ -127,7 +128,9 @@ class DDBDataLoader:
             An epoch's first unit gets an eighth of it (its first batch waits for a small
             query). At most two units' rows wait to be served. A partition larger than the
             budget is streamed: planned as consecutive pieces of at most ``fetch_bytes`` (or 64
-            rows if more) read by one query as they are served (see ddbloader._io.streams). 0
+            rows if more) read by one query as they are served (see ddbloader._io.streams);
+            with ``shuffle``, cut instead into range pieces of its ORDER BY key, each read by
+            its own query and visited in a random order (see ddbloader._sql.pieces). 0
             fetches every partition on its own and whole.
         cache_bytes: keep the partitions fetched in the first epoch in memory and serve later
             epochs from there, without querying again, when the planned partitions (rows ×
@@ -234,6 +237,7 @@ class DDBDataLoader:
         self._progress: tuple[int, int, bool] | None = None
         self._iterator: weakref.ref[EpochIterator] | None = None
         self._recorder: StatsRecorder | None = None
+        self._mixing = MixingWatch(self.plan, self.config)
         self._closed = False
         self._arena: Arena | None = None
         self._cache = self._partition_cache()
@@ -458,7 +462,7 @@ class DDBDataLoader:
         units = tuple(self._units(epoch, stretches, sharding, iteration.worker, iteration.num_workers))
         batches = batch_count(sum(u.samples for u in units), config.batch_size, config.drop_last)
         skip = min(saved, batches)
-        self._recorder = StatsRecorder(epoch)
+        self._recorder = StatsRecorder(epoch, self._mixing.epoch(units, epoch, batches))
         stage = DeviceStage(config.device, config.pin_memory, config.window_on_device, config.collate)
         # an arena is taken by one epoch at a time and shelved when its last batch is gathered
         arena, self._arena = (

@@ -6,11 +6,13 @@ as an immutable :class:`LoaderStats` snapshot, which prints as text and renders 
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from dataclasses import dataclass, fields
 
 from ._core.display import CELL_STYLE, LABEL_STYLE, html_rows, html_table, human_bytes
+from .mixing import EpochMixing
 
 __all__ = ["LOADER_BOUND", "MODEL_BOUND", "LoaderStats", "StatsRecorder"]
 
@@ -27,6 +29,8 @@ class LoaderStats:
     ``starvation`` is the share of the epoch's wall time the consumer spent waiting for a batch:
     near 0 means the model is the bottleneck, near 1 means the loader is. ``queries`` counts the
     partition queries sent so far this epoch (a fetch unit brings many partitions in one query).
+    With ``shuffle=True``, ``partitions_per_batch`` and ``rank_correlation`` say how well the
+    epoch mixes its rows (see :mod:`ddbloader.mixing`; NaN without shuffle).
     """
 
     epoch: int
@@ -42,6 +46,8 @@ class LoaderStats:
     bytes_moved: int
     queries: int = 0
     rows_per_query: float = 0.0
+    partitions_per_batch: float = math.nan
+    rank_correlation: float = math.nan
 
     @property
     def verdict(self) -> str:
@@ -75,6 +81,17 @@ class LoaderStats:
                 f"{human_bytes(self.bytes_moved)} ({human_bytes(self.bytes_moved / self.seconds)}/s)",
             ),
             ("verdict", self.verdict),
+            *(
+                []
+                if math.isnan(self.rank_correlation)
+                else [
+                    (
+                        "mixing",
+                        f"{self.partitions_per_batch:g} partitions per batch, rank correlation "
+                        f"{self.rank_correlation:+.2f} (0: no trace of row order)",
+                    )
+                ]
+            ),
         ]
 
     def __str__(self) -> str:
@@ -111,9 +128,10 @@ class LoaderStats:
 class StatsRecorder:
     """Accumulates one epoch's figures. Thread-safe."""
 
-    def __init__(self, epoch: int) -> None:
+    def __init__(self, epoch: int, mixing: EpochMixing | None = None) -> None:
         self._lock = threading.Lock()
         self._epoch = epoch
+        self._mixing = mixing
         self._started = time.perf_counter()
         self._batches = 0
         self._windows = 0
@@ -130,6 +148,8 @@ class StatsRecorder:
         """Freeze the wall time: the epoch has ended."""
         with self._lock:
             self._ended = self._ended or time.perf_counter()
+        if self._mixing is not None:
+            self._mixing.finished()
 
     def fetched(self, partitions: int, rows: int, queries: int, seconds: float) -> None:
         """``queries`` queries brought ``partitions`` partitions of ``rows`` rows, converted, in
@@ -150,6 +170,7 @@ class StatsRecorder:
             self._depth_total += queue_depth
 
     def snapshot(self) -> LoaderStats:
+        mixing = self._mixing.get() if self._mixing is not None and self._mixing.shuffled else None
         with self._lock:
             seconds = max((self._ended or time.perf_counter()) - self._started, 1e-9)
             return LoaderStats(
@@ -166,4 +187,6 @@ class StatsRecorder:
                 bytes_moved=self._bytes,
                 queries=self._queries,
                 rows_per_query=self._rows / self._queries if self._queries else 0.0,
+                partitions_per_batch=mixing.partitions_per_batch if mixing else math.nan,
+                rank_correlation=mixing.rank_correlation if mixing else math.nan,
             )

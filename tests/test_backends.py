@@ -578,9 +578,13 @@ def test_streamed_partitions_cover_every_window_once_and_resume_exactly(
     }
     with DDBDataLoader(engine.source(), SERIES_SQL, **options) as loader:
         assert [len(g.partitions) for g in loader.plan.groups] == [3 + 1 + 2, 5]
+        ranged = [p.ranges is not None for g in loader.plan.groups for p in g.partitions]
         got = list(loader)
         stats = loader.stats()
-    assert stats.queries == 4  # one per streamed subquery, one for the 5-row partition
+    # with shuffle, range pieces by pos, each read by its own query; else one query per streamed
+    # subquery, and one for the 5-row partition
+    assert ranged == [shuffle] * 3 + [False] + [shuffle] * 7
+    assert stats.queries == (11 if shuffle else 4)
     starts = [int(r) for x, _ in got for r in x[:, 0, 0].tolist()]
     expected = [g * 1_000_000 + s for g, sizes in enumerate(STREAMED_PARTS) for s in range(sum(sizes) - 7)]
     assert sorted(starts) == expected  # every window once, across piece boundaries too
@@ -590,6 +594,40 @@ def test_streamed_partitions_cover_every_window_once_and_resume_exactly(
         assert torch.equal(y[:, 0, 0], x[:, 0, 0] + 7.5)
     assert_same(got, reference(SERIES_SQL, data, **options))
     assert_resumes_exactly(lambda: DDBDataLoader(engine.source(), SERIES_SQL, **options), epochs=2)
+
+
+@pytest.mark.parametrize(
+    "engine",
+    [
+        "duckdb",
+        "postgres",
+        "sqlite",
+        pytest.param("spark", marks=SPARK_TIMEOUT),
+        "datafusion",
+        "clickhouse",
+        "flightsql",
+    ],
+    indirect=True,
+)
+def test_combed_range_pieces_serve_every_row_once(engine: Engine) -> None:
+    data = series_table(STREAMED_PARTS)
+    engine.create("series", data)
+    options: dict[str, Any] = {
+        "target_col": "y",
+        "input_col": ["f0"],
+        "batch_size": 16,
+        "shuffle": True,
+        "seed": 5,
+        "group_col": "gid",
+        "fetch_bytes": 100 * 16,
+    }
+    with DDBDataLoader(engine.source(), SERIES_SQL, **options) as loader:
+        pieces = [p.ranges for g in loader.plan.groups for p in g.partitions]
+        got = list(loader)
+    assert all(r is not None for r in pieces) and any(len(r.ranges) > 1 for r in pieces if r is not None)
+    rows = sorted(int(v) for x, _ in got for v in x[:, 0].tolist())
+    assert rows == sorted(int(v) for v in data.column("rid").to_pylist())  # every row once
+    assert_same(got, reference(SERIES_SQL, data, **options))
 
 
 # --- dtypes and nulls ---------------------------------------------------------------------------

@@ -50,7 +50,10 @@ ARGS: dict[str, Any] = {
 MODES: dict[str, dict[str, Any]] = {
     "partitions": {"fetch_bytes": 0, "repartition_col": "d"},
     "units": {"repartition_col": "d"},
-    "streamed": {"fetch_bytes": 64 * 16},  # 200 rows of 16 bytes a group: 4 pieces each
+    # 200 rows of 16 bytes a group: read front to back in 4 pieces each without shuffle, cut into
+    # range pieces of the order key with it
+    "streamed": {"fetch_bytes": 64 * 16, "shuffle": False},
+    "range pieces": {"fetch_bytes": 64 * 16},
 }
 
 
@@ -204,8 +207,8 @@ def _equal(a: list[tuple[torch.Tensor, torch.Tensor]], b: list[tuple[torch.Tenso
 def test_a_verified_epoch_is_the_unverified_one(any_db: Db, mode: str) -> None:
     db = any_db
     with (
-        DDBDataLoader(db.source, SQL, "y", **ARGS, **MODES[mode], verify=True) as verified,
-        DDBDataLoader(db.source, SQL, "y", **ARGS, **MODES[mode]) as plain,
+        DDBDataLoader(db.source, SQL, "y", **{**ARGS, **MODES[mode]}, verify=True) as verified,
+        DDBDataLoader(db.source, SQL, "y", **{**ARGS, **MODES[mode]}) as plain,
     ):
         specs = [s for g in verified.plan.groups for s in g.partitions]
         assert all(s.fingerprint is not None for s in specs)
@@ -214,7 +217,8 @@ def test_a_verified_epoch_is_the_unverified_one(any_db: Db, mode: str) -> None:
         assert all(
             HASH_ALIAS not in s.sql and HASH_ALIAS in s.fingerprint.sql for s in specs if s.fingerprint
         )
-        assert any(s.streamed for s in specs) == (mode == "streamed")
+        assert any(s.streamed for s in specs) == (mode in ("streamed", "range pieces"))
+        assert any(s.ranges is not None for s in specs) == (mode == "range pieces")
         for _ in range(2):
             assert _equal(_epoch(verified), _epoch(plain))
 
@@ -223,8 +227,8 @@ def test_a_verified_epoch_is_the_unverified_one(any_db: Db, mode: str) -> None:
 def test_a_value_changed_after_planning_raises_naming_the_partition(any_db: Db, mode: str) -> None:
     db = any_db
     with (
-        DDBDataLoader(db.source, SQL, "y", **ARGS, **MODES[mode], verify=True) as verified,
-        DDBDataLoader(db.source, SQL, "y", **ARGS, **MODES[mode]) as plain,
+        DDBDataLoader(db.source, SQL, "y", **{**ARGS, **MODES[mode]}, verify=True) as verified,
+        DDBDataLoader(db.source, SQL, "y", **{**ARGS, **MODES[mode]}) as plain,
     ):
         db.execute("UPDATE fp SET y = y + 1 WHERE id = 151")  # group 1, day 1: the same row count
         assert len(_epoch(plain)) == len(plain)  # the counts cannot see it

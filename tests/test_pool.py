@@ -8,11 +8,10 @@ sizes alone, independently of the library's window arithmetic.
 
 from __future__ import annotations
 
-import itertools
 import threading
 import warnings
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -26,21 +25,17 @@ from hypothesis import strategies as st
 
 from ddbloader import DDBDataLoader
 from ddbloader._core.config import LoaderConfig
-from ddbloader._core.window import WindowGeometry
 from ddbloader._epoch.schedule import BatchSchedule, EventKind
 from ddbloader._epoch.shard import epoch_units
-from ddbloader._epoch.shuffle import SampleOrders
 from ddbloader._epoch.units import fetch_units
 from ddbloader._io.cache import PartitionCache
 from ddbloader._io.fetch import Fetcher
+from ddbloader._io.source import PartitionSource
 from ddbloader._io.threads import Pending
-from ddbloader._pipeline import pool as pool_module
 from ddbloader._pipeline.arena import Arena
 from ddbloader._pipeline.batch import batch_count, gather
-from ddbloader._pipeline.group_stream import GroupStream
 from ddbloader._pipeline.pool import GroupPool
-from ddbloader._pipeline.unit_stream import PartitionGauge
-from ddbloader._sql.plan import MIN_PIECE_ROWS, PartitionSpec, WorkUnit
+from ddbloader._sql.plan import MIN_PIECE_ROWS, PartitionSpec, QueryPlan
 from ddbloader._sql.source import Block
 from ddbloader.backends import DuckDBBackend
 from ddbloader.stats import LoaderStats
@@ -294,20 +289,27 @@ def test_unshuffled_order_example(con: duckdb.DuckDBPyConnection) -> None:
     assert [y[:, 0, 0].tolist() for _, y in batches] == [[2.5, 3.5], [4.5, 1_000_002.5], [1_000_003.5]]
 
 
-def drain(pool: GroupPool, samples: int, batch_size: int, limit: int) -> int:
-    """Take every sample of the epoch in batches; check the gauge after each take."""
-    taken = 0
-    while taken < samples:
-        want = min(batch_size, samples - taken)
-        pieces = pool.take(want)
-        assert sum(len(p.starts) for p in pieces) == want
-        assert pool.gauge.held <= limit
-        taken += want
-    return pool.gauge.high_water
+def schedule_of(plan: QueryPlan, config: LoaderConfig, epoch: int) -> BatchSchedule:
+    """The schedule of one (single-process) epoch, as the loader makes it."""
+    units = epoch_units(plan, config, epoch)
+    batches = batch_count(sum(u.samples for u in units), config.batch_size, config.drop_last)
+    return BatchSchedule(units, plan.geometry, config, epoch, batches)
+
+
+def pool_of(
+    plan: QueryPlan,
+    config: LoaderConfig,
+    epoch: int,
+    fetcher: PartitionSource,
+    stop: threading.Event,
+    arena: Arena | None = None,
+) -> GroupPool:
+    return GroupPool(schedule_of(plan, config, epoch), fetcher, stop, arena=arena)
 
 
 def held_partitions(con: duckdb.DuckDBPyConnection, case: Case) -> tuple[int, int]:
-    """Drive a real GroupPool over one epoch; return its high-water mark and what it holds after."""
+    """Drive a real GroupPool over one epoch (checking its gauge after every batch); return its
+    high-water mark and what it holds after."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="samples need")
         loader = DDBDataLoader(con, SERIES_SQL, "y", **case.kwargs())
@@ -315,17 +317,12 @@ def held_partitions(con: duckdb.DuckDBPyConnection, case: Case) -> tuple[int, in
         fetcher = Fetcher(DuckDBBackend(con), loader.plan.layout, case.fetch_threads)
         stop = threading.Event()
         try:
-            pool = GroupPool(
-                epoch_units(loader.plan, loader.config, case.epoch),
-                loader.plan.geometry,
-                loader.config,
-                case.epoch,
-                fetcher,
-                stop,
-            )
+            pool = pool_of(loader.plan, loader.config, case.epoch, fetcher, stop)
             limit = case.group_pool_size * case.prepartition_num
-            high_water = drain(pool, loader.plan.samples, case.batch_size, limit)
-            return high_water, pool.gauge.held
+            for pieces in pool.batches():
+                assert sum(len(p.starts) for p in pieces) <= case.batch_size
+                assert pool.gauge.held <= limit
+            return pool.gauge.high_water, pool.gauge.held
         finally:
             stop.set()
             fetcher.close()
@@ -334,6 +331,7 @@ def held_partitions(con: duckdb.DuckDBPyConnection, case: Case) -> tuple[int, in
 @settings(max_examples=40, deadline=None)
 @given(case=cases() | streamed_cases())
 def test_partitions_held_never_exceed_pool_times_prepartition(case: Case) -> None:
+    case = replace(case, drop_last=False)  # every sample served: every partition handed back
     con = duckdb.connect()
     try:
         make_series(con, case.parts)
@@ -348,8 +346,8 @@ def test_partitions_held_never_exceed_pool_times_prepartition(case: Case) -> Non
 
 def pool_epoch(
     con: duckdb.DuckDBPyConnection, case: Case, arena: Arena | None = None
-) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], list[WorkUnit]]:
-    """One epoch of a real GroupPool, each batch gathered on the host, and the epoch's units."""
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """One epoch of a real GroupPool, each batch gathered on the host."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="samples need")
         loader = DDBDataLoader(con, SERIES_SQL, "y", **case.kwargs())
@@ -358,15 +356,8 @@ def pool_epoch(
         fetcher = Fetcher(DuckDBBackend(con), plan.layout, case.fetch_threads)
         stop = threading.Event()
         try:
-            units = epoch_units(plan, loader.config, case.epoch)
-            pool = GroupPool(units, plan.geometry, loader.config, case.epoch, fetcher, stop, arena=arena)
-            batches = []
-            taken = 0
-            while taken < plan.samples:
-                want = min(case.batch_size, plan.samples - taken)
-                batches.append(gather(pool.take(want), plan.geometry, plan.layout, pin=False))
-                taken += want
-            return batches, units
+            pool = pool_of(plan, loader.config, case.epoch, fetcher, stop, arena)
+            return [gather(pieces, plan.geometry, plan.layout, pin=False) for pieces in pool.batches()]
         finally:
             stop.set()
             fetcher.close()
@@ -374,7 +365,7 @@ def pool_epoch(
 
 def pool_batches(con: duckdb.DuckDBPyConnection, case: Case, arena: Arena | None) -> list[bytes]:
     """One epoch of a real GroupPool, each batch as bytes."""
-    return [x.numpy().tobytes() + y.numpy().tobytes() for x, y in pool_epoch(con, case, arena)[0]]
+    return [x.numpy().tobytes() + y.numpy().tobytes() for x, y in pool_epoch(con, case, arena)]
 
 
 class _KeyRecordingFetcher(Fetcher):
@@ -396,11 +387,11 @@ class _KeyRecordingFetcher(Fetcher):
     resume_at=st.none() | st.integers(1, 12),
 )
 def test_the_pool_serves_the_schedule(case: Case, whole: bool | None, resume_at: int | None) -> None:
-    # Batch by batch, the real pool over DuckDB hands out the samples of the schedule, claims
-    # partitions in its order, at its batches, and holds as many at most; with and without an
-    # arena (whole=True: a batch's shares are served as arrays, see _Serving). Resumed after
-    # ``resume_at`` batches (drawn without fetching, as a resume's fast-forward does), it hands out
-    # the schedule's batches from there on: a resume skips that many items of the schedule.
+    # Batch by batch, the real pool over DuckDB hands out the samples of the schedule (the
+    # oracle), claims partitions in its order, at its batches, and holds as many at most; with
+    # and without an arena (whole=True: every step's segment in it, a batch is one piece).
+    # Resumed after ``resume_at`` batches (replayed as bookkeeping, nothing fetched for them), it
+    # hands out the schedule's batches from there on, and still hands every partition back.
     con = duckdb.connect()
     try:
         make_series(con, case.parts)
@@ -415,31 +406,47 @@ def test_the_pool_serves_the_schedule(case: Case, whole: bool | None, resume_at:
             arena = None if whole is None else Arena(region_rows, 9, whole_partitions=whole)
             skip = resume_at or 0
             try:
-                units = epoch_units(plan, config, case.epoch)
-                pool = GroupPool(
-                    units, plan.geometry, config, case.epoch, fetcher, stop, fetching=not skip, arena=arena
-                )
-                batches = batch_count(plan.samples, case.batch_size, case.drop_last)
-                schedule = BatchSchedule(units, plan.geometry, config, case.epoch, batches)
-                # a group's value is its gid (None without group_col: the one series of gid 0)
-                gids = np.array([group.value or 0 for group in plan.groups], dtype=np.int64)
-                for batch in schedule:
-                    if batch.index < skip:
-                        pool.take(len(batch.groups))
-                        continue
-                    if batch.index == skip and skip:
-                        pool.start_fetching()
-                    claimed = len(fetcher.claimed)
-                    x, _ = gather(pool.take(len(batch.groups)), plan.geometry, plan.layout, pin=False)
+                schedule = schedule_of(plan, config, case.epoch)
+                expected = list(schedule)  # the oracle: a pure function, iterated here first
+                pool = pool_of(plan, config, case.epoch, fetcher, stop, arena)
+                # each group's rids in plan order: its partitions' rows one after another (the
+                # query's order, except across combed range pieces, see ddbloader._sql.pieces)
+                rids_of = [
+                    np.concatenate(
+                        [
+                            con.execute(p.sql, list(p.params))
+                            .to_arrow_table()
+                            .column("rid")
+                            .to_numpy()[p.first_row : p.first_row + p.rows]
+                            for p in group.partitions
+                        ]
+                        or [np.empty(0, np.int64)]
+                    )
+                    for group in plan.groups
+                ]
+                served = claimed = 0
+                for pieces, batch in zip(pool.batches(skip), expected[skip:], strict=True):
+                    x, _ = gather(pieces, plan.geometry, plan.layout, pin=False)
                     rids = x.reshape(len(x), -1)[:, 0].long().numpy()
-                    starts = gids[batch.groups] * GROUP_ROWS + batch.samples * case.stride
+                    starts = np.array(
+                        [
+                            rids_of[g][i * case.stride]
+                            for g, i in zip(batch.groups, batch.samples, strict=True)
+                        ],
+                        dtype=np.int64,
+                    )
                     assert rids.tolist() == starts.tolist()
-                    if not skip:
+                    assert pool.gauge.held <= case.group_pool_size * case.prepartition_num
+                    if not skip:  # the claims made for this batch (its events are honoured first)
                         assert fetcher.claimed[claimed:] == [
                             e.key for e in batch.events if e.kind == EventKind.FETCH
                         ]
-                if not skip:
-                    assert pool.gauge.high_water == schedule.high_water
+                        claimed = len(fetcher.claimed)
+                    served += 1
+                assert served == max(len(expected) - skip, 0)
+                assert pool.gauge.high_water == schedule.high_water
+                if served and not case.drop_last:
+                    assert pool.gauge.held == 0
             finally:
                 stop.set()
                 fetcher.close()
@@ -468,44 +475,6 @@ def test_an_arena_serves_the_same_batches(
         con.close()
     arena.recycle()
     assert arena.fits(arena.region_rows, arena.regions, whole)  # every region handed back
-
-
-def _group_stream_factory(epoch: int) -> Callable[..., GroupStream]:
-    """What the pool made for every unit before :class:`PartitionStream`, with its arguments."""
-
-    def make(
-        unit: WorkUnit,
-        config: LoaderConfig,
-        geometry: WindowGeometry,
-        fetcher: Fetcher,
-        gauge: PartitionGauge,
-        stop: threading.Event,
-        orders: SampleOrders,
-        arena: Arena | None = None,
-    ) -> GroupStream:
-        return GroupStream(unit, config, geometry, epoch, fetcher, gauge, stop, orders, True, arena)
-
-    return make
-
-
-@settings(max_examples=40, deadline=None)
-@given(case=cases(), whole=st.none() | st.booleans())
-def test_one_partition_groups_are_served_as_a_group_stream_would(case: Case, whole: bool | None) -> None:
-    # with and without an arena (whole=True: its rows are drawn as arrays, see _Serving)
-    def arena() -> Arena | None:
-        region_rows = max(map(sum, case.parts)) + 16
-        return None if whole is None else Arena(region_rows, 9, whole_partitions=whole)
-
-    con = duckdb.connect()
-    try:
-        make_series(con, case.parts)
-        served = pool_batches(con, case, arena())
-        with pytest.MonkeyPatch.context() as patch:
-            patch.setattr(pool_module, "PartitionStream", _group_stream_factory(case.epoch))
-            reference = pool_batches(con, case, arena())
-        assert served == reference
-    finally:
-        con.close()
 
 
 @pytest.mark.parametrize("shuffle", [False, True])
@@ -579,11 +548,11 @@ def test_next_unit_is_fetched_ahead_within_the_budget(con: duckdb.DuckDBPyConnec
         stop = threading.Event()
         try:
             units = epoch_units(plan, config, 0)
-            pool = GroupPool(units, plan.geometry, config, 0, fetcher, stop)
-            while fetcher.taken < plan.samples:
-                pieces = pool.take(min(2, plan.samples - fetcher.taken))
+            pool = pool_of(plan, config, 0, fetcher, stop)
+            for pieces in pool.batches():
                 assert pool.gauge.held <= 2
                 fetcher.taken += sum(len(p.starts) for p in pieces)
+            assert fetcher.taken == plan.samples
         finally:
             stop.set()
             fetcher.close()
@@ -623,9 +592,10 @@ def test_a_partition_whose_rows_changed_after_planning_is_refused_by_name(
 def test_no_fetch_unit_keeps_rows_once_every_sample_is_served(
     con: duckdb.DuckDBPyConnection, how: str
 ) -> None:
-    """Partitions a stream never claims from a started unit are released, so the unit does not
-    keep them, and its conversion, to the end of the epoch: served from a partly filled cache,
-    at once; passed during a resume's fast-forward, when the stream finishes."""
+    """Partitions the pool never claims from a started fetch unit are released, so the unit does
+    not keep them, and its conversion, to the end of the epoch: served from a partly filled
+    cache, at once; passed while a resume replays the batches it skips, when their work unit
+    ends (at once for a group of one partition)."""
     make_series(con, [[5]] * 60)
     options: dict[str, Any] = {"input_col": ["f0", "f1"], "group_col": "gid", "shuffle": True, "seed": 1}
     with DDBDataLoader(con, SERIES_SQL, "y", batch_size=4, group_pool_size=4, **options) as loader:
@@ -642,18 +612,9 @@ def test_no_fetch_unit_keeps_rows_once_every_sample_is_served(
     assert len(units) > 2
     fetcher = Fetcher(DuckDBBackend(con), plan.layout, 1, units=units)
     try:
-        pool = GroupPool(
-            work, plan.geometry, config, 1, cache.around(fetcher), stop, fetching=how == "partly cached"
-        )
-        left = sum(u.samples for u in work)
-        for batch in itertools.count():
-            if how == "resumed" and batch == 12:
-                pool.start_fetching()
-            size = min(4, left)
-            pool.take(size)
-            left -= size
-            if not left:
-                break
+        pool = pool_of(plan, config, 1, cache.around(fetcher), stop)
+        served = sum(1 for _ in pool.batches(skip=12 if how == "resumed" else 0))
+        assert served == -(-sum(u.samples for u in work) // 4) - (12 if how == "resumed" else 0)
         # every key is claimed or released now: a unit still delivering adds nothing to hold
         assert wait_until(lambda: not any(state.ready for state in fetcher._units._states))
     finally:

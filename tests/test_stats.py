@@ -6,6 +6,7 @@ import dataclasses
 import re
 import threading
 import time
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -168,3 +169,67 @@ def test_recorder_is_thread_safe() -> None:
 
 def test_loader_stats_is_exported() -> None:
     assert ddbloader.LoaderStats is LoaderStats
+
+
+# --- mixing (ddbloader/mixing.py) ---------------------------------------------------------------
+
+
+def _table(con: duckdb.DuckDBPyConnection, rows: int) -> None:
+    con.execute(f"CREATE TABLE big AS SELECT i AS id, i * 0.5 AS f, i * 1.0 AS y FROM range({rows}) r(i)")
+
+
+def test_mixing_is_reported_for_shuffled_epochs_only(con: duckdb.DuckDBPyConnection) -> None:
+    _table(con, 20_000)
+    options: dict[str, Any] = {"input_col": ["f"], "batch_size": 256, "fetch_bytes": 50_000, "seed": 3}
+    with DDBDataLoader(con, "SELECT * FROM big ORDER BY id", "y", shuffle=True, **options) as loader:
+        list(loader)
+        stats = loader.stats()
+    assert abs(stats.rank_correlation) < 0.2  # range pieces: no trace of row order
+    assert stats.partitions_per_batch >= 1
+    assert "rank correlation" in str(stats)
+    with DDBDataLoader(con, "SELECT * FROM big ORDER BY id", "y", shuffle=False, **options) as loader:
+        list(loader)
+        stats = loader.stats()
+    assert stats.rank_correlation != stats.rank_correlation  # NaN: not measured without shuffle
+    assert "rank correlation" not in str(stats)
+
+
+def test_an_epoch_close_to_row_order_warns_once_naming_the_fixes(con: duckdb.DuckDBPyConnection) -> None:
+    _table(con, 20_000)
+    # no ORDER BY: the big partition is read front to back (planning warns about that as well)
+    with pytest.warns(UserWarning, match="cannot be cut into pieces"):
+        loader = DDBDataLoader(
+            con,
+            "SELECT * FROM big",
+            "y",
+            input_col=["f"],
+            batch_size=256,
+            fetch_bytes=50_000,
+            shuffle=True,
+            seed=3,
+        )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        list(loader)
+        list(loader)
+    close = [str(w.message) for w in caught if "came close to row order" in str(w.message)]
+    assert len(close) == 1
+    assert "fetch_bytes=0" in close[0] and "ORDER BY" not in close[0].split("to mix better")[0]
+    assert loader.stats().rank_correlation > 0.9
+    loader.close()
+
+
+def test_mixing_of_a_uniform_shuffle_is_near_zero(con: duckdb.DuckDBPyConnection) -> None:
+    _table(con, 20_000)
+    with DDBDataLoader(
+        con,
+        "SELECT * FROM big ORDER BY id",
+        "y",
+        input_col=["f"],
+        batch_size=256,
+        fetch_bytes=0,
+        shuffle=True,
+    ) as loader:
+        list(loader)
+        assert abs(loader.stats().rank_correlation) < 0.05
+        assert loader.stats().partitions_per_batch == 1

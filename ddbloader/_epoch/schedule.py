@@ -23,7 +23,8 @@ The order it defines (the pool's, see :class:`~ddbloader._pipeline.pool.GroupPoo
   (queued, in flight or being served), at most ``prepartition_num`` per unit: the active units'
   next partitions first, then the first ones of the next waiting unit.
 
-Not thread-safe: one consumer iterates it.
+The events and batches it yields are defined in :mod:`ddbloader._epoch.events`. Not thread-safe:
+one consumer iterates it.
 """
 
 from __future__ import annotations
@@ -31,102 +32,56 @@ from __future__ import annotations
 import itertools
 from collections import deque
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
-from enum import IntEnum
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
 from .._core.config import LoaderConfig
 from .._core.window import WindowGeometry
 from .._sql.plan import WorkUnit
+from .events import NO_SAMPLES, Event, EventKind, Recorder, ScheduledBatch
 from .owed import keep_owed
 from .shuffle import SampleOrders, SourceDraws
-from .units import PartitionKey, partition_visits
+from .units import partition_visits
 
 __all__ = ["BatchSchedule", "Event", "EventKind", "ScheduledBatch"]
 
 
-class EventKind(IntEnum):
-    """What an :class:`Event` asks of the executor."""
-
-    #: claim the partition from the fetchers (queue its fetch): it counts as held from now on
-    FETCH = 1
-    #: the partition's step becomes its unit's current one: its rows, with ``left`` kept rows of
-    #: loaded neighbours before them and ``right`` after, hold the step's samples
-    LOAD = 2
-    #: the partition is no longer held (its step is done, or its unit ended before loading it)
-    DROP = 3
-    #: the unit ended: no partition of its group that it needed is asked for again (one event per
-    #: partition; none for a group of one partition, whose one claim took its rows)
-    RELEASE = 4
-
-
-class Event(NamedTuple):
-    """One partition event, ``at`` samples into its batch (before the sample of that number)."""
-
-    kind: EventKind
-    key: PartitionKey
-    at: int
-    left: int = 0
-    right: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class ScheduledBatch:
-    """One batch: sample ``j`` is sample ``samples[j]`` of group ``groups[j]`` (int64 arrays of the
-    batch's length), and ``events`` are the partition events of its draw, in order (see
-    :class:`Event`; those after its last sample are the top-up for the next batch)."""
-
-    index: int
-    groups: np.ndarray[Any, Any]
-    samples: np.ndarray[Any, Any]
-    events: tuple[Event, ...]
-
-
-class _Recorder:
-    """A batch being drawn: its samples by chunk, its events, and the partitions held."""
-
-    def __init__(self) -> None:
-        self.held = 0
-        self.high_water = 0
-        self.drawn = 0
-        self.groups: list[np.ndarray[Any, Any]] = []
-        self.samples: list[np.ndarray[Any, Any]] = []
-        self.events: list[Event] = []
-
-    def event(self, kind: EventKind, key: PartitionKey, left: int = 0, right: int = 0) -> None:
-        if kind == EventKind.FETCH:
-            self.held += 1
-            self.high_water = max(self.high_water, self.held)
-        elif kind == EventKind.DROP:
-            self.held -= 1
-        self.events.append(Event(kind, key, self.drawn, left, right))
-
-    def draw(self, group: int, samples: np.ndarray[Any, Any]) -> None:
-        self.groups.append(np.full(len(samples), group, np.int64))
-        self.samples.append(samples)
-        self.drawn += len(samples)
-
-    def batch(self, index: int) -> ScheduledBatch:
-        empty = np.empty(0, np.int64)
-        batch = ScheduledBatch(
-            index,
-            np.concatenate(self.groups) if self.groups else empty,
-            np.concatenate(self.samples) if self.samples else empty,
-            tuple(self.events),
-        )
-        self.groups, self.samples, self.events, self.drawn = [], [], [], 0
-        return batch
-
-
 class _Unit:
-    """One work unit's steps, from row counts alone (what a stream of the pool holds)."""
+    """One work unit's steps, from row counts alone (what the pool holds of it)."""
+
+    __slots__ = (
+        "_bounds",
+        "_geometry",
+        "_kept",
+        "_log",
+        "_needed",
+        "_order",
+        "_pending",
+        "_prepartitions",
+        "_served",
+        "_single",
+        "_step",
+        "_step_number",
+        "_to_submit",
+        "_unit",
+        "group",
+        "index",
+        "queued",
+        "remaining",
+    )
 
     def __init__(
-        self, unit: WorkUnit, config: LoaderConfig, geometry: WindowGeometry, epoch: int, log: _Recorder
+        self,
+        index: int,
+        unit: WorkUnit,
+        config: LoaderConfig,
+        geometry: WindowGeometry,
+        epoch: int,
+        log: Recorder,
     ) -> None:
         group = unit.group
+        self.index = index
         self.group = group.index
         self.remaining = unit.samples
         self._unit = unit
@@ -136,12 +91,15 @@ class _Unit:
         #: a group of one partition: one fetch, one step, nothing to release (its claim took it)
         self._single = len(group.partitions) == 1
         self._needed = partition_visits(unit, config, geometry, epoch)
-        self._bounds = list(itertools.accumulate((p.rows for p in group.partitions), initial=0))
+        self._bounds: list[int] = []
         self._to_submit: deque[int] = deque(self._needed)
+        #: whether every partition it needs is queued (topping it up does nothing)
+        self.queued = not self._to_submit
         self._pending: deque[int] = deque()
         self._kept: dict[int, int] = {}
         self._step: int | None = None
-        self._order: np.ndarray[Any, Any] = np.empty(0, np.int64)
+        self._step_number = -1
+        self._order: np.ndarray[Any, Any] = NO_SAMPLES
         self._served = 0
 
     @property
@@ -163,7 +121,8 @@ class _Unit:
         if self._to_submit:
             position = self._to_submit.popleft()
             self._pending.append(position)
-            self._log.event(EventKind.FETCH, (self.group, position))
+            self._log.fetch(self.index, (self.group, position))
+            self.queued = not self._to_submit
 
     def take(self, count: int, orders: SampleOrders) -> None:
         """Draw the next ``count`` samples (``0 < count <= remaining``), loading steps as needed."""
@@ -171,7 +130,9 @@ class _Unit:
             if self._step is None or self._served == len(self._order):
                 self._advance(orders)
             given = min(count, len(self._order) - self._served)
-            self._log.draw(self.group, self._order[self._served : self._served + given])
+            self._log.draw(
+                self.group, self._step_number, self._order[self._served : self._served + given], given
+            )
             self._served += given
             self.remaining -= given
             count -= given
@@ -181,7 +142,7 @@ class _Unit:
     def _advance(self, orders: SampleOrders) -> None:
         while True:
             if self._step is not None:
-                self._log.event(EventKind.DROP, (self.group, self._step))
+                self._log.drop(self.index, (self.group, self._step), self._step_number)
                 self._step = None
                 if not self._single:
                     self._submit_next()
@@ -194,23 +155,26 @@ class _Unit:
                 return
 
     def _load(self, position: int, orders: SampleOrders) -> None:
-        first, stop = self._bounds[position], self._bounds[position + 1]
         unit = self._unit
         if self._single:
             left = right = 0
-            samples = range(unit.first, unit.stop)
+            first, stop = unit.first, unit.stop
         else:
+            if not self._bounds:
+                self._bounds = list(itertools.accumulate((p.rows for p in unit.group.partitions), initial=0))
+            rows_first, rows_stop = self._bounds[position], self._bounds[position + 1]
             edge = self._geometry.span - 1
             left = self._kept_rows(position, -1, edge)
             right = self._kept_rows(position, +1, edge)
-            self._kept[position] = min(edge, stop - first)
+            self._kept[position] = min(edge, rows_stop - rows_first)
             completed = self._geometry.samples_completed_by(
-                first, stop, first - left, stop + right, unit.group.samples
+                rows_first, rows_stop, rows_first - left, rows_stop + right, unit.group.samples
             )
-            samples = range(max(completed.start, unit.first), min(completed.stop, unit.stop))
-        self._log.event(EventKind.LOAD, (self.group, position), left, right)
+            first, stop = max(completed.start, unit.first), min(completed.stop, unit.stop)
+            stop = max(first, stop)
+        self._step_number = self._log.load(self.index, (self.group, position), left, right, first, stop)
         self._step = position
-        self._order = keep_owed(unit, orders.order(samples.start, samples.stop))
+        self._order = keep_owed(unit, orders.order(first, stop))
         self._served = 0
 
     def _kept_rows(self, position: int, direction: int, rows: int) -> int:
@@ -223,16 +187,78 @@ class _Unit:
         return joined
 
     def _finish(self) -> None:
+        key = self.group
         if self._step is not None:
-            self._log.event(EventKind.DROP, (self.group, self._step))
+            self._log.drop(self.index, (key, self._step), self._step_number)
             self._step = None
         for position in self._pending:
-            self._log.event(EventKind.DROP, (self.group, position))
+            self._log.drop(self.index, (key, position))
         self._pending.clear()
         self._to_submit.clear()
+        self.queued = True
         if not self._single:
             for position in self._needed:
-                self._log.event(EventKind.RELEASE, (self.group, position))
+                self._log.release(self.index, (key, position))
+
+
+class _One:
+    """A unit of a group of one partition (most small groups): what :class:`_Unit` does for it
+    (the same events), without the bookkeeping of many partitions: one fetch, one step, no kept
+    rows, nothing to release (its one claim took its rows)."""
+
+    __slots__ = (
+        "_key",
+        "_log",
+        "_order",
+        "_served",
+        "_step",
+        "_unit",
+        "group",
+        "index",
+        "queued",
+        "remaining",
+    )
+
+    def __init__(self, index: int, unit: WorkUnit, log: Recorder) -> None:
+        self.index = index
+        self.group = unit.group.index
+        self.remaining = unit.samples
+        self.queued = False
+        self._unit = unit
+        self._log = log
+        self._key = unit.group.partitions[0].key
+        self._order: np.ndarray[Any, Any] | None = None
+        self._served = 0
+        self._step = -1
+
+    def top_up(self, room: int) -> None:
+        if room > 0 and not self.queued:
+            self.queued = True
+            self._log.fetch(self.index, self._key)
+
+    def take(self, count: int, orders: SampleOrders) -> None:
+        """As :meth:`_Unit.take`."""
+        order = self._order
+        if order is None:
+            log = self._log
+            if not self.queued:
+                self.queued = True
+                log.fetch(self.index, self._key)
+            unit = self._unit
+            self._step = log.load(self.index, self._key, 0, 0, unit.first, unit.stop)
+            order = self._order = keep_owed(unit, orders.order(unit.first, unit.stop))
+        served = self._served
+        # Recorder.draw, inline: a chunk or two per small group
+        log = self._log
+        log.groups.append(self.group)
+        log.steps.append(self._step)
+        log.counts.append(count)
+        log.samples.append(order[served : served + count])
+        log.drawn += count
+        self._served = served + count
+        self.remaining -= count
+        if not self.remaining:
+            self._log.drop(self.index, self._key, self._step)
 
 
 class BatchSchedule:
@@ -253,12 +279,12 @@ class BatchSchedule:
         epoch: int,
         batches: int,
     ) -> None:
-        self._units = units
-        self._geometry = geometry
-        self._config = config
+        self.units = units
+        self.geometry = geometry
+        self.config = config
         self._epoch = epoch
         self.batches = batches
-        self._log = _Recorder()
+        self._log = Recorder()
 
     @property
     def high_water(self) -> int:
@@ -266,34 +292,42 @@ class BatchSchedule:
 
     def __iter__(self) -> Iterator[ScheduledBatch]:
         """The epoch's batches from the first (each iteration starts the epoch afresh)."""
-        config = self._config
-        log = self._log = _Recorder()
+        config = self.config
+        log = self._log = Recorder()
         pool, shuffle = config.group_pool_size, config.shuffle
         budget = pool * config.prepartition_num
-        waiting = deque(u for u in self._units if u.samples > 0)
-        active: list[_Unit] = []
-        ahead: list[_Unit] = []
+        units = self.units
+        waiting = deque(i for i, u in enumerate(units) if u.samples > 0)
+        active: list[_One | _Unit] = []
+        ahead: list[_One | _Unit] = []
         draws = SourceDraws(config.seed, self._epoch, pool=pool)
         orders = SampleOrders(shuffle, config.seed, self._epoch)
         topped_up_at = -1
 
-        def following() -> _Unit | None:
+        def make(index: int) -> _One | _Unit:
+            unit = units[index]
+            if len(unit.group.partitions) == 1:
+                return _One(index, unit, log)
+            return _Unit(index, unit, config, self.geometry, self._epoch, log)
+
+        def following() -> _One | _Unit | None:
             if ahead:
                 return ahead.pop()
-            return _Unit(waiting.popleft(), config, self._geometry, self._epoch, log) if waiting else None
+            return make(waiting.popleft()) if waiting else None
 
         def top_up() -> None:
             nonlocal topped_up_at
             for unit in active:
-                unit.top_up(budget - log.held)
+                if not unit.queued:
+                    unit.top_up(budget - log.held)
             room = budget - log.held
             if room > 0 and not ahead and waiting:
-                ahead.append(_Unit(waiting.popleft(), config, self._geometry, self._epoch, log))
-            if room > 0 and ahead:
+                ahead.append(make(waiting.popleft()))
+            if room > 0 and ahead and not ahead[0].queued:
                 ahead[0].top_up(room)
             topped_up_at = log.held
 
-        left = sum(u.samples for u in self._units)
+        left = sum(u.samples for u in self.units)
         for index in range(self.batches):
             count = min(config.batch_size, left)
             left -= count

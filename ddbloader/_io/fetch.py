@@ -138,7 +138,7 @@ def _fetch_partition(cursor: Cursor, spec: PartitionSpec, layout: ColumnLayout) 
     check_result_schema(table.schema, layout, spec.describe)
     block = _as_planned(spec, to_block(table, layout))
     if fingerprint is not None and content != fingerprint.content:
-        raise content_mismatch(spec.describe(), spec.params, spec.rows, fingerprint.content, content)
+        raise content_mismatch(spec.describe(), spec.key_params, spec.rows, fingerprint.content, content)
     return block
 
 
@@ -161,7 +161,7 @@ def _check_unit_contents(unit: FetchUnit, sums: list[int]) -> None:
         if content != spec.fingerprint.content:
             raise content_mismatch(
                 f"{spec.describe()} in {unit.describe()}",
-                spec.params,
+                spec.key_params,
                 spec.rows,
                 spec.fingerprint.content,
                 content,

@@ -15,6 +15,9 @@ read and dropped: a resumed epoch starts mid-subquery. The rows of a piece are t
 subquery's result in the engine's order, as for a partition fetched alone: with a total
 ``ORDER BY`` they are the same rows run after run; without one, the engine's order decides.
 
+A range piece (see :mod:`ddbloader._sql.pieces`) is read here too, as a subquery of one piece:
+its own query, outside fetch units, its rows checked against the planned count.
+
 Each stream runs on its own thread (``ddbloader-stream-G-P``) and cursor, so a stream waiting
 for the manager never holds up the fetch pool. A piece asked for again, or one behind the
 reader (after a fast-forward, a neighbour whose edge rows a window needs), starts a new stream;
@@ -237,8 +240,10 @@ class _Stream:
                 last = spec.piece == spec.pieces - 1
                 if last and fingerprint is not None and digest.total != fingerprint.content:
                     raise content_mismatch(
-                        f"{spec.describe()}, read in {spec.pieces} pieces",
-                        spec.params,
+                        f"{spec.describe()}, read in {spec.pieces} pieces"
+                        if spec.pieces > 1
+                        else spec.describe(),
+                        spec.key_params,
                         at,
                         fingerprint.content,
                         digest.total,

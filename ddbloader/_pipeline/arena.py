@@ -70,8 +70,8 @@ class Arena:
     the lowest free region (so the touched pages stay few); :meth:`retire` hands it back once the
     batch being drawn, whose pieces may still point into it, has been gathered: regions retired
     during one draw are reused from the next :meth:`recycle` on, which the pool calls before each
-    draw. A segment that is not fetched, does not fit or finds no free region gets arrays of its
-    own, as without an arena. Owned by one assembler thread at a time.
+    draw. A segment that does not fit or finds no free region gets arrays of its own, as without
+    an arena. Owned by one assembler thread at a time.
     """
 
     def __init__(self, region_rows: int, regions: int, *, whole_partitions: bool = True) -> None:
@@ -81,9 +81,6 @@ class Arena:
         self._base: Block | None = None
         #: every region as one segment, for pieces that draw from several regions at once
         self.whole: Segment | None = None
-        #: per region, the sample order of the step whose segment it holds, as rows of the base
-        #: (written once per step, see :class:`~ddbloader._pipeline.pool._Serving`)
-        self.orders: np.ndarray[Any, Any] | None = None
         self._free = list(range(regions))
         self._retired: list[int] = []
 
@@ -102,7 +99,7 @@ class Arena:
         if len(blocks) == 1 and not self.whole_partitions:
             return Segment(blocks[0])
         rows = sum(b.rows for b in blocks)
-        if not self._free or rows > self.region_rows or not all(b.fetched for b in blocks):
+        if not self._free or rows > self.region_rows:
             return Segment(Block.concatenate(blocks))
         base = self._base or self._allocate(blocks[0])
         if not all(base.same_layout(b) for b in blocks) or not self._free:
@@ -122,7 +119,6 @@ class Arena:
         self.regions = regions
         self._free = [r for r in self._free if r < regions]
         self._base = like.empty_like(regions * self.region_rows)
-        self.orders = np.empty(regions * self.region_rows, np.int64)
         self.whole = Segment(self._base)
         return self._base
 

@@ -14,6 +14,7 @@ from typing import Any, Protocol
 from .._core.config import LoaderConfig
 from .._core.display import readable_in_notebooks
 from .._core.engine import Backend
+from .._epoch.schedule import BatchSchedule
 from .._epoch.shard import WorkUnit
 from .._epoch.units import fetch_units
 from .._io.cache import PartitionCache
@@ -47,11 +48,11 @@ Delivered = tuple[Any, ...]
 class EpochBatches:
     """The batches of one epoch's work units, assembled in the calling (assembler) thread.
 
-    The first ``skip`` batches are drawn from row counts alone, without fetching or gathering
-    (exact resume, see :class:`~ddbloader._pipeline.pool.GroupPool`). Its fetch threads stop in
-    ``close()``, never on a failure: the driver reports the failure first and closes after, so a
-    slow join (a fetch stuck in the engine) cannot delay the error past the consumer's own timeout
-    and replace it with a vaguer one.
+    The pool executes the epoch's :class:`~ddbloader._epoch.schedule.BatchSchedule`; a resume
+    skips its first ``skip`` batches (see :meth:`~ddbloader._pipeline.pool.GroupPool.batches`).
+    Its fetch threads stop in ``close()``, never on a failure: the driver reports the failure
+    first and closes after, so a slow join (a fetch stuck in the engine) cannot delay the error
+    past the consumer's own timeout and replace it with a vaguer one.
     """
 
     def __init__(self, run: EpochRun, backend: Backend, stop: threading.Event) -> None:
@@ -80,24 +81,13 @@ class EpochBatches:
     def _assemble(self, run: EpochRun, stop: threading.Event) -> Iterator[Staged]:
         plan, config = run.plan, run.config
         pool = GroupPool(
-            run.units,
-            plan.geometry,
-            config,
-            run.epoch,
+            BatchSchedule(run.units, plan.geometry, config, run.epoch, run.batches),
             self._fetcher if run.cache is None else run.cache.around(self._fetcher),
             stop,
-            fetching=run.skip == 0,
             arena=run.arena,
         )
-        left = sum(u.samples for u in run.units)
-        for index in range(run.batches):
-            size = min(config.batch_size, left)
-            left -= size
-            if index == run.skip and index:
-                pool.start_fetching()
-            pieces = pool.take(size)
-            if index >= run.skip:
-                yield run.stage.assemble(pieces, plan.geometry, plan.layout)
+        for pieces in pool.batches(run.skip):
+            yield run.stage.assemble(pieces, plan.geometry, plan.layout)
         if run.arena is not None:
             # every batch is gathered: the next epoch may write its segments there
             run.shelve(run.arena)

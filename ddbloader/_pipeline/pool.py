@@ -1,281 +1,295 @@
-"""GroupPool: the ``group_pool_size`` active work units of an epoch, and each batch's draw.
+"""GroupPool: the executor of an epoch's :class:`~ddbloader._epoch.schedule.BatchSchedule`.
 
-The pool opens the epoch's units in order, spends the partition budget (``group_pool_size ×
-prepartition_num``) on their fetches, and draws each batch's samples from the active units
-(uniformly per sample with shuffle, one unit after another without). Owned by the assembler
-thread; not thread-safe.
+The schedule says which samples each batch holds and when each partition is claimed, loaded,
+dropped and released; the pool does it: it claims partitions from its
+:class:`~ddbloader._io.source.PartitionSource`, places each loaded step's rows (its partition with
+the kept edge rows of its neighbours, see :class:`~ddbloader._pipeline.edges.KeptEdges`) in the
+arena, and turns each batch's samples into arena rows with one ``samples * stride + shift`` per
+batch. It defines no order of its own. Owned by the assembler thread; not thread-safe.
 """
 
 from __future__ import annotations
 
 import threading
-from collections import deque
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Iterator, Sequence
+from typing import Any, NamedTuple
 
 import numpy as np
 
-from .._core.config import LoaderConfig
-from .._core.window import WindowGeometry
-from .._epoch.shard import WorkUnit
-from .._epoch.shuffle import SampleOrders, SourceDraws
+from .._epoch.owed import keep_owed
+from .._epoch.schedule import BatchSchedule, Event, EventKind, ScheduledBatch
 from .._io.source import PartitionSource
-from .arena import Arena, Piece
-from .group_stream import GroupStream
-from .unit_stream import PartitionGauge, PartitionStream, Step
+from .._io.threads import Pending
+from .._sql.source import Block
+from .arena import Arena, Piece, Segment
+from .edges import KeptEdges
 
-__all__ = ["GroupPool", "Stream"]
+__all__ = ["GroupPool", "PartitionGauge"]
 
-#: A stream of one work unit, as the pool draws from it.
-Stream = GroupStream | PartitionStream
+_FETCH, _LOAD, _DROP, _RELEASE = EventKind.FETCH, EventKind.LOAD, EventKind.DROP, EventKind.RELEASE
+
+#: A partition of one unit of the schedule: (unit index, position in its group).
+_Key = tuple[int, int]
 
 
-class _Serving:
-    """The active streams' steps being served, as arrays over one arena: a batch whose draws each
-    step can give in full becomes one piece of arena rows, without visiting the streams.
+def _number(unit: int, position: int) -> int:
+    """A partition of one unit as one int (no tuple to allocate: a few per small group)."""
+    return unit << 32 | position
 
-    What it hands out is written back to the streams by :meth:`settle` (before any stream is
-    visited again), so they serve the same samples in the same order as if visited one by one.
 
-    Each step's sample order lies in the arena's ``orders`` at its region (position
-    ``segment.first``, written once per step), so a batch's draw from any number of steps is a
-    few array operations, not a slice per step.
-    """
+class PartitionGauge:
+    """Counts partitions held (queued, in flight or being served) and their high-water mark."""
 
-    def __init__(self, steps: Sequence[Step], orders: np.ndarray[Any, Any]) -> None:
-        self._orders = orders
-        self._next = np.array([step.segment.first + step.served for step in steps], dtype=np.int64)
-        self._left = np.array([len(step.starts) - step.served for step in steps], dtype=np.int64)
-        self._given = np.zeros(len(steps), dtype=np.int64)
+    def __init__(self) -> None:
+        self.held = 0
+        self.high_water = 0
 
-    @staticmethod
-    def of(streams: Sequence[Stream], arena: Arena) -> _Serving | None:
-        """The streams' steps, if every one is in ``arena`` (else None: visit the streams)."""
-        whole, orders = arena.whole, arena.orders
-        if whole is None or orders is None:
-            return None
-        steps = []
-        for stream in streams:
-            step = stream.serving()
-            if step is None or step.segment.base is not whole.base:
-                return None
-            steps.append(step)
-        for step in steps:
-            if not step.ordered:
-                first = step.segment.first
-                orders[first : first + len(step.starts)] = step.starts + first
-                step.ordered = True
-        return _Serving(steps, orders)
+    def acquire(self) -> None:
+        self.held += 1
+        self.high_water = max(self.high_water, self.held)
 
-    def serve(self, counts: np.ndarray[Any, Any]) -> np.ndarray[Any, Any] | None:
-        """The arena rows of the next ``counts[k]`` samples of each step ``k``, in stream order;
-        None (and nothing served) when a step has fewer left."""
-        if (counts > self._left).any():
-            return None
-        drawn = np.flatnonzero(counts)
-        taken = counts[drawn]
-        firsts = self._next[drawn]
-        rows: np.ndarray[Any, Any]
-        if len(drawn) == 1:
-            first = int(firsts[0])
-            rows = self._orders[first : first + int(taken[0])].copy()
-        else:
-            ends = np.cumsum(taken)
-            # the batch's j-th sample is its step's next sample number j - (where that step's run begins)
-            rows = self._orders[np.repeat(firsts - (ends - taken), taken) + np.arange(int(ends[-1]))]
-        self._next += counts
-        self._left -= counts
-        self._given += counts
-        return rows
+    def release(self) -> None:
+        self.held -= 1
 
-    @property
-    def exhausted(self) -> bool:
-        """Whether some step has nothing left (its stream must move on, or finish, by itself)."""
-        return bool((self._left == 0).any())
 
-    def settle(self, streams: Sequence[Stream]) -> None:
-        """Tell each stream what was handed out on its behalf."""
-        for k in np.flatnonzero(self._given).tolist():
-            streams[k].served_elsewhere(int(self._given[k]))
-        self._given[:] = 0
+class _Replayed(NamedTuple):
+    """A step loaded while a resume replays the batches it skips, and the samples drawn from it."""
+
+    load: Event
+    drawn: list[np.ndarray[Any, Any]]
 
 
 class GroupPool:
-    """The ``group_pool_size`` active work units of an epoch, and the draw of each batch's samples.
+    """Executes ``schedule``: partitions from ``fetcher``, segments in ``arena`` (else arrays of
+    their own), a batch's samples as :class:`~ddbloader._pipeline.arena.Piece`\\ s.
 
-    Units enter in the given order (the epoch's group order, see :func:`epoch_units`). Without
-    shuffle they are served one after another (the pool only prefetches the next ones); with
-    shuffle each sample of a batch comes from a uniformly drawn active unit.
-
-    With ``fetching=False`` the pool fast-forwards: it draws the same samples from row counts
-    alone, fetching nothing, and its pieces have no data (they are for skipping, not gathering).
-    :meth:`start_fetching` ends the fast-forward; the partitions the rest of the epoch needs are
-    then fetched, including, once each, the neighbours of a partition loaded during the
-    fast-forward whose edge rows a window still needs.
+    Invariants: the partitions held (claimed and not dropped) are the schedule's, so at most
+    ``group_pool_size x prepartition_num`` (:attr:`gauge`); every partition a unit needed is
+    released to the fetcher when the unit ends (claimed or not: a fetch unit brings them all).
     """
 
     def __init__(
         self,
-        units: Sequence[WorkUnit],
-        geometry: WindowGeometry,
-        config: LoaderConfig,
-        epoch: int,
+        schedule: BatchSchedule,
         fetcher: PartitionSource,
         stop: threading.Event,
         *,
-        fetching: bool = True,
         arena: Arena | None = None,
     ) -> None:
         self.gauge = PartitionGauge()
         self.arena = arena
-        self._config = config
-        self._budget = config.group_pool_size * config.prepartition_num
-        self._waiting = deque(u for u in units if u.samples > 0)
-        self._active: list[Stream] = []
-        self._ahead: Stream | None = None
-        self._draws = SourceDraws(config.seed, epoch, pool=config.group_pool_size)
-        orders = SampleOrders(config.shuffle, config.seed, epoch)
-        self._fetching = fetching
-        self._serving: _Serving | None = None
-        self._topped_up_at = -1
-        self._make: Callable[[WorkUnit], Stream] = lambda unit: (
-            PartitionStream(unit, config, geometry, fetcher, self.gauge, stop, orders, self.arena)
-            if self._fetching and len(unit.group.partitions) == 1
-            else GroupStream(
-                unit, config, geometry, epoch, fetcher, self.gauge, stop, orders, self._fetching, self.arena
-            )
-        )
+        self._schedule = schedule
+        self._units = schedule.units
+        self._fetcher = fetcher
+        self._stop = stop
+        self._timeout = schedule.config.timeout
+        geometry = schedule.geometry
+        self._stride = geometry.stride
+        self._span = geometry.span
+        self._edges = KeptEdges(schedule.units, geometry.span, self._claim)
+        #: claimed partitions not loaded yet, by :func:`_number` (None while replaying: not claimed)
+        self._pending: dict[int, Pending[Block] | None] = {}
+        #: the loaded steps' segments by step number: sample ``s`` of step ``k`` starts at row
+        #: ``s * stride + shifts.get(k, 0)`` of ``segments[k]``
+        self._segments: dict[int, Segment] = {}
+        self._shifts: dict[int, int] = {}
+        self._dropped: list[int] = []
+        self._replayed: dict[int, _Replayed] = {}
 
-    def start_fetching(self) -> None:
-        """End the fast-forward (see the class docstring)."""
-        self._fetching = True
-        every = [*self._active, *([self._ahead] if self._ahead else [])]
-        streams = [stream for stream in every if isinstance(stream, GroupStream)]
-        # made during the fast-forward, so none is a PartitionStream
-        assert len(streams) == len(every)
-        for stream in streams:
-            stream.submit_rebuild()
-        for stream in streams:
-            stream.start_fetching()
+    def batches(self, skip: int = 0) -> Iterator[list[Piece]]:
+        """The pieces of the schedule's batches from batch ``skip`` on.
 
-    def take(self, count: int) -> list[Piece]:
-        """The next ``count`` samples of the epoch; ``count`` must not exceed what is left.
-
-        With shuffle, each of the ``count`` samples goes to the slot ``floor(u * active)`` of a
-        pool draw (:class:`~ddbloader._epoch.shuffle.SourceDraws`), and each slot serves its share from
-        its unit; a unit that runs out hands its slot, and the rest of its share, to the next
-        waiting unit. Only once no unit waits does a slot close, and the shares it could not
-        serve are drawn again among the slots left. With every active step in the arena, a batch
-        whose shares the steps can give in full is one piece (see :class:`_Serving`); otherwise
-        each unit gives its own. Without shuffle the units are served one after another.
+        The first ``skip`` batches (a resume) are replayed as bookkeeping: which partitions are
+        held and which step each unit serves, nothing claimed. At batch ``skip`` the pool claims
+        what the rest of the epoch needs (see :meth:`_resume`) and serves from there. Once the
+        last batch is gathered (the next step of this iterator), every arena region is retired.
         """
+        for batch in self._schedule:
+            if batch.index < skip:
+                self._replay(batch)
+                continue
+            if batch.index == skip and skip:
+                self._resume()
+            yield self.take(batch)
         if self.arena is not None:
-            self.arena.recycle()
-        pieces: list[Piece] = []
-        while count > 0:
-            if len(self._active) < self._config.group_pool_size:
-                self._open()
-            if not self._active:
-                raise RuntimeError(f"the epoch ran out of samples with {count} still owed")
-            if not self._config.shuffle:
-                stream = self._active[0]
-                give = min(count, stream.remaining)
-                stream.take(give, pieces)
-                count -= give
-                if stream.remaining == 0:
-                    del self._active[0]
-                continue
-            wanted = self._draws.counts(len(self._active), count)
-            rows = self._serve(wanted)
-            if rows is not None:
-                assert self.arena is not None and self.arena.whole is not None
-                pieces.append(Piece(self.arena.whole, rows))
-                count -= len(rows)
-                continue
-            self._settle()
-            count -= self._serve_shares(wanted.tolist(), pieces)
-        if self.gauge.held < self._budget and self.gauge.held != self._topped_up_at:
-            self._top_up()
+            # steps still loaded (drop_last cut the epoch short) hand their regions back, so the
+            # next epoch can take the arena over
+            for segment in self._segments.values():
+                self.arena.retire(segment)
+        self._segments.clear()
+
+    def take(self, batch: ScheduledBatch) -> list[Piece]:
+        """Honour ``batch``'s events, and its samples as pieces of the loaded steps' segments."""
+        arena = self.arena
+        if arena is not None:
+            arena.recycle()
+        releases: list[_Key] = []
+        gauge = self.gauge
+        # the gauge's counts and the partition numbers inline: a few events per small group
+        for event in batch.events:
+            kind = event.kind
+            if releases and kind is not _RELEASE:
+                self._release(releases)
+            if kind is _FETCH:
+                gauge.held += 1
+                gauge.high_water = max(gauge.high_water, gauge.held)
+                spec = self._units[event.unit].group.partitions[event.key[1]]
+                self._pending[event.unit << 32 | spec.position] = self._fetcher.submit(spec)
+            elif kind is _LOAD:
+                pending = self._pending.pop(event.unit << 32 | event.key[1])
+                assert pending is not None
+                block = pending.wait(self._stop, self._timeout)
+                if len(self._units[event.unit].group.partitions) == 1:  # no neighbours, shift 0
+                    self._segments[event.step] = self._placed(event, (block,), 0)
+                else:
+                    self._load(event, block)
+            elif kind is _DROP:
+                gauge.held -= 1
+                if event.step < 0:  # its unit ended before loading it
+                    del self._pending[event.unit << 32 | event.key[1]]
+                else:
+                    segment = self._segments.get(event.step)
+                    if segment is not None:
+                        if arena is not None:
+                            arena.retire(segment)
+                        self._dropped.append(event.step)
+            else:
+                releases.append((event.unit, event.key[1]))
+        if releases:
+            self._release(releases)
+        pieces = self._pieces(batch)
+        for step in self._dropped:
+            del self._segments[step]
+            self._shifts.pop(step, None)
+        self._dropped.clear()
         return pieces
 
-    def _serve_shares(self, wanted: list[int], pieces: list[Piece]) -> int:
-        """Serve ``wanted[k]`` samples from slot ``k``, in slot order, passing the slot of a unit
-        that runs out to the next unit; the samples served (fewer only once no unit waits)."""
-        served = 0
-        for slot, share in enumerate(wanted):
-            left = share
-            while left:
-                stream = self._active[slot]
-                give = min(left, stream.remaining)
-                stream.take(give, pieces)
-                served += give
-                left -= give
-                if stream.remaining == 0 and not self._pass_on(slot):
-                    break
-        self._close_finished()
-        return served
+    def _claim(self, key: _Key) -> Pending[Block]:
+        return self._fetcher.submit(self._units[key[0]].group.partitions[key[1]])
 
-    def _pass_on(self, slot: int) -> bool:
-        """Hand the slot of a finished unit to the next unit; False when none waits (the
-        finished unit stays there until :meth:`_close_finished`, so slots keep their places)."""
-        following = self._following()
-        if following is not None:
-            self._active[slot] = following
-        return following is not None
+    def _release(self, releases: list[_Key]) -> None:
+        """Consecutive RELEASE events (one unit's end): one release to the fetcher."""
+        unit = self._units[releases[0][0]].group
+        self._fetcher.release([unit.partitions[position].key for _, position in releases])
+        self._edges.forget(releases)
+        releases.clear()
 
-    def _close_finished(self) -> None:
-        """Close the slots whose units finished with no unit waiting to take them."""
-        if any(stream.remaining == 0 for stream in self._active):
-            self._active = [stream for stream in self._active if stream.remaining > 0]
+    def _load(self, event: Event, block: Block) -> None:
+        """Place a step of a group of several partitions: its block with its neighbours' kept rows."""
+        key = event.unit, event.key[1]
+        self._edges.keep(key, block)
+        self._place(event, self._edges.around(key, block, event.left, event.right, self._wait))
 
-    def _following(self) -> Stream | None:
-        """The next unit's stream (the one opened ahead first), or None when no unit waits."""
-        if self._ahead is not None:
-            following, self._ahead = self._ahead, None
-            return following
-        return self._make(self._waiting.popleft()) if self._waiting else None
+    def _wait(self, pending: Pending[Block]) -> Block:
+        return pending.wait(self._stop, self._timeout)
 
-    def _serve(self, wanted: np.ndarray[Any, Any]) -> np.ndarray[Any, Any] | None:
-        """``wanted``'s samples as arena rows from the active steps, or None (see :meth:`take`)."""
-        if self.arena is None:
-            return None
-        if self._serving is None:
-            self._serving = _Serving.of(self._active, self.arena)
-            if self._serving is None:
-                return None
-        rows = self._serving.serve(wanted)
-        if rows is not None and self._serving.exhausted:
-            # a stream moves on or finishes when next visited; a finished one passes its slot on now
-            self._settle()
-            for slot, stream in enumerate(self._active):
-                if stream.remaining == 0:
-                    self._pass_on(slot)
-            self._close_finished()
-        return rows
+    def _place(self, event: Event, blocks: Sequence[Block]) -> None:
+        shift = event.left - self._edges.first_row(event.unit, event.key[1])
+        self._segments[event.step] = self._placed(event, blocks, shift)
+        if shift:
+            self._shifts[event.step] = shift
 
-    def _settle(self) -> None:
-        if self._serving is not None:
-            self._serving.settle(self._active)
-            self._serving = None
+    def _placed(self, event: Event, blocks: Sequence[Block], shift: int) -> Segment:
+        """``event``'s step as one segment: ``blocks`` are its partition with ``event.left`` kept
+        rows before it and ``event.right`` after; sample ``s`` starts at its row ``s * stride + shift``."""
+        arena = self.arena
+        segment = arena.place(blocks) if arena is not None else Segment(Block.concatenate(blocks))
+        stride = self._stride
+        if event.first < event.stop and (
+            event.first * stride + shift < 0
+            or (event.stop - 1) * stride + shift + self._span > segment.block.rows
+        ):
+            # the gather copies without bounds checks (see batch.gather): never let a bad row through
+            raise RuntimeError(
+                f"internal error: group {event.key[0]} step {event.step} has samples outside its "
+                f"{segment.block.rows} rows"
+            )
+        return segment
 
-    def _open(self) -> None:
-        """Fill the pool from the waiting units (the one opened ahead first), then queue fetches."""
-        self._settle()
-        while len(self._active) < self._config.group_pool_size and (following := self._following()):
-            self._active.append(following)
-        self._top_up()
+    def _pieces(self, batch: ScheduledBatch) -> list[Piece]:
+        """``batch``'s samples as pieces: one when every step's segment is in the arena (one take
+        for the batch), else one per chunk (a segment each)."""
+        stride, chunks, steps, shifts = self._stride, batch.chunks, batch.steps, self._shifts
+        whole = None if self.arena is None else self.arena.whole
+        if whole is not None and len(steps) > 1:
+            segments = [self._segments[step] for step in steps]
+            if all(segment.base is whole.base for segment in segments):
+                firsts = [
+                    segment.first + shifts.get(step, 0) for segment, step in zip(segments, steps, strict=True)
+                ]
+                offsets = np.repeat(np.array(firsts, np.int64), batch.counts)
+                return [Piece(whole, np.concatenate(chunks) * stride + offsets)]
+        pieces = []
+        for chunk, step in zip(chunks, steps, strict=True):
+            shift = shifts.get(step, 0) if shifts else 0
+            pieces.append(
+                Piece(self._segments[step], chunk * stride + shift if stride != 1 or shift else chunk)
+            )
+        return pieces
 
-    def _top_up(self) -> None:
-        """Spend the partition budget (``group_pool_size × prepartition_num``): the active units'
-        next partitions first, then the first partitions of the next waiting unit, so that its
-        first batch does not wait for a fetch when it enters the pool. The budget frees up as
-        active units run out of partitions to queue, near their ends."""
-        for stream in self._active:
-            stream.top_up(self._budget - self.gauge.held)
-        room = self._budget - self.gauge.held
-        if room > 0 and self._ahead is None and self._waiting:
-            self._ahead = self._make(self._waiting.popleft())
-        if room > 0 and self._ahead is not None:
-            self._ahead.top_up(room)
-        # until a partition is released, topping up again would find nothing to queue
-        self._topped_up_at = self.gauge.held
+    # ---------------------------------------------------------------------------- resume
+
+    def _replay(self, batch: ScheduledBatch) -> None:
+        """A skipped batch's events as bookkeeping only: nothing claimed, loaded or placed.
+
+        A partition of a one-partition group whose unit ended is released at once (no RELEASE
+        event stands for it: its claim would have taken its rows, but it was never claimed)."""
+        releases: list[_Key] = []
+        for event in batch.events:
+            kind = event.kind
+            if releases and kind is not _RELEASE:
+                self._release(releases)
+            key = (event.unit, event.key[1])
+            if kind is _FETCH:
+                self.gauge.acquire()
+                self._pending[_number(*key)] = None
+            elif kind is _LOAD:
+                del self._pending[_number(*key)]
+                self._edges.passed(key)
+                self._replayed[event.step] = _Replayed(event, [])
+            elif kind is _DROP:
+                self.gauge.release()
+                if event.step < 0:
+                    del self._pending[_number(*key)]
+                else:
+                    del self._replayed[event.step]
+                if len(self._units[event.unit].group.partitions) == 1:
+                    self._fetcher.release([event.key])
+            else:
+                releases.append(key)
+        if releases:
+            self._release(releases)
+        for chunk, step in zip(batch.chunks, batch.steps, strict=True):
+            replayed = self._replayed.get(step)
+            if replayed is not None:
+                replayed.drawn.append(chunk)
+
+    def _resume(self) -> None:
+        """Claim what the rest of the epoch needs after a replay: first each step being served
+        with samples left, with the neighbours whose kept rows those samples reach; then the
+        partitions queued and not loaded yet. A neighbour loaded during the replay whose kept rows
+        a later step joins is claimed when that step loads (see :class:`KeptEdges`)."""
+        rebuilt: list[tuple[Event, bool, bool, Pending[Block]]] = []
+        stride, span = self._stride, self._span
+        for event, drawn in self._replayed.values():
+            whole = keep_owed(self._units[event.unit], np.arange(event.first, event.stop))
+            rest = np.setdiff1d(whole, np.concatenate(drawn) if drawn else ())
+            if not len(rest):
+                continue
+            key = (event.unit, event.key[1])
+            shift = event.left - self._edges.first_row(*key)
+            rows = self._edges.rows(*key)
+            reach_left = event.left > 0 and int(rest.min()) * stride + shift < event.left
+            reach_right = event.right > 0 and int(rest.max()) * stride + shift + span > event.left + rows
+            rebuilt.append((event, reach_left, reach_right, self._claim(key)))
+            self._edges.claim_early(key, event.left if reach_left else 0, event.right if reach_right else 0)
+        self._replayed.clear()
+        for number, pending in self._pending.items():
+            if pending is None:
+                self._pending[number] = self._claim((number >> 32, number & 0xFFFFFFFF))
+        for event, reach_left, reach_right, pending in rebuilt:
+            key = (event.unit, event.key[1])
+            block = self._wait(pending)
+            self._edges.keep(key, block)
+            reach = (reach_left, reach_right)
+            self._place(event, self._edges.around(key, block, event.left, event.right, self._wait, reach))

@@ -12,7 +12,7 @@ import functools
 import hashlib
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -28,6 +28,7 @@ from .._core.window import WindowGeometry
 from .binding import POSTGRES_TYPE, binds_exactly, text_identifies
 from .fingerprint import HASH_SUM_ALIAS, Fingerprint, planned_sum, row_hash
 from .literals import dolphindb_literal_hint
+from .pieces import KeyRanges, RangeCutter
 from .query import (
     GROUP_ALIAS,
     INDEX_SUFFIX,
@@ -73,8 +74,13 @@ class PartitionSpec:
     one query (see :mod:`ddbloader._io.streams`). Invariants: ``0 <= piece < pieces``; the pieces of
     one subquery sit at positions ``position - piece`` to ``position - piece + pieces - 1``.
 
-    ``fingerprint`` (``verify=True``): what the subquery's rows hash to (see
-    :mod:`ddbloader._sql.fingerprint`); its SQL is the one fetches run, ``sql`` the plain one.
+    With shuffle, such a subquery is cut instead into range pieces (see
+    :mod:`ddbloader._sql.pieces`): each a partition of its own, ``sql`` the subquery's rows in
+    ``ranges`` of its order key, ``params`` the key values then the ranges' bounds; one larger
+    than ``fetch_bytes`` (equal keys) is itself read in pieces as above.
+
+    ``fingerprint`` (``verify=True``): what the subquery's (or the range piece's) rows hash to
+    (see :mod:`ddbloader._sql.fingerprint`); its SQL is the one fetches run, ``sql`` the plain one.
     """
 
     group: int
@@ -87,6 +93,8 @@ class PartitionSpec:
     piece: int = 0
     pieces: int = 1
     first_row: int = 0
+    #: A range piece's key ranges (see :mod:`ddbloader._sql.pieces`): ``sql`` reads only them.
+    ranges: KeyRanges | None = None
     fingerprint: Fingerprint | None = None
 
     # made once per plan: at thousands of groups, a tuple per partition and epoch cost ~5 ms an epoch
@@ -97,13 +105,21 @@ class PartitionSpec:
 
     @property
     def streamed(self) -> bool:
-        """Whether this partition is a piece of a subquery read by one streaming query."""
-        return self.pieces > 1
+        """Whether this partition is read by a streaming query of its own, never by a fetch unit:
+        a piece of a subquery read in pieces, or a range piece (a subquery of one piece)."""
+        return self.pieces > 1 or self.ranges is not None
 
     @property
     def head(self) -> int:
         """The position of the first piece of this partition's subquery (its own if not streamed)."""
         return self.position - self.piece
+
+    @property
+    def key_params(self) -> tuple[Any, ...]:
+        """The key values among :attr:`params` (a range piece's bounds follow them)."""
+        if self.ranges is None:
+            return self.params
+        return self.params[: len(self.params) - len(self.ranges.bounds())]
 
     def describe(self) -> str:
         """Name the subquery for messages: its values, its SQL and its parameters."""
@@ -113,9 +129,10 @@ class PartitionSpec:
             if self.streamed
             else ""
         )
+        ranges = f"order key in {self.ranges.describe()}: " if self.ranges is not None else ""
         return (
             f"partition {self.position} of group {self.group} "
-            f"({rows}subquery {self.sql!r} with parameters {list(self.params)!r})"
+            f"({rows}{ranges}subquery {self.sql!r} with parameters {list(self.params)!r})"
         )
 
 
@@ -253,7 +270,12 @@ def plan_fingerprint(plan: QueryPlan) -> str:
     parts = {
         "query": plan.query.text if plan.query is not None else "",
         "schemes": repr([(g.value, [p.repartition_value for p in g.partitions]) for g in plan.groups]),
-        "counts": repr([[(p.rows, p.pieces) for p in g.partitions] for g in plan.groups]),
+        "counts": repr(
+            [
+                [(p.rows, p.pieces) + ((p.ranges,) if p.ranges else ()) for p in g.partitions]
+                for g in plan.groups
+            ]
+        ),
         "layout": repr(
             (layout.x_names, layout.y_names, str(layout.x_dtype), str(layout.y_dtype), layout.key_names)
         ),
@@ -419,6 +441,7 @@ def build_plan(backend: Backend, sql: str, config: LoaderConfig, progress: bool 
             rows, where = _probe_partition(cursor, partition_sql, cells)
             planned = resolve_layout_on_rows(probe, rows, where, config, with_nulls, key_columns)
         layout = planned
+        ranged = _range_pieces(cursor, query, counted, keys, cells, layout.row_bytes, config, geometry)
     except Exception as error:
         _name_the_key(error, keys, result_columns)
         raise
@@ -434,9 +457,21 @@ def build_plan(backend: Backend, sql: str, config: LoaderConfig, progress: bool 
     groups: list[GroupPlan] = []
     for index, (group_value, row) in enumerate(cells):
         cut = [
-            (repartition_value, params, piece, None if content is None else Fingerprint(counted_sql, content))
-            for repartition_value, params, rows, content in row
-            if rows > 0
+            (repartition_value, sql, ranges, params, piece, fingerprint)
+            for cell, (repartition_value, cell_params, cell_rows, content) in enumerate(row)
+            if cell_rows > 0
+            for sql, ranges, params, rows, fingerprint in ranged.get(
+                (index, cell),
+                [
+                    (
+                        partition_sql,
+                        None,
+                        cell_params,
+                        cell_rows,
+                        None if content is None else Fingerprint(counted_sql, content),
+                    )
+                ],
+            )
             for piece in _cut(rows, layout.row_bytes, config.fetch_bytes)
         ]
         partitions = tuple(
@@ -445,17 +480,23 @@ def build_plan(backend: Backend, sql: str, config: LoaderConfig, progress: bool 
                 position=position,
                 group_value=group_value,
                 repartition_value=repartition_value,
-                sql=partition_sql,
+                sql=sql,
                 params=params,
                 rows=rows,
                 piece=piece,
                 pieces=count,
                 first_row=first_row,
+                ranges=ranges,
                 fingerprint=fingerprint,
             )
-            for position, (repartition_value, params, (piece, count, first_row, rows), fingerprint) in (
-                enumerate(cut)
-            )
+            for position, (
+                repartition_value,
+                sql,
+                ranges,
+                params,
+                (piece, count, first_row, rows),
+                fingerprint,
+            ) in enumerate(cut)
         )
         total = sum(p.rows for p in partitions)
         groups.append(
@@ -501,6 +542,93 @@ def build_plan(backend: Backend, sql: str, config: LoaderConfig, progress: bool 
             f"the loader yields nothing; check the query, the schemes and window_size"
         )
     return plan
+
+
+#: Per (group index, cell index) cut into range pieces: each piece's SQL, ranges, parameters,
+#: rows and, with ``verify=True``, fingerprint.
+_Piece = tuple[str, KeyRanges | None, tuple[Any, ...], int, Fingerprint | None]
+_Ranged = dict[tuple[int, int], list[_Piece]]
+
+
+def _range_pieces(
+    cursor: Cursor,
+    query: Query,
+    counted: Query,
+    keys: list[_Key],
+    cells: list[tuple[Any, list[_Cell]]],
+    row_bytes: int,
+    config: LoaderConfig,
+    geometry: WindowGeometry,
+) -> _Ranged:
+    """With shuffle, the subqueries larger than ``fetch_bytes`` cut into range pieces (see
+    :mod:`ddbloader._sql.pieces`): combed without windows, contiguous with them. Where they
+    cannot be cut, warns once naming why and what would fix it; those are read in consecutive
+    pieces (front to back). With ``verify=True`` (``counted`` carries the row hash) each piece's
+    rows are counted and hashed by one more query, so each piece is checked at its fetch."""
+    big = [
+        (index, position, params, rows, count)
+        for index, (_, row) in enumerate(cells)
+        for position, (_, params, rows, _) in enumerate(row)
+        if config.shuffle and (count := len(pieces(rows, row_bytes, config.fetch_bytes))) > 1
+    ]
+    if not big:
+        return {}
+
+    def run(sql: str, purpose: str, params: Sequence[Any]) -> pa.Table:
+        return _run(cursor, sql, purpose, params)
+
+    columns = [query.column(k.text, k.parameter) for k in keys]  # as written, not as compared
+    cutter = RangeCutter(query, columns, run, combed=geometry.span == 1)
+    expressions = [k.expression for k in keys]
+    ranged: _Ranged = {}
+    for index, position, params, rows, count in big:
+        layout = cutter.cut(expressions, params, rows, count) if cutter.reason is None else None
+        if layout is None:
+            break
+        ranged[index, position] = [
+            _range_piece(cutter, counted, expressions, ranges, (*params, *ranges.bounds()), size, run)
+            for ranges, size in layout
+        ]
+    if cutter.reason is not None:
+        warn_caller(
+            f"shuffle=True, but {len(big)} subquer{'y is' if len(big) == 1 else 'ies are'} larger than "
+            f"fetch_bytes={config.fetch_bytes} and cannot be cut into pieces by ranges of the order key: "
+            f"{cutter.reason}; they are read front to back in consecutive pieces, so their samples come "
+            f"close to row order. To shuffle them across the epoch, order the query by a result column "
+            f"(ORDER BY a column it selects, of an integer, float, text, date or timestamp type), split "
+            f"it with a repartition_col, or set fetch_bytes=0 (each subquery read whole)"
+        )
+        return {}
+    return ranged
+
+
+def _range_piece(
+    cutter: RangeCutter,
+    counted: Query,
+    expressions: Sequence[exp.Expr],
+    ranges: KeyRanges,
+    params: tuple[Any, ...],
+    rows: int,
+    run: Callable[[str, str, Sequence[Any]], pa.Table],
+) -> _Piece:
+    """One range piece of ``rows`` rows; fingerprinted when ``counted`` carries the row hash.
+
+    Raises:
+        ValueError: the piece's hashing count finds another number of rows than its cut did
+            (the data changed during planning).
+    """
+    sql = cutter.piece_sql(expressions, ranges)
+    if not (isinstance(counted, UserQuery) and counted.hashes_rows):
+        return sql, ranges, params, rows, None
+    hashed = cutter.piece_sql(expressions, ranges, counted)
+    counts = run(counted.count(hashed), "fingerprinting a range piece", params).to_pylist()[0]
+    if counts[ROWS_ALIAS] != rows:
+        raise ValueError(
+            f"a range piece of the subquery with parameters {list(params)!r} holds {counts[ROWS_ALIAS]} "
+            f"rows, where cutting it counted {rows}: the data changed while the loader was planning; "
+            f"build the loader again"
+        )
+    return sql, ranges, params, rows, Fingerprint(hashed, planned_sum(counts[HASH_SUM_ALIAS]))
 
 
 def _exact_keys(cursor: Cursor, query: UserQuery, keys: list[_Key]) -> list[_Key]:

@@ -290,6 +290,11 @@ class UserQuery:
         query._row_hash = row_hash
         return query
 
+    @property
+    def hashes_rows(self) -> bool:
+        """Whether this query fingerprints its rows (see :meth:`with_row_hash`)."""
+        return self._row_hash is not None
+
     def filtered(self, columns: Sequence[exp.Expr]) -> str:
         """The query's rows where ``column_i = $i`` for each of ``columns``, in the query's order.
 
@@ -484,6 +489,41 @@ class UserQuery:
     def counts_are_groupable(self) -> bool:
         """True: :meth:`distinct_values` counts every subquery's rows exactly (see there)."""
         return True
+
+    def order_key(self, keys: Sequence[exp.Expr]) -> exp.Ordered | None:
+        """The leading term of the query's ORDER BY that is none of ``keys`` (the partition keys,
+        constant within a partition), restated over its result columns as the split restates it
+        (an ordinal becomes the column it names), or None: no ORDER BY, no such term, or a term
+        that is not a result column (see :meth:`_outer_order`)."""
+        try:
+            order = self._outer_order()
+        except ValueError:
+            return None
+        names = self._output_names()
+        for ordered in order.expressions if order is not None else []:
+            term = ordered.copy()
+            if isinstance(term.this, exp.Literal):
+                position = int(term.this.name)
+                if names is None or not 0 < position <= len(names):
+                    return None
+                term.set("this", exp.column(names[position - 1], quoted=True))
+            if not any(_same_expression(term.this, key) for key in keys):
+                return term if isinstance(term, exp.Ordered) else None
+        return None
+
+    def filtered_where(self, columns: Sequence[exp.Expr], predicate: exp.Expr, *, ordered: bool) -> exp.Expr:
+        """:meth:`filtered`'s query (``column_i = $i``) AND-ed with ``predicate`` over the
+        result columns (its parameters numbered after the keys'), as a tree to render or wrap;
+        in the query's order when ``ordered``, else without the outer ORDER BY. With a row hash,
+        its column comes last, as in :meth:`filtered`."""
+        keys = [_parameter_equals(c, n) for n, c in enumerate(columns, start=1)]
+        tree = self._filter(columns, exp.and_(*keys, predicate))
+        if not ordered:
+            tree.set("order", None)
+        if self._row_hash is not None:
+            assert isinstance(tree, exp.Select)
+            tree = tree.select(self._row_hash.copy().as_(HASH_ALIAS), copy=False)
+        return tree
 
     def is_ordered(self) -> bool:
         """Whether the query states its rows' order (a top-level ORDER BY)."""
@@ -722,6 +762,13 @@ class UserQuery:
 
     def _wrapped(self, alias: str) -> exp.Select:
         return exp.select("*").from_(_subquery(self._tree.copy(), alias))
+
+
+def _same_expression(a: exp.Expr, b: exp.Expr) -> bool:
+    """Whether two expressions read the same: columns by name as the engine resolves them."""
+    if isinstance(a, exp.Column) and isinstance(b, exp.Column) and not a.table and not b.table:
+        return _name(a) == _name(b)
+    return bool(a == b)
 
 
 def _refuse_last_branch_order(tree: exp.Expr, dialect: str) -> None:

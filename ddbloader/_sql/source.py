@@ -161,10 +161,6 @@ def _sample_shape(names: Sequence[str], shape_of: Any, stacked: bool) -> Shape:
 class Block:
     """One partition as row-major arrays: x ``[rows, Fx]`` and y ``[rows, Fy]``. Read-only.
 
-    An unfetched block (``fetched=False``, see :meth:`unfetched`) knows only its row count: its
-    arrays have no columns. It stands for a partition while an epoch is fast-forwarded to a resume
-    point, where only the row counts decide which samples come out.
-
     A :meth:`view` remembers the block it was cut from (``origin``, never itself a view) and
     where (``offset``): its rows are ``origin``'s rows ``[offset, offset + rows)``, so that rows of
     several views of one fetch unit's conversion can be gathered in one take.
@@ -172,14 +168,9 @@ class Block:
 
     x: np.ndarray[Any, Any]
     y: np.ndarray[Any, Any]
-    fetched: bool = True
     keys: KeyArrays | None = None
     origin: Block | None = field(default=None, repr=False, compare=False)
     offset: int = 0
-
-    @staticmethod
-    def unfetched(rows: int) -> Block:
-        return Block(np.empty((rows, 0)), np.empty((rows, 0)), fetched=False)
 
     @property
     def rows(self) -> int:
@@ -189,12 +180,12 @@ class Block:
         """Rows ``[start, stop)``, sharing this block's memory."""
         keys = None if self.keys is None else {n: v[start:stop] for n, v in self.keys.items()}
         origin = self if self.origin is None else self.origin
-        return Block(self.x[start:stop], self.y[start:stop], self.fetched, keys, origin, self.offset + start)
+        return Block(self.x[start:stop], self.y[start:stop], keys, origin, self.offset + start)
 
     def rows_between(self, start: int, stop: int) -> Block:
         """Rows ``[start, stop)`` as a compact copy, so the full block can be freed."""
         keys = None if self.keys is None else {n: v[start:stop].copy() for n, v in self.keys.items()}
-        return Block(self.x[start:stop].copy(), self.y[start:stop].copy(), self.fetched, keys)
+        return Block(self.x[start:stop].copy(), self.y[start:stop].copy(), keys)
 
     def empty_like(self, rows: int) -> Block:
         """``rows`` uninitialised rows shaped like this block's (address space until written)."""
@@ -235,8 +226,6 @@ class Block:
     def concatenate(blocks: Sequence[Block]) -> Block:
         if len(blocks) == 1:
             return blocks[0]
-        if not all(b.fetched for b in blocks):
-            return Block.unfetched(sum(b.rows for b in blocks))
         keys = blocks[0].keys
         if keys is not None:
             with_keys = [b.keys for b in blocks if b.keys is not None]

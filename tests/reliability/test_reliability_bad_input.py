@@ -236,6 +236,7 @@ WRONG_TYPES: list[Case] = [
         TypeError,
         r"progress must be a bool",
     ),
+    Case("verify=str", series(verify="yes"), TypeError, r"verify must be a bool, got 'yes'"),
 ]
 
 ALL_NULL_FLOAT = pytest.mark.xfail(

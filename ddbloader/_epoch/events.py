@@ -1,0 +1,153 @@
+"""The vocabulary of a :class:`~ddbloader._epoch.schedule.BatchSchedule`: partition events,
+scheduled batches, and the recorder that collects them while a batch is drawn.
+
+Pure data: no engine, no I/O. Not thread-safe: one consumer iterates a schedule.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import IntEnum
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from .units import PartitionKey
+
+__all__ = ["NO_SAMPLES", "Event", "EventKind", "Recorder", "ScheduledBatch"]
+
+
+#: no samples (the order of a unit with no step loaded yet)
+NO_SAMPLES: np.ndarray[Any, Any] = np.empty(0, np.int64)
+
+
+class EventKind(IntEnum):
+    """What an :class:`Event` asks of the executor."""
+
+    #: claim the partition from the fetchers (queue its fetch): it counts as held from now on
+    FETCH = 1
+    #: the partition's step becomes its unit's current one: its rows, with ``left`` kept rows of
+    #: loaded neighbours before them and ``right`` after, hold the step's samples
+    LOAD = 2
+    #: the partition is no longer held (its step is done, or its unit ended before loading it)
+    DROP = 3
+    #: the unit ended: no partition of its group that it needed is asked for again (one event per
+    #: partition; none for a group of one partition, whose one claim took its rows)
+    RELEASE = 4
+
+
+_FETCH, _LOAD, _DROP, _RELEASE = EventKind.FETCH, EventKind.LOAD, EventKind.DROP, EventKind.RELEASE
+
+
+class Event(NamedTuple):
+    """One partition event of unit ``unit`` (its index in the schedule's units), ``at`` samples
+    into its batch (before the sample of that number).
+
+    A LOAD loads step number ``step`` (the epoch's steps are numbered in load order from 0),
+    which holds the unit's samples ``[first, stop)``, whose start rows lie in its partition with
+    ``left`` and ``right`` kept rows. A DROP drops step ``step``, or a partition queued and not
+    loaded (``step`` -1)."""
+
+    kind: EventKind
+    key: PartitionKey
+    at: int
+    left: int = 0
+    right: int = 0
+    unit: int = 0
+    first: int = 0
+    stop: int = 0
+    step: int = -1
+
+
+# Not frozen: a frozen dataclass's __init__ costs a microsecond more, a batch each; read-only by contract.
+@dataclass(slots=True, eq=False)
+class ScheduledBatch:
+    """One batch: its samples in chunks, each from one step, and the partition events of its
+    draw, in order (see :class:`Event`; those after its last sample are the top-up for the next
+    batch).
+
+    Chunk ``c`` is samples ``chunks[c]`` (an int64 array of ``counts[c]`` sample numbers) of group
+    ``chunk_groups[c]``, drawn from step number ``steps[c]``; so an executor turns a chunk into rows
+    with one ``chunk * stride + shift``. :attr:`samples` and :attr:`groups` are the whole batch's."""
+
+    index: int
+    chunks: tuple[np.ndarray[Any, Any], ...]
+    events: tuple[Event, ...]
+    steps: tuple[int, ...]
+    counts: tuple[int, ...]
+    chunk_groups: tuple[int, ...]
+
+    @property
+    def samples(self) -> np.ndarray[Any, Any]:
+        """Sample ``j`` of the batch is sample ``samples[j]`` of group ``groups[j]``."""
+        chunks = self.chunks
+        return chunks[0] if len(chunks) == 1 else np.concatenate(chunks) if chunks else NO_SAMPLES
+
+    @property
+    def groups(self) -> np.ndarray[Any, Any]:
+        groups: np.ndarray[Any, Any] = np.repeat(np.array(self.chunk_groups, np.int64), self.counts)
+        return groups
+
+
+#: makes a tuple subclass from a tuple, without the NamedTuple's Python-level ``__new__`` (a few
+#: events per small group)
+_new = tuple.__new__
+
+
+class Recorder:
+    """A batch being drawn: its samples by chunk, its events, and the partitions held."""
+
+    def __init__(self) -> None:
+        self.held = 0
+        self.high_water = 0
+        self.drawn = 0
+        self.loads = 0
+        #: the batch's chunks so far (see :class:`ScheduledBatch`; appended to by :meth:`draw`)
+        self.groups: list[int] = []
+        self.samples: list[np.ndarray[Any, Any]] = []
+        self.steps: list[int] = []
+        self.counts: list[int] = []
+        self.events: list[Event] = []
+
+    def fetch(self, unit: int, key: PartitionKey) -> None:
+        self.held += 1
+        self.high_water = max(self.high_water, self.held)
+        self.events.append(_new(Event, (_FETCH, key, self.drawn, 0, 0, unit, 0, 0, -1)))
+
+    def drop(self, unit: int, key: PartitionKey, step: int = -1) -> None:
+        self.held -= 1
+        self.events.append(_new(Event, (_DROP, key, self.drawn, 0, 0, unit, 0, 0, step)))
+
+    def load(self, unit: int, key: PartitionKey, left: int, right: int, first: int, stop: int) -> int:
+        """Record a LOAD; the step's number."""
+        step = self.loads
+        self.events.append(_new(Event, (_LOAD, key, self.drawn, left, right, unit, first, stop, step)))
+        self.loads = step + 1
+        return step
+
+    def release(self, unit: int, key: PartitionKey) -> None:
+        self.events.append(_new(Event, (_RELEASE, key, self.drawn, 0, 0, unit, 0, 0, -1)))
+
+    def draw(self, group: int, step: int, samples: np.ndarray[Any, Any], count: int) -> None:
+        self.groups.append(group)
+        self.steps.append(step)
+        self.counts.append(count)
+        self.samples.append(samples)
+        self.drawn += count
+
+    def batch(self, index: int) -> ScheduledBatch:
+        batch = ScheduledBatch(
+            index,
+            tuple(self.samples),
+            tuple(self.events),
+            tuple(self.steps),
+            tuple(self.counts),
+            tuple(self.groups),
+        )
+        self.groups.clear()
+        self.samples.clear()
+        self.steps.clear()
+        self.counts.clear()
+        self.events.clear()
+        self.drawn = 0
+        return batch

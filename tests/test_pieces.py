@@ -1,0 +1,357 @@
+"""Range pieces (ddbloader/_sql/pieces.py): the layout, pure, and the pieces against real engines.
+
+The layout is checked without an engine: tiles are computed from a list of keys as the ranking
+query computes them (``(rank - 1) * tiles // rows``), and every row must land in exactly one
+piece, ties together, in the query's order for contiguous pieces. Against DuckDB, PostgreSQL and
+SQLite, a shuffled loader over one big partition must cut it into range pieces and serve every
+window (or row) of the query run whole exactly once, with windows across pieces, ties and NULLs
+on the order key.
+"""
+
+from __future__ import annotations
+
+import functools
+import sqlite3
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import numpy as np
+import pgserver
+import pyarrow as pa
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from resume_check import assert_resumes_exactly
+from sqlglot import exp
+
+from ddbloader import DDBDataLoader
+from ddbloader._sql.pieces import KeyRanges, layout
+
+# --- the layout, pure --------------------------------------------------------------------------
+
+
+def _tiles(keys: list[int], count: int) -> list[tuple[int, int]]:
+    """``(lowest key, rows)`` per non-empty tile, as the ranking query computes them."""
+    ordered = sorted(keys)
+    tiles: dict[int, list[int]] = {}
+    for key in ordered:
+        rank = ordered.index(key)  # RANK() - 1: equal keys share the first position
+        tiles.setdefault(rank * count // len(ordered), []).append(key)
+    return [(min(v), len(v)) for _, v in sorted(tiles.items())]
+
+
+def _holds(piece: KeyRanges, key: int | None) -> bool:
+    if key is None or piece.nulls:
+        return key is None and piece.nulls
+    return any((lo is None or key >= lo) and (hi is None or key < hi) for lo, hi in piece.ranges)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    keys=st.lists(st.integers(0, 40), min_size=1, max_size=200),
+    nulls=st.integers(0, 5),
+    pieces=st.integers(1, 12),
+    stripes=st.integers(1, 6),
+    band=st.sampled_from([1, 2, 3, 64]),
+    descending=st.booleans(),
+    nulls_first=st.booleans(),
+)
+def test_layout_puts_every_row_in_exactly_one_piece_ties_together_in_order(
+    keys: list[int], nulls: int, pieces: int, stripes: int, band: int, descending: bool, nulls_first: bool
+) -> None:
+    tiles = _tiles(keys, pieces * stripes)
+    cut = layout(tiles, nulls, pieces, band, descending=descending, nulls_first=nulls_first)
+    rows: list[int | None] = [*keys, *([None] * nulls)]
+    owners = {key: [i for i, (piece, _) in enumerate(cut) if _holds(piece, key)] for key in set(rows)}
+    assert all(len(found) == 1 for found in owners.values()), owners  # exactly once; ties together
+    for index, (piece, planned) in enumerate(cut):
+        assert planned == sum(owners[key] == [index] for key in rows)  # the planned count is exact
+        assert planned > 0
+        assert piece.nulls == (not piece.ranges)
+        assert list(piece.ranges) == sorted(piece.ranges, key=lambda r: -1 if r[0] is None else r[0])
+    assert len([p for p, _ in cut if not p.nulls]) <= pieces
+    if nulls:
+        assert cut[0 if nulls_first else -1][0].nulls
+    if band == 1 or pieces == 1:  # contiguous: the pieces in plan order are the rows in the query's order
+        order = sorted(keys, reverse=descending)
+        served = [
+            key
+            for piece, _ in cut
+            if not piece.nulls
+            for key in sorted((k for k in keys if _holds(piece, k)), reverse=descending)
+        ]
+        assert served == order
+        assert all(len(piece.ranges) <= 1 for piece, _ in cut)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    ends=st.lists(st.integers(-50, 50), min_size=2, max_size=16, unique=True),
+    open_low=st.booleans(),
+    open_high=st.booleans(),
+)
+def test_the_predicate_holds_exactly_the_ranges(ends: list[int], open_low: bool, open_high: bool) -> None:
+    points = sorted(ends)[: len(ends) // 2 * 2]
+    ranges = [[points[i], points[i + 1]] for i in range(0, len(points), 2)]
+    ranges[0][0] = None if open_low else ranges[0][0]
+    ranges[-1][1] = None if open_high else ranges[-1][1]
+    piece = KeyRanges(tuple((lo, hi) for lo, hi in ranges), band=0)
+    sql = exp.select("k").from_("v").where(piece.predicate(exp.column("k"), 1)).sql(dialect="duckdb")
+    with duckdb.connect() as con:
+        con.execute(
+            "CREATE TABLE v AS SELECT * FROM (SELECT range AS k FROM range(-60, 61) UNION ALL SELECT NULL)"
+        )
+        held = sorted(row[0] for row in con.execute(sql, list(piece.bounds())).fetchall())
+    assert held == [k for k in range(-60, 61) if _holds(piece, k)]
+
+
+def test_combed_pieces_spread_over_their_band() -> None:
+    tiles = [(k * 10, 10) for k in range(64)]  # 640 distinct keys, 16 tiles per piece
+    cut = layout(tiles, 0, 4, 64, descending=False, nulls_first=False)
+    assert [rows for _, rows in cut] == [160] * 4
+    for piece, _ in cut:
+        assert len(piece.ranges) == 16  # one stripe every 4 tiles, over the whole key range
+        assert piece.band == 0
+    assert cut[0][0].ranges[0][0] is None and cut[-1][0].ranges[-1][1] is None
+
+
+def test_a_tie_larger_than_a_piece_stays_whole() -> None:
+    tiles = [(0, 5), (1, 100), (2, 5)]
+    cut = layout(tiles, 0, 4, 1, descending=False, nulls_first=False)
+    assert sum(rows for _, rows in cut) == 110
+    assert any(rows >= 100 and any(lo == 1 or (lo is None) for lo, _ in p.ranges) for p, rows in cut)
+
+
+# --- against the engines -----------------------------------------------------------------------
+
+ROWS = 900
+#: ``f`` and ``y`` are 16 bytes a row: 100 rows fit fetch_bytes, so the 900-row query is cut.
+FETCH_BYTES = 100 * 16
+
+
+def _table() -> pa.Table:
+    """``k``: the order key, with ties (runs of equal values, one of 150 rows) and 40 NULLs;
+    ``id`` makes the order total; ``f`` = ``id`` as float."""
+    rng = np.random.default_rng(3)
+    k: list[int | None] = [int(v) for v in rng.integers(0, 200, ROWS)]
+    for i in range(300, 450):
+        k[i] = 77
+    for i in rng.choice(ROWS, 40, replace=False):
+        k[int(i)] = None
+    ids = list(range(ROWS))
+    return pa.table(
+        {
+            "id": pa.array(ids, pa.int64()),
+            "k": pa.array(k, pa.int64()),
+            "f": pa.array([float(i) for i in ids], pa.float64()),
+            "y": pa.array([float(i) + 0.5 for i in ids], pa.float64()),
+        }
+    )
+
+
+class _Engine:
+    """A real engine holding the table ``t`` (:func:`_table`): its source and the query run whole."""
+
+    def __init__(self, name: str, source: Any, run: Any) -> None:
+        self.name = name
+        self.source = source
+        self.run = run
+
+
+@pytest.fixture(params=["duckdb", "postgres", "sqlite"])
+def engine(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[_Engine]:
+    data = _table()
+    if request.param == "duckdb":
+        con = duckdb.connect()
+        con.register("_incoming", data)
+        con.execute("CREATE TABLE t AS SELECT * FROM _incoming")
+        yield _Engine("duckdb", con, lambda sql: [r[0] for r in con.execute(sql).fetchall()])
+        con.close()
+    elif request.param == "sqlite":
+        path = str(tmp_path / "pieces.sqlite")
+        admin = sqlite3.connect(path)
+        admin.execute("CREATE TABLE t (id INTEGER, k INTEGER, f REAL, y REAL)")
+        admin.executemany("INSERT INTO t VALUES (?, ?, ?, ?)", [tuple(r.values()) for r in data.to_pylist()])
+        admin.commit()
+        yield _Engine(
+            "sqlite", functools.partial(sqlite3.connect, path), lambda sql: [r[0] for r in admin.execute(sql)]
+        )
+        admin.close()
+    else:
+        server: pgserver.PostgresServer = request.getfixturevalue("pg_server")
+        from adbc_driver_postgresql import dbapi
+
+        admin = dbapi.connect(server.uri, autocommit=True)
+        with admin.cursor() as cursor:
+            cursor.execute("DROP TABLE IF EXISTS t")
+            cursor.adbc_ingest("t", data, mode="create")
+
+        def run(sql: str) -> list[Any]:
+            with admin.cursor() as cursor:
+                cursor.execute(sql)
+                return list(cursor.fetch_arrow_table().column(0).to_pylist())
+
+        yield _Engine("postgres", server.uri, run)
+        with admin.cursor() as cursor:
+            cursor.execute("DROP TABLE t")
+        admin.close()
+
+
+ORDERS = ["k, id", "k DESC, id", "k NULLS FIRST, id", "k DESC NULLS LAST, id"]
+
+
+@pytest.mark.parametrize("order", ORDERS)
+def test_windows_across_range_pieces_are_the_whole_querys_each_once(engine: _Engine, order: str) -> None:
+    sql = f"SELECT id, k, f, y FROM t ORDER BY {order}"
+    options: dict[str, Any] = {
+        "input_col": ["f"],
+        "batch_size": 32,
+        "shuffle": True,
+        "seed": 11,
+        "window_size": 5,
+        "key_col": ["id"],
+        "fetch_bytes": FETCH_BYTES,
+    }
+    with DDBDataLoader(engine.source, sql, "y", **options) as loader:
+        partitions = loader.plan.groups[0].partitions
+        got = list(loader)
+    assert len(partitions) > 5 and all(p.ranges is not None for p in partitions)
+    assert sum(p.ranges.nulls for p in partitions if p.ranges) == 1  # type: ignore[union-attr]
+    whole = [int(i) for i in engine.run(f"SELECT id FROM ({sql}) AS q")]
+    position = {row: n for n, row in enumerate(whole)}
+    firsts = []
+    for x, y, keys in got:
+        for window, target, key in zip(
+            x[:, :, 0].tolist(), y[:, 0, 0].tolist(), keys["id"].tolist(), strict=True
+        ):
+            start = position[int(window[0])]
+            assert [int(v) for v in window] == whole[start : start + 5]  # consecutive rows of the whole query
+            assert key == whole[start + 5] and target == key + 0.5
+            firsts.append(start)
+    assert sorted(firsts) == list(range(ROWS - 5))  # every window once, across pieces, ties and NULLs
+    assert firsts != sorted(firsts)
+
+
+def test_rows_of_combed_pieces_are_the_whole_querys_each_once(engine: _Engine) -> None:
+    sql = "SELECT id, k, f, y FROM t ORDER BY k, id"
+    options: dict[str, Any] = {"input_col": ["f"], "batch_size": 64, "shuffle": True, "seed": 2}
+    with DDBDataLoader(engine.source, sql, "y", fetch_bytes=FETCH_BYTES, **options) as loader:
+        partitions = loader.plan.groups[0].partitions
+        got = sorted(int(v) for x, _ in loader for v in x[:, 0].tolist())
+    assert len(partitions) > 5 and any(len(p.ranges.ranges) > 1 for p in partitions if p.ranges)
+    assert got == list(range(ROWS))
+
+
+def test_range_pieces_resume_exactly_and_refuse_another_layout(con: duckdb.DuckDBPyConnection) -> None:
+    con.register("_incoming", _table())
+    con.execute("CREATE TABLE t AS SELECT * FROM _incoming")
+    sql = "SELECT id, k, f, y FROM t ORDER BY k, id"
+    options: dict[str, Any] = {
+        "input_col": ["f"],
+        "batch_size": 16,
+        "shuffle": True,
+        "seed": 4,
+        "window_size": 3,
+    }
+    assert_resumes_exactly(lambda: DDBDataLoader(con, sql, "y", fetch_bytes=FETCH_BYTES, **options), epochs=2)
+    loader = DDBDataLoader(con, sql, "y", fetch_bytes=FETCH_BYTES, **options)
+    next(iter(loader))
+    state = loader.state_dict()
+    other = DDBDataLoader(con, sql, "y", fetch_bytes=2 * FETCH_BYTES, **options)
+    with pytest.raises(ValueError, match=r"fetch_bytes|plan"):
+        other.load_state_dict(state)
+
+
+def _spearman(values: list[float]) -> float:
+    ranks = np.argsort(np.argsort(values))
+    return float(np.corrcoef(np.arange(len(values)), ranks)[0, 1])
+
+
+def test_a_shuffled_epoch_of_one_big_partition_is_not_in_row_order(con: duckdb.DuckDBPyConnection) -> None:
+    con.execute("CREATE TABLE big AS SELECT i AS id, i * 0.5 AS f, i * 1.0 AS y FROM range(100000) r(i)")
+    with DDBDataLoader(
+        con,
+        "SELECT * FROM big ORDER BY id",
+        "y",
+        input_col=["f"],
+        batch_size=256,
+        shuffle=True,
+        seed=0,
+        fetch_bytes=100_000,
+        key_col=["id"],
+    ) as loader:
+        ids = [int(v) for _, _, keys in loader for v in keys["id"].tolist()]
+        stats = loader.stats()
+    assert sorted(ids) == list(range(100000))
+    assert abs(_spearman(ids)) < 0.2  # a walk front to back: +0.99
+    blocks = [len({i // 10000 for i in ids[b : b + 256]}) for b in range(0, len(ids), 256)]
+    assert np.median(blocks) >= 9  # 10 blocks of 10,000 ids: nearly every batch holds all of them
+    assert abs(stats.rank_correlation) < 0.2
+
+
+def test_no_order_by_falls_back_with_a_warning_naming_the_fixes(con: duckdb.DuckDBPyConnection) -> None:
+    con.execute("CREATE TABLE big AS SELECT i AS id, i * 0.5 AS f, i * 1.0 AS y FROM range(20000) r(i)")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loader = DDBDataLoader(
+            con,
+            "SELECT * FROM big",
+            "y",
+            input_col=["f"],
+            batch_size=256,
+            shuffle=True,
+            seed=0,
+            fetch_bytes=50_000,
+        )
+    texts = [str(w.message) for w in caught if "cannot be cut into pieces" in str(w.message)]
+    assert len(texts) == 1 and "no ORDER BY" in texts[0] and "fetch_bytes=0" in texts[0]
+    assert all(p.ranges is None for p in loader.plan.groups[0].partitions)
+    assert loader.plan.groups[0].partitions[0].pieces > 1  # streamed front to back, as before
+    loader.close()
+
+
+def test_without_shuffle_nothing_is_cut_by_ranges(con: duckdb.DuckDBPyConnection) -> None:
+    con.execute("CREATE TABLE big AS SELECT i AS id, i * 0.5 AS f, i * 1.0 AS y FROM range(20000) r(i)")
+    with DDBDataLoader(
+        con, "SELECT * FROM big ORDER BY id", "y", input_col=["f"], fetch_bytes=50_000
+    ) as loader:
+        assert all(p.ranges is None for p in loader.plan.groups[0].partitions)
+
+
+def _update(engine: _Engine, sql: str) -> None:
+    if engine.name == "duckdb":
+        engine.source.execute(sql)
+        return
+    from adbc_driver_postgresql import dbapi
+
+    with dbapi.connect(engine.source, autocommit=True) as admin, admin.cursor() as cursor:
+        cursor.execute(sql)
+
+
+@pytest.mark.parametrize("engine", ["duckdb", "postgres"], indirect=True)
+@pytest.mark.parametrize("window_size", [None, 3], ids=["combed", "contiguous"])
+def test_verify_checks_each_range_piece(engine: _Engine, window_size: int | None) -> None:
+    """With verify=True every range piece carries its own fingerprint: a value changed in place
+    (the same row count) is an error naming the piece's subquery, not a silent change."""
+    sql = "SELECT id, k, f, y FROM t ORDER BY k, id"
+    options: dict[str, Any] = {"input_col": ["f"], "batch_size": 64, "shuffle": True, "seed": 5}
+    with (
+        DDBDataLoader(
+            engine.source, sql, "y", fetch_bytes=FETCH_BYTES, window_size=window_size, verify=True, **options
+        ) as verified,
+        DDBDataLoader(
+            engine.source, sql, "y", fetch_bytes=FETCH_BYTES, window_size=window_size, **options
+        ) as plain,
+    ):
+        pieces = [p for p in verified.plan.groups[0].partitions if p.ranges is not None]
+        assert len(pieces) > 5 and all(p.fingerprint is not None for p in pieces)
+        assert [(x.tolist(), y.tolist()) for x, y in verified] == [(x.tolist(), y.tolist()) for x, y in plain]
+        _update(engine, "UPDATE t SET y = y + 1 WHERE id = 123")
+        with pytest.raises(
+            ValueError, match=r"returned the \d+ rows planning counted, but their content differs"
+        ):
+            for _ in verified:
+                pass
