@@ -33,6 +33,8 @@ included) is its own; the ratios of a table come from one run of this script, si
   imports); the table gives the medians and the first loader's total, and the client's CPU
   seconds (all its threads, DuckDB's included), steadier than walls on a shared machine.
   ``--compare DIR`` measures the ddbloader in DIR (another checkout) right after each row.
+  ``groups --compare DIR``: DuckDB only, both shapes with this checkout and DIR interleaved, and
+  the process CPU seconds per epoch beside the windows/s.
 """
 
 from __future__ import annotations
@@ -149,10 +151,13 @@ def measure_groups(
     plan_s = time.perf_counter() - started
     with loader:
         first_s, _ = _epoch(loader)
-        walls = []
+        walls, cpus = [], []
         for _ in range(GROUPS_EPOCHS):
+            cpu = os.times()
             wall_s, windows = _epoch(loader)
+            after = os.times()
             walls.append(wall_s)
+            cpus.append(after.user + after.system - cpu.user - cpu.system)
         stats = loader.stats()
     assert windows == groups * (rows - WINDOW), windows
     wall_s = statistics.median(walls)
@@ -160,6 +165,7 @@ def measure_groups(
         "plan_s": plan_s,
         "first_epoch_s": first_s,
         "wall_s": wall_s,
+        "cpu_s": statistics.median(cpus),
         "windows": windows,
         "windows_per_s": windows / wall_s,
         "queries": stats.queries,
@@ -344,6 +350,39 @@ def run_groups(skip_before: bool, rounds: int) -> str:
     return "\n".join(lines)
 
 
+def run_groups_compare(rounds: int, compare: Path) -> str:
+    """DuckDB only: both shapes with this checkout and with ``compare`` (another checkout), the
+    four contenders interleaved in each of ``rounds`` rounds; medians, and the median of the
+    rounds' ratios of this checkout to ``compare`` (windows/s, and process CPU s per epoch)."""
+    trees = [("this checkout", REPO), (f"`{compare}`", compare)]
+    results: dict[tuple[int, str], list[dict[str, Any]]] = {}
+    for _ in range(rounds):
+        for groups, rows in SHAPES:
+            path = str(_duckdb_file(f"groups_{groups}x{rows}", lambda g=groups, r=rows: _groups_table(g, r)))
+            for label, tree in trees:
+                result = spawn("groups", path, "t", groups, rows, None, tree=tree)
+                results.setdefault((groups, label), []).append(result)
+    lines = [
+        f"| shape | ddbloader | windows/s (median of {rounds}) | process CPU s per epoch | "
+        f"windows/s ratio to `{compare}` [range] | CPU ratio [range] |",
+        "|---|---|---:|---:|---|---|",
+    ]
+    for groups, rows in SHAPES:
+        for label, _ in trees:
+            runs = results[groups, label]
+            others = results[groups, trees[1][0]]
+            speed = sorted(r["windows_per_s"] / o["windows_per_s"] for r, o in zip(runs, others, strict=True))
+            cpu = sorted(r["cpu_s"] / o["cpu_s"] for r, o in zip(runs, others, strict=True))
+            lines.append(
+                f"| {groups:,} x {rows:,} | {label} "
+                f"| {statistics.median(r['windows_per_s'] for r in runs):,.0f} "
+                f"| {statistics.median(r['cpu_s'] for r in runs):.3f} "
+                f"| {statistics.median(speed):.2f}x [{speed[0]:.2f}-{speed[-1]:.2f}] "
+                f"| {statistics.median(cpu):.2f}x [{cpu[0]:.2f}-{cpu[-1]:.2f}] |"
+            )
+    return "\n".join(lines)
+
+
 def run_planning(rounds: int, compare: Path | None) -> str:
     """The planning table; with ``compare``, each row measured for that tree too, right after."""
     sys.path.insert(0, str(REPO / "tests"))
@@ -479,14 +518,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--days", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=5, help="loaders per planning measurement")
     parser.add_argument(
-        "--compare", type=Path, help="planning: also measure the ddbloader in this directory (a checkout)"
+        "--compare",
+        type=Path,
+        help="planning, groups: also measure the ddbloader in this directory (a checkout)",
     )
     args = parser.parse_args(argv)
     if args.child:
         _child(args.child)
         return
     sections = []
-    if args.what in ("groups", "all"):
+    if args.what == "groups" and args.compare is not None:
+        title = f"Groups, DuckDB: this checkout against `{args.compare}`"
+        sections.append((title, run_groups_compare(args.groups_rounds, args.compare)))
+    elif args.what in ("groups", "all"):
         sections.append(
             (
                 "Groups: the same 400,000 rows, few big groups vs many small",

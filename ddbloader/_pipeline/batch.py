@@ -77,6 +77,40 @@ def _host_buffer(
     return torch.from_numpy(array), array
 
 
+def _window_items(rows: np.ndarray[Any, Any], length: int) -> np.ndarray[Any, Any] | None:
+    """Every window of ``length`` consecutive rows of row-major ``rows`` (``[n, F]``) as one opaque
+    item: item ``k`` is rows ``[k, k + length)``, one contiguous block of memory, shared with
+    ``rows``. None for windows of one row (a row take needs no row numbers), or unless each row's
+    values are contiguous and rows follow each other without gaps (then a window is not one block).
+
+    Fancy indexing over these items copies a whole window per sample with one ``memcpy``, with the
+    GIL released, and needs no row numbers (computing ``samples x length`` of them per batch cost
+    more than the copy of a small window).
+    """
+    count, features = rows.shape
+    row_bytes = features * rows.itemsize
+    if length == 1 or count < length or rows.strides != (row_bytes, rows.itemsize) or not row_bytes:
+        return None
+    return np.ndarray(
+        (count - length + 1,), np.dtype((np.void, length * row_bytes)), rows, strides=(row_bytes,)
+    )
+
+
+def _copy_windows(
+    rows: np.ndarray[Any, Any], starts: np.ndarray[Any, Any], length: int, out: np.ndarray[Any, Any]
+) -> None:
+    """Copy the windows of ``length`` rows of ``rows`` that start at ``starts`` into ``out``
+    (``[len(starts) * length, F]``, C-contiguous): a block per window where the rows allow it
+    (see :func:`_window_items`), else a row take. ``mode="clip"`` because the rows are in range
+    by construction, and ``"raise"`` would buffer the result before writing ``out``."""
+    items = _window_items(rows, length)
+    if items is None:
+        rows.take(_row_numbers(starts, length), 0, out, "clip")
+    else:
+        count = len(starts)
+        out.reshape(count, length * rows.shape[1]).view(items.dtype).reshape(count)[...] = items[starts]
+
+
 def gather(
     pieces: Sequence[Piece], geometry: WindowGeometry, layout: ColumnLayout, pin: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -88,30 +122,39 @@ def gather(
     the caller owns them.
 
     Consecutive pieces whose segments share a base (an :class:`~ddbloader._pipeline.arena.Arena`) are
-    one run, and each run costs one ``ndarray.take`` over row numbers per tensor (a batch drawn
-    from many groups is then one take, not one per group): it copies in the calling
-    thread at memory speed with the GIL released, where torch's ``index_select`` over a window
-    view measured half as fast per thread and splits large copies across OpenMP workers that
-    compete with the engine's threads and the training loop. ``mode="clip"`` because the rows
-    are in range by construction, and ``"raise"`` would buffer the result before writing ``out``.
-    The copies write through numpy views (a torch call costs microseconds of dispatch, which at
-    thousands of batches per second is a visible share of the assembler's time).
+    one run, and each run costs one copy per tensor (a batch drawn from many groups is then one
+    copy, not one per group): windows of several rows as one fancy index over the base's windows
+    as opaque items (a ``memcpy`` per window, see :func:`_window_items`), single rows as one
+    ``ndarray.take``. Both copy in the calling thread at memory speed with the GIL released,
+    where torch's ``index_select`` over a window view splits large copies across OpenMP workers
+    that compete with the engine's threads and the training loop. A batch of one run, unpinned,
+    is the fancy index's own result (no second copy). The copies work on numpy arrays (a torch
+    call costs microseconds of dispatch, which at thousands of batches per second is a visible
+    share of the assembler's time).
     """
     size = sum(len(p.starts) for p in pieces)
     x_window, y_window = _windows(geometry)
     x_shape, y_shape = _batch_shapes(size, geometry, layout)
+    offset = geometry.offset
+    runs = list(_runs(pieces))
+    if len(runs) == 1 and not pin:
+        base, starts = runs[0]
+        x_items = _window_items(base.x, x_window)
+        if x_items is not None:
+            # the fancy index allocates the batch itself: no buffer to fill a second time
+            x_array = x_items[starts].view(layout.x_dtype).reshape(x_shape)
+            y_array = np.empty((size * y_window, layout.y_features), layout.y_dtype)
+            _copy_windows(base.y, starts + offset, y_window, y_array)
+            return torch.from_numpy(x_array), torch.from_numpy(y_array.reshape(y_shape))
     x, x_array = _host_buffer(x_shape, layout.x_dtype, pin)
     y, y_array = _host_buffer(y_shape, layout.y_dtype, pin)
     x_rows = x_array.reshape(size * x_window, layout.x_features)
     y_rows = y_array.reshape(size * y_window, layout.y_features)
-    offset = geometry.offset
     filled = 0
-    for base, starts in _runs(pieces):
+    for base, starts in runs:
         stop = filled + len(starts)
-        base.x.take(_row_numbers(starts, x_window), 0, x_rows[filled * x_window : stop * x_window], "clip")
-        base.y.take(
-            _row_numbers(starts + offset, y_window), 0, y_rows[filled * y_window : stop * y_window], "clip"
-        )
+        _copy_windows(base.x, starts, x_window, x_rows[filled * x_window : stop * x_window])
+        _copy_windows(base.y, starts + offset, y_window, y_rows[filled * y_window : stop * y_window])
         filled = stop
     return x, y
 
