@@ -96,14 +96,25 @@ def _window_items(rows: np.ndarray[Any, Any], length: int) -> np.ndarray[Any, An
     )
 
 
+def _x_items(base: Block, length: int) -> np.ndarray[Any, Any] | None:
+    """:func:`_window_items` of ``base.x``, memoised on the block (a run's base serves many batches)."""
+    memo = base.x_windows
+    if memo is None or memo[0] != length:
+        memo = base.x_windows = (length, _window_items(base.x, length))
+    return memo[1]
+
+
 def _copy_windows(
-    rows: np.ndarray[Any, Any], starts: np.ndarray[Any, Any], length: int, out: np.ndarray[Any, Any]
+    rows: np.ndarray[Any, Any],
+    items: np.ndarray[Any, Any] | None,
+    starts: np.ndarray[Any, Any],
+    length: int,
+    out: np.ndarray[Any, Any],
 ) -> None:
     """Copy the windows of ``length`` rows of ``rows`` that start at ``starts`` into ``out``
-    (``[len(starts) * length, F]``, C-contiguous): a block per window where the rows allow it
-    (see :func:`_window_items`), else a row take. ``mode="clip"`` because the rows are in range
-    by construction, and ``"raise"`` would buffer the result before writing ``out``."""
-    items = _window_items(rows, length)
+    (``[len(starts) * length, F]``, C-contiguous): a block per window from ``items`` (``rows``'
+    :func:`_window_items`) when there are some, else a row take. ``mode="clip"`` because the rows
+    are in range by construction, and ``"raise"`` would buffer the result before writing ``out``."""
     if items is None:
         rows.take(_row_numbers(starts, length), 0, out, "clip")
     else:
@@ -139,12 +150,12 @@ def gather(
     runs = list(_runs(pieces))
     if len(runs) == 1 and not pin:
         base, starts = runs[0]
-        x_items = _window_items(base.x, x_window)
+        x_items = _x_items(base, x_window)
         if x_items is not None:
             # the fancy index allocates the batch itself: no buffer to fill a second time
             x_array = x_items[starts].view(layout.x_dtype).reshape(x_shape)
             y_array = np.empty((size * y_window, layout.y_features), layout.y_dtype)
-            _copy_windows(base.y, starts + offset, y_window, y_array)
+            _copy_windows(base.y, _window_items(base.y, y_window), starts + offset, y_window, y_array)
             return torch.from_numpy(x_array), torch.from_numpy(y_array.reshape(y_shape))
     x, x_array = _host_buffer(x_shape, layout.x_dtype, pin)
     y, y_array = _host_buffer(y_shape, layout.y_dtype, pin)
@@ -153,8 +164,12 @@ def gather(
     filled = 0
     for base, starts in runs:
         stop = filled + len(starts)
-        _copy_windows(base.x, starts, x_window, x_rows[filled * x_window : stop * x_window])
-        _copy_windows(base.y, starts + offset, y_window, y_rows[filled * y_window : stop * y_window])
+        x_part, y_part = (
+            x_rows[filled * x_window : stop * x_window],
+            y_rows[filled * y_window : stop * y_window],
+        )
+        _copy_windows(base.x, _x_items(base, x_window), starts, x_window, x_part)
+        _copy_windows(base.y, _window_items(base.y, y_window), starts + offset, y_window, y_part)
         filled = stop
     return x, y
 
