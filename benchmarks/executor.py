@@ -65,7 +65,7 @@ def measure(groups: int, rows: int, repeat: int) -> dict[str, float]:
         samples = sum(u.samples for u in units)
         batches = -(-samples // config.batch_size)
         blocks: dict[Any, Any] = {}
-        for x, _ in loader:  # warms the engine; the blocks themselves come from the pool below
+        for _batch in loader:  # warms the engine; the blocks themselves are read below
             pass
         fetcher = loader._backend_here()
         from ddbloader._io.fetch import Fetcher

@@ -91,9 +91,10 @@ def _window_items(rows: np.ndarray[Any, Any], length: int) -> np.ndarray[Any, An
     row_bytes = features * rows.itemsize
     if length == 1 or count < length or rows.strides != (row_bytes, rows.itemsize) or not row_bytes:
         return None
-    return np.ndarray(
+    items: np.ndarray[Any, Any] = np.ndarray(
         (count - length + 1,), np.dtype((np.void, length * row_bytes)), rows, strides=(row_bytes,)
     )
+    return items
 
 
 def _x_items(base: Block, length: int) -> np.ndarray[Any, Any] | None:
