@@ -350,11 +350,11 @@ def run_groups(skip_before: bool, rounds: int) -> str:
     return "\n".join(lines)
 
 
-def run_groups_compare(rounds: int, compare: Path) -> str:
-    """DuckDB only: both shapes with this checkout and with ``compare`` (another checkout), the
-    four contenders interleaved in each of ``rounds`` rounds; medians, and the median of the
-    rounds' ratios of this checkout to ``compare`` (windows/s, and process CPU s per epoch)."""
-    trees = [("this checkout", REPO), (f"`{compare}`", compare)]
+def run_groups_compare(rounds: int, compare: list[Path]) -> str:
+    """DuckDB only: both shapes with this checkout and with each of ``compare`` (other
+    checkouts), interleaved in each of ``rounds`` rounds; medians, and the median of the rounds'
+    ratios of each to the last of ``compare`` (windows/s, and process CPU s per epoch)."""
+    trees = [("this checkout", REPO)] + [(f"`{c}`", c) for c in compare]
     results: dict[tuple[int, str], list[dict[str, Any]]] = {}
     for _ in range(rounds):
         for groups, rows in SHAPES:
@@ -364,13 +364,13 @@ def run_groups_compare(rounds: int, compare: Path) -> str:
                 results.setdefault((groups, label), []).append(result)
     lines = [
         f"| shape | ddbloader | windows/s (median of {rounds}) | process CPU s per epoch | "
-        f"windows/s ratio to `{compare}` [range] | CPU ratio [range] |",
+        f"windows/s ratio to `{compare[-1]}` [range] | CPU ratio [range] |",
         "|---|---|---:|---:|---|---|",
     ]
     for groups, rows in SHAPES:
         for label, _ in trees:
             runs = results[groups, label]
-            others = results[groups, trees[1][0]]
+            others = results[groups, trees[-1][0]]
             speed = sorted(r["windows_per_s"] / o["windows_per_s"] for r, o in zip(runs, others, strict=True))
             cpu = sorted(r["cpu_s"] / o["cpu_s"] for r, o in zip(runs, others, strict=True))
             lines.append(
@@ -520,15 +520,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--compare",
         type=Path,
-        help="planning, groups: also measure the ddbloader in this directory (a checkout)",
+        action="append",
+        help="planning: also measure the ddbloader in this directory (a checkout); groups: each "
+        "of these (repeat the option), ratios to the last",
     )
     args = parser.parse_args(argv)
     if args.child:
         _child(args.child)
         return
     sections = []
-    if args.what == "groups" and args.compare is not None:
-        title = f"Groups, DuckDB: this checkout against `{args.compare}`"
+    if args.what == "groups" and args.compare:
+        title = "Groups, DuckDB: this checkout against " + ", ".join(f"`{c}`" for c in args.compare)
         sections.append((title, run_groups_compare(args.groups_rounds, args.compare)))
     elif args.what in ("groups", "all"):
         sections.append(
@@ -550,7 +552,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.what in ("planning", "all"):
         groups, rows = PLANNING_SHAPE
         title = f"Planning + first batch at {groups:,} groups x {rows} rows"
-        sections.append((title, run_planning(args.rounds, args.compare)))
+        sections.append((title, run_planning(args.rounds, args.compare[0] if args.compare else None)))
     header = (
         f"{SECTION}\n\n`python benchmarks/scale.py {args.what}` on {platform.node()} "
         f"({os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f} before the last section), "
