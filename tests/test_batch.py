@@ -223,18 +223,3 @@ def test_gather_one_run_with_tensor_columns() -> None:
     two_runs = [*one_run, piece(Segment(other), [])]
     split_x, split_y = gather(two_runs, geometry, tensor_layout, pin=False)
     assert torch.equal(x, split_x) and torch.equal(y, split_y)
-
-
-@pytest.mark.parametrize(("samples", "x_window"), [(600, 4), (260, 4), (200, 6), (64, 50), (30, 7)])
-def test_gather_one_big_run_equals_slicing_the_rows(samples: int, x_window: int) -> None:
-    """One run of enough samples for block copies of window parts (more than 500 parts; the last
-    two take rows instead) gives the rows' windows, from read-only rows into a writable batch."""
-    geometry = WindowGeometry(x_window=x_window, y_window=2, stride=1, offset=x_window, windowed=True)
-    rows = block(400, 5, 2, np.float32, np.float64, 0)
-    rows.x.setflags(write=False)
-    starts = np.random.default_rng(samples).integers(0, 400 - x_window - 1, samples).tolist()
-    x, y = gather([piece(Segment(rows), starts)], geometry, layout(5, 2, "f4", "f8"), pin=False)
-    assert np.array_equal(x.numpy(), np.stack([rows.x[s : s + x_window] for s in starts]))
-    assert np.array_equal(y.numpy(), np.stack([rows.y[s + x_window : s + x_window + 2] for s in starts]))
-    x += 1
-    assert rows.x[0, 1] == 1

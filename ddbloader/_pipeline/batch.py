@@ -77,81 +77,6 @@ def _host_buffer(
     return torch.from_numpy(array), array
 
 
-#: numpy releases the GIL in a fancy index only above this many indices (its
-#: ``NPY_BEGIN_THREADS_THRESHOLDED``): a batch's windows are cut into parts to pass it
-_GIL_FREE_INDICES = 500
-
-
-@functools.cache
-def _parts(samples: int, length: int) -> int:
-    """Into how many parts of equal rows to cut windows of ``length`` rows so that ``samples`` of
-    them are more than :data:`_GIL_FREE_INDICES` parts: the fewest (the biggest copies); 0 when
-    only parts of one row would (a row take does that)."""
-    for parts in range(1, length):
-        if length % parts == 0 and samples * parts > _GIL_FREE_INDICES:
-            return parts
-    return 0
-
-
-@functools.cache
-def _part_offsets(parts: int, rows: int) -> np.ndarray[Any, Any]:
-    offsets = np.arange(0, parts * rows, rows, dtype=np.int64)
-    offsets.setflags(write=False)
-    return offsets
-
-
-def _window_items(rows: np.ndarray[Any, Any], length: int) -> np.ndarray[Any, Any] | None:
-    """Every run of ``length`` consecutive rows of row-major ``rows`` (``[n, F]``) as one opaque
-    item: item ``k`` is rows ``[k, k + length)``, one contiguous block of memory, shared with
-    ``rows``. None unless each row's values are contiguous and rows follow each other without gaps
-    (then such a run is not one block).
-
-    Fancy indexing over these items copies a whole run per index with one ``memcpy`` (with the
-    GIL released above :data:`_GIL_FREE_INDICES` indices), and needs a row number per run, not
-    per row (computing ``samples x window`` of them per batch cost more than the copy of a small
-    window).
-    """
-    count, features = rows.shape
-    row_bytes = features * rows.itemsize
-    if count < length or rows.strides != (row_bytes, rows.itemsize) or not row_bytes:
-        return None
-    items: np.ndarray[Any, Any] = np.ndarray(
-        (count - length + 1,), np.dtype((np.void, length * row_bytes)), rows, strides=(row_bytes,)
-    )
-    return items
-
-
-def _x_items(base: Block, length: int) -> np.ndarray[Any, Any] | None:
-    """:func:`_window_items` of ``base.x``, memoised on the block (a run's base serves many batches)."""
-    memo = base.x_windows
-    if memo is None or memo[0] != length:
-        memo = base.x_windows = (length, _window_items(base.x, length))
-    return memo[1]
-
-
-def _block_copy(
-    base: Block, starts: np.ndarray[Any, Any], geometry: WindowGeometry, layout: ColumnLayout
-) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """A batch of one run, unpinned, by block copies: x's windows cut into parts of equal rows
-    (see :func:`_parts`), one fancy index over ``base``'s runs of that many rows, whose fresh
-    result is the batch (no buffer to fill a second time); y (a window of one row, mostly) by a
-    row take. None where the rows or the batch's size do not allow it (the caller takes rows)."""
-    x_window, y_window = _windows(geometry)
-    parts = _parts(len(starts), x_window)
-    if not parts:
-        return None
-    part = x_window // parts
-    items = _x_items(base, part)
-    if items is None:
-        return None
-    x_shape, y_shape = _batch_shapes(len(starts), geometry, layout)
-    firsts = (starts[:, None] + _part_offsets(parts, part)).reshape(-1) if parts > 1 else starts
-    x_array = items[firsts].view(layout.x_dtype).reshape(x_shape)
-    y_array = np.empty((len(starts) * y_window, layout.y_features), layout.y_dtype)
-    base.y.take(_row_numbers(starts + geometry.offset, y_window), 0, y_array, "clip")
-    return torch.from_numpy(x_array), torch.from_numpy(y_array.reshape(y_shape))
-
-
 def gather(
     pieces: Sequence[Piece], geometry: WindowGeometry, layout: ColumnLayout, pin: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -163,21 +88,15 @@ def gather(
     the caller owns them.
 
     Consecutive pieces whose segments share a base (an :class:`~ddbloader._pipeline.arena.Arena`) are
-    one run (a batch drawn from many groups is then one run, not one per group). A batch of one
-    run, unpinned, is block copies where its size allows (see :func:`_block_copy`). Otherwise
-    each run costs one ``ndarray.take`` over row numbers per tensor into the batch's buffer. Both
-    copy in the calling thread at memory speed with the GIL released, where torch's
-    ``index_select`` over a window view splits large copies across OpenMP workers that compete
-    with the engine's threads and the training loop. ``mode="clip"`` because the rows are in
-    range by construction, and ``"raise"`` would buffer the result before writing ``out``. The
-    copies work on numpy arrays (a torch call costs microseconds of dispatch, which at thousands
-    of batches per second is a visible share of the assembler's time).
+    one run, and each run costs one ``ndarray.take`` over row numbers per tensor (a batch drawn
+    from many groups is then one take, not one per group): it copies in the calling
+    thread at memory speed with the GIL released, where torch's ``index_select`` over a window
+    view measured half as fast per thread and splits large copies across OpenMP workers that
+    compete with the engine's threads and the training loop. ``mode="clip"`` because the rows
+    are in range by construction, and ``"raise"`` would buffer the result before writing ``out``.
+    The copies write through numpy views (a torch call costs microseconds of dispatch, which at
+    thousands of batches per second is a visible share of the assembler's time).
     """
-    runs = list(_runs(pieces))
-    if len(runs) == 1 and not pin and geometry.windowed:
-        copied = _block_copy(*runs[0], geometry, layout)
-        if copied is not None:
-            return copied
     size = sum(len(p.starts) for p in pieces)
     x_window, y_window = _windows(geometry)
     x_shape, y_shape = _batch_shapes(size, geometry, layout)
@@ -187,7 +106,7 @@ def gather(
     y_rows = y_array.reshape(size * y_window, layout.y_features)
     offset = geometry.offset
     filled = 0
-    for base, starts in runs:
+    for base, starts in _runs(pieces):
         stop = filled + len(starts)
         base.x.take(_row_numbers(starts, x_window), 0, x_rows[filled * x_window : stop * x_window], "clip")
         base.y.take(

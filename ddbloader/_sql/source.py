@@ -171,11 +171,6 @@ class Block:
     keys: KeyArrays | None = None
     origin: Block | None = field(default=None, repr=False, compare=False)
     offset: int = 0
-    #: a memo of the batch gather's: x's windows of ``length`` rows as ``(length, items)`` (see
-    #: ``ddbloader._pipeline.batch``), made once per block that batches are gathered from
-    x_windows: tuple[int, np.ndarray[Any, Any] | None] | None = field(
-        default=None, init=False, repr=False, compare=False
-    )
 
     @property
     def rows(self) -> int:
