@@ -37,7 +37,8 @@ from ._pipeline.arena import Arena, arena_for
 from ._pipeline.batch import batch_count
 from ._pipeline.device import DeviceStage
 from ._pipeline.epoch import EpochIterator, EpochRun
-from ._sql.plan import WorkUnit, build_plan
+from ._sql.plan import WorkUnit
+from ._sql.planner import build_plan
 from .backends import Backend, DuckDBBackend, connect
 from .mixing import MixingWatch
 from .stats import LoaderStats, StatsRecorder
