@@ -19,7 +19,8 @@ import threading
 from collections.abc import Callable, Iterable, Sequence
 
 from .._core.engine import Backend
-from .._epoch.units import FetchUnit, PartitionKey
+from .._epoch.units import FetchUnit
+from .._epoch.visits import PartitionKey
 from .._sql.plan import PartitionSpec
 from .._sql.source import Block, ColumnLayout
 from .partition_fetch import PartitionJob

@@ -19,7 +19,9 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 
 from .._core.engine import Backend, Cursor, redact_uri
-from .._epoch.units import FetchUnit, PartitionKey, UnitPartitions, split_by_key, unit_blocks
+from .._epoch.unit_split import UnitPartitions, split_by_key, unit_blocks
+from .._epoch.units import FetchUnit
+from .._epoch.visits import PartitionKey
 from .._sql.fingerprint import content_mismatch, strip_hash
 from .._sql.plan import PartitionSpec
 from .._sql.source import Block, ColumnLayout, check_result_schema
@@ -209,7 +211,7 @@ class UnitJob:
     """Fetch unit ``index`` of ``coalescer`` with one query and split it into partitions.
 
     If the query fails on a non-transient error, or its result does not split into exactly the
-    planned partitions (see :func:`~ddbloader._epoch.units.split_by_key`), the unit's partitions are
+    planned partitions (see :func:`~ddbloader._epoch.unit_split.split_by_key`), the unit's partitions are
     fetched one by one with their own subqueries, whose rows and errors are the reference: an
     error then names the partition's subquery, as if it had been fetched alone.
     """

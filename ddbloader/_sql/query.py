@@ -331,8 +331,8 @@ class UserQuery:
         parameter instead (an engine that binds lists compares them as a set, where a long IN
         list of parameters is compared one by one). Every one of ``columns`` is selected after
         the query's own columns as :data:`KEY_ALIASES`, so the client can split the result by
-        key (:func:`~ddbloader._epoch.units.split_by_key`). Rows of one key keep the query's order, since
-        the predicate and the added columns change no row's place.
+        key (:func:`~ddbloader._epoch.unit_split.split_by_key`). Rows of one key keep the query's
+        order, since the predicate and the added columns change no row's place.
 
         Never None for this class (the keys are selected by the outer query of the wrap, so
         they change nothing the query returns); an engine's own :class:`Query` may return None
