@@ -18,9 +18,10 @@ import pyarrow as pa
 
 from .._core.engine import Backend, Cursor
 from .._core.errors import add_note, warn_caller
+from .aliases import GROUP_ALIAS, INDEX_SUFFIX, PIVOT_ALIAS, REPARTITION_ALIAS, ROWS_ALIAS
 from .fingerprint import HASH_SUM_ALIAS, planned_sum
 from .literals import dolphindb_literal_hint
-from .query import GROUP_ALIAS, INDEX_SUFFIX, PIVOT_ALIAS, REPARTITION_ALIAS, ROWS_ALIAS, Query, UserQuery
+from .query import Query, UserQuery
 
 if TYPE_CHECKING:
     from tqdm import tqdm

@@ -19,6 +19,7 @@ from .._core.display import progress_bar
 from .._core.engine import Backend, Cursor
 from .._core.errors import add_note, warn_caller
 from .._core.window import WindowGeometry
+from .aliases import ROWS_ALIAS
 from .binding import POSTGRES_TYPE, binds_exactly, text_identifies
 from .cells import (
     Lost,
@@ -32,7 +33,7 @@ from .cells import (
 )
 from .fingerprint import Fingerprint, row_hash
 from .plan import GroupPlan, PartitionSpec, QueryPlan, pieces
-from .query import ROWS_ALIAS, Query, UserQuery
+from .query import Query, UserQuery
 from .ranges import range_pieces
 from .source import nullable_candidates, resolve_layout, resolve_layout_on_rows
 

@@ -18,11 +18,12 @@ from .._core.config import LoaderConfig
 from .._core.engine import Cursor
 from .._core.errors import warn_caller
 from .._core.window import WindowGeometry
+from .aliases import ROWS_ALIAS
 from .cells import Cell, PlanKey, run_planning
 from .fingerprint import HASH_SUM_ALIAS, Fingerprint, planned_sum
 from .pieces import KeyRanges, RangeCutter
 from .plan import pieces
-from .query import ROWS_ALIAS, Query, UserQuery
+from .query import Query, UserQuery
 
 __all__ = ["Piece", "Ranged", "range_pieces"]
 
