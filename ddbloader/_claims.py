@@ -21,6 +21,7 @@ from torch.utils.data import get_worker_info
 from ._core.config import LoaderConfig
 from ._core.errors import warn_caller
 from ._epoch.elastic import Stretch, epoch_remainder
+from ._epoch.mixing import MixingWatch
 from ._epoch.shard import Sharding, agree_seed, epoch_units, part_range, shard_samples, share_units
 from ._epoch.state import Resume
 from ._io.cache import PartitionCache
@@ -30,7 +31,6 @@ from ._pipeline.device import DeviceStage
 from ._pipeline.epoch import EpochRun
 from ._sql.plan import QueryPlan, WorkUnit
 from .backends import Backend
-from .mixing import MixingWatch
 from .stats import StatsRecorder
 
 __all__ = ["EpochClaims", "Iteration"]

@@ -23,6 +23,7 @@ from ._core.config import normalise_config, resolve_aliases
 from ._core.display import plan_html, plan_text
 from ._core.errors import warn_caller
 from ._epoch.elastic import Stretch
+from ._epoch.mixing import MixingWatch
 from ._epoch.shard import Sharding, part_range, resolve_sharding, shard_samples
 from ._epoch.state import Resume, check_state, make_state
 from ._epoch.summary import plan_rows
@@ -33,7 +34,6 @@ from ._pipeline.epoch import EpochIterator
 from ._sql.plan import WorkUnit
 from ._sql.planner import build_plan
 from .backends import Backend, DuckDBBackend, connect
-from .mixing import MixingWatch
 from .stats import LoaderStats, StatsRecorder
 from .transforms import as_pipeline
 
