@@ -323,6 +323,14 @@ class DDBDataLoader(EpochClaims):
         self._give_back(None)
         if epoch == self._epoch:
             return
+        if self._resume is not None and self._resume.started:
+            # a framework may call set_epoch itself (Accelerate's loaders do, counting from 0 in a
+            # restarted process): say that the loaded position is dropped, never drop it silently
+            warn_caller(
+                f"set_epoch({epoch}) drops the position load_state_dict restored in epoch {self._epoch}: "
+                f"epoch {epoch} starts from its first batch. To resume, call set_epoch({self._epoch}) "
+                f"(or nothing) before iterating"
+            )
         self._epoch = epoch
         self._resume = None
         self._progress = None

@@ -9,7 +9,9 @@ the parts that changed.
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import hashlib
+from typing import Any
 
 from .plan import QueryPlan
 
@@ -26,16 +28,30 @@ FINGERPRINT_PARTS = (
 )
 
 
+def _canonical(value: Any) -> Any:
+    """``value`` with every zone-aware timestamp in UTC: the same instant reprs alike whatever the
+    session's time zone (DuckDB returns TIMESTAMPTZ values in the machine's zone)."""
+    if isinstance(value, dt.datetime) and value.tzinfo is not None:
+        return value.astimezone(dt.timezone.utc)
+    if isinstance(value, (list, tuple)):
+        return [_canonical(item) for item in value]
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return [_canonical(getattr(value, field.name)) for field in dataclasses.fields(value)]
+    return value
+
+
 def plan_fingerprint(plan: QueryPlan) -> str:
     """A short text naming ``plan``: one 8-hex-digit digest per :data:`FINGERPRINT_PARTS` entry,
     joined by dots. Equal for equal plans in any process (built from reprs, not ``hash()``)."""
     layout = plan.layout
     parts = {
         "query": plan.query.text if plan.query is not None else "",
-        "schemes": repr([(g.value, [p.repartition_value for p in g.partitions]) for g in plan.groups]),
+        "schemes": repr(
+            _canonical([(g.value, [p.repartition_value for p in g.partitions]) for g in plan.groups])
+        ),
         "counts": repr(
             [
-                [(p.rows, p.pieces) + ((p.ranges,) if p.ranges else ()) for p in g.partitions]
+                [(p.rows, p.pieces) + ((_canonical(p.ranges),) if p.ranges else ()) for p in g.partitions]
                 for g in plan.groups
             ]
         ),
