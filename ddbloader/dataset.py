@@ -212,11 +212,6 @@ class DDBIterableDataset(IterableDataset[Delivered]):
             )
 
 
-#: How many frames above a dataset method an Accelerate loader's own method can be: ``len()``
-#: comes through ``DataLoader.__len__``, ``iter()`` through DataLoader's iterator and fetcher.
-_WRAPPER_FRAMES = 12
-
-
 def _accelerate_wrapper(dataset: DDBIterableDataset) -> Any:
     """The Accelerate loader (DataLoaderDispatcher or DataLoaderShard) calling into ``dataset``.
 
@@ -229,15 +224,15 @@ def _accelerate_wrapper(dataset: DDBIterableDataset) -> Any:
     if module is None:
         return None
     kinds = (module.DataLoaderDispatcher, module.DataLoaderShard)
-    frame = sys._getframe(2)
-    for _ in range(_WRAPPER_FRAMES):
+    # the whole stack, not a few frames: a wrapper deeper than expected must not be missed (it
+    # runs on iter(), len() and set_epoch only)
+    frame: Any = sys._getframe(2)
+    while frame is not None:
         owner = frame.f_locals.get("self")
         if isinstance(owner, kinds):
             inner = owner.dataset
             if inner is dataset or getattr(inner, "dataset", None) is dataset:
                 return owner
-        if frame.f_back is None:
-            return None
         frame = frame.f_back
     return None
 

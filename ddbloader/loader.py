@@ -1,4 +1,7 @@
-"""DDBDataLoader: arguments, epochs, ``len``, iteration and shutdown."""
+"""DDBDataLoader: arguments, epochs, ``len``, iteration and shutdown.
+
+How its iterations claim, report and give back epochs is in :mod:`ddbloader._claims`.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +9,6 @@ import dataclasses
 import functools
 import inspect
 import itertools
-import logging
 import os
 import weakref
 from collections.abc import Callable, Mapping, Sequence
@@ -15,37 +17,27 @@ from typing import Any, Literal, TypeVar
 import duckdb
 import torch
 from sqlglot import exp
-from torch.utils.data import get_worker_info
 
+from ._claims import EpochClaims, Iteration
 from ._core.config import normalise_config, resolve_aliases
 from ._core.display import plan_html, plan_text
 from ._core.errors import warn_caller
-from ._epoch.elastic import Stretch, epoch_remainder
-from ._epoch.shard import (
-    Sharding,
-    agree_seed,
-    epoch_units,
-    part_range,
-    resolve_sharding,
-    shard_samples,
-    share_units,
-)
+from ._epoch.elastic import Stretch
+from ._epoch.mixing import MixingWatch
+from ._epoch.shard import Sharding, part_range, resolve_sharding, shard_samples
 from ._epoch.state import Resume, check_state, make_state
 from ._epoch.summary import plan_rows
 from ._io.cache import PartitionCache
-from ._pipeline.arena import Arena, arena_for
+from ._pipeline.arena import Arena
 from ._pipeline.batch import batch_count
-from ._pipeline.device import DeviceStage
-from ._pipeline.epoch import EpochIterator, EpochRun
-from ._sql.plan import WorkUnit, build_plan
+from ._pipeline.epoch import EpochIterator
+from ._sql.plan import WorkUnit
+from ._sql.planner import build_plan
 from .backends import Backend, DuckDBBackend, connect
-from .mixing import MixingWatch
 from .stats import LoaderStats, StatsRecorder
 from .transforms import as_pipeline
 
 __all__ = ["DDBDataLoader", "LoaderSamples"]
-
-_log = logging.getLogger("ddbloader")
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
@@ -72,7 +64,7 @@ def _records_given_arguments(init: _Init) -> _Init:
     return wrapper  # type: ignore[return-value]
 
 
-class DDBDataLoader:
+class DDBDataLoader(EpochClaims):
     """Feed PyTorch from a SQL query: split it into subqueries, fetch in the background, yield batches.
 
     Semantics (see README): groups never mix inside a sample; windows continue across the
@@ -257,35 +249,6 @@ class DDBDataLoader:
             return self._fixed_sharding
         return resolve_sharding(None, None, self._even_batches)
 
-    def _agree(self, sharding: Sharding) -> None:
-        """Agree on the seed among ``sharding``'s ranks (once per world size), warn of an unordered query.
-
-        Raises:
-            ValueError: ``shuffle`` without a seed in a DataLoader worker of a multi-rank run whose
-                loader was built before the process group (a worker cannot broadcast the seed).
-        """
-        world = sharding.world_size
-        if world in (1, self._agreed_world):
-            return
-        if not self._seed_given:
-            if get_worker_info() is not None and self.config.shuffle:
-                raise ValueError(
-                    f"shuffle=True and seed=None under {world} ranks, in a DataLoader worker of a loader "
-                    f"built before the process group: the ranks cannot agree on a seed here; give the same "
-                    f"seed= on every rank"
-                )
-            if get_worker_info() is None:
-                shared = agree_seed(self.config.seed, sharding, self.config.shuffle)
-                self.config = dataclasses.replace(self.config, seed=shared)
-        self._agreed_world = world
-        query = self.plan.query
-        if query is not None and not query.is_ordered():
-            warn_caller(
-                f"world_size={world} splits groups between ranks, and the query has no "
-                f"ORDER BY: a partition that two ranks both read may come back in another order on each, "
-                f"losing or repeating rows across ranks; add an ORDER BY that orders the rows totally"
-            )
-
     @property
     def batch_size(self) -> int:
         """Samples per batch (the last batch may hold fewer unless ``drop_last``)."""
@@ -360,6 +323,14 @@ class DDBDataLoader:
         self._give_back(None)
         if epoch == self._epoch:
             return
+        if self._resume is not None and self._resume.started:
+            # a framework may call set_epoch itself (Accelerate's loaders do, counting from 0 in a
+            # restarted process): say that the loaded position is dropped, never drop it silently
+            warn_caller(
+                f"set_epoch({epoch}) drops the position load_state_dict restored in epoch {self._epoch}: "
+                f"epoch {epoch} starts from its first batch. To resume, call set_epoch({self._epoch}) "
+                f"(or nothing) before iterating"
+            )
         self._epoch = epoch
         self._resume = None
         self._progress = None
@@ -391,7 +362,7 @@ class DDBDataLoader:
             "loop, keep the one you have; for shapes see loader.plan)"
         )
         self._give_back(None)
-        iteration = _Iteration(self, next(self._tokens), worker, num_workers, claimed)
+        iteration = Iteration(self, next(self._tokens), worker, num_workers, claimed)
         iterator = EpochIterator(iteration)
         weakref.finalize(iterator, self._give_back, iteration.token).atexit = False
         self._iterator = weakref.ref(iterator)
@@ -400,141 +371,6 @@ class DDBDataLoader:
             # is stepped or dropped (StatefulDataLoader restores one it never steps)
             iterator.start()
         return iterator
-
-    def _pending(self, worker: int, num_workers: int) -> tuple[int, int]:
-        """``(epoch, batches)`` an iteration of this worker would serve if it started now."""
-        sharding = self.sharding
-        stretches, skip = self._next_run(sharding, worker, num_workers)
-        if stretches:
-            share = sum(u.samples for u in self._units(self._epoch, stretches, sharding, worker, num_workers))
-        else:
-            samples = shard_samples(self.plan.samples, sharding.world_size, sharding.even_batches)
-            share = len(part_range(samples, num_workers, worker))
-        batches = batch_count(share, self.config.batch_size, self.config.drop_last)
-        return self._epoch, batches - min(skip, batches)
-
-    def _next_run(self, sharding: Sharding, worker: int, num_workers: int) -> tuple[tuple[Stretch, ...], int]:
-        """The stretches of the next epoch served before it and the batches of its own schedule to
-        skip (see :meth:`~ddbloader._epoch.state.Resume.continued_by`); none for an ordinary epoch."""
-        if self._resume is None:
-            return (), 0
-        return self._resume.continued_by(sharding.world_size, sharding.even_batches, worker, num_workers)
-
-    def _remainder(self, epoch: int, stretches: tuple[Stretch, ...]) -> list[WorkUnit]:
-        """What ``stretches`` left of ``epoch`` (kept for the epoch's iterations and ``len``)."""
-        key = (epoch, self.config.seed, stretches)
-        if self._left is None or self._left[0] != key:
-            self._left = (key, epoch_remainder(self.plan, self.config, epoch, stretches))
-        return self._left[1]
-
-    def _units(
-        self, epoch: int, stretches: tuple[Stretch, ...], sharding: Sharding, worker: int, num_workers: int
-    ) -> list[WorkUnit]:
-        """The work units of this (rank, worker) in ``epoch``, after ``stretches`` of it."""
-        if stretches:
-            return share_units(
-                self._remainder(epoch, stretches),
-                sharding.rank,
-                sharding.world_size,
-                worker,
-                num_workers,
-                sharding.even_batches,
-            )
-        return epoch_units(
-            self.plan,
-            self.config,
-            epoch,
-            sharding.rank,
-            sharding.world_size,
-            worker,
-            num_workers,
-            sharding.even_batches,
-        )
-
-    def _claim(self, iteration: _Iteration) -> tuple[EpochRun, Backend]:
-        """Start the next epoch for ``iteration`` (its first step)."""
-        if self._closed:
-            raise RuntimeError("this DDBDataLoader is closed")
-        sharding = self.sharding
-        self._agree(sharding)
-        epoch, config = self._epoch, self.config
-        stretches, saved = self._next_run(sharding, iteration.worker, iteration.num_workers)
-        units = tuple(self._units(epoch, stretches, sharding, iteration.worker, iteration.num_workers))
-        batches = batch_count(sum(u.samples for u in units), config.batch_size, config.drop_last)
-        skip = min(saved, batches)
-        self._recorder = StatsRecorder(epoch, self._mixing.epoch(units, epoch, batches))
-        stage = DeviceStage(config.device, config.pin_memory, config.window_on_device, config.collate)
-        # an arena is taken by one epoch at a time and shelved when its last batch is gathered
-        arena, self._arena = (
-            (None, self._arena)
-            if stage.gathers_on_device
-            else (arena_for(self.plan, config, self._arena), None)
-        )
-        # An epoch served from the cache to the CPU waits for no fetch and no copy: an assembler
-        # thread would only add a hand-over per batch (two thread wake-ups, tens of µs, about
-        # what the gather of a batch costs), so the consumer's thread assembles its batches.
-        from_memory = self._cache is not None and self._cache.holds(self.plan.partitions)
-        prefetch = 0 if from_memory and stage.device.type == "cpu" else config.prefetch_batch
-        run = EpochRun(
-            self.plan,
-            config,
-            epoch,
-            units,
-            batches,
-            skip,
-            self._recorder,
-            stage,
-            arena,
-            self._shelve,
-            self._cache,
-            prefetch,
-        )
-        backend = self._backend_here()
-        _log.info(
-            "epoch %d: %d groups, %d partitions, %d samples, %d batches%s",
-            epoch,
-            len(self.plan.groups),
-            self.plan.partitions,
-            self.plan.samples,
-            batches,
-            (f" (resuming after batch {skip})" if skip else "")
-            + (f" (the rest after {len(stretches)} stretch(es) under other worlds)" if stretches else ""),
-        )
-        self._epoch = epoch + 1
-        self._resume = None
-        self._running = Resume(
-            stretches,
-            sharding.world_size,
-            sharding.even_batches,
-            iteration.num_workers,
-            iteration.worker,
-            0,
-            None,
-        )
-        self._progress = (epoch, skip, False)
-        iteration.started(epoch, skip, sharding.world_size, self._running)
-        return run, backend
-
-    def _report(self, token: int, skip: int, progress: tuple[int, int, bool], place: Resume) -> None:
-        self._progress = progress
-        epoch, yielded, ended = progress
-        self._peek = (token, epoch, place.at(skip)) if yielded == skip + 1 and not ended else None
-
-    def _give_back(self, token: int | None) -> None:
-        """Return the epoch of an iteration abandoned after its first batch (``None``: any such one)."""
-        peek = self._peek
-        if peek is None or (token is not None and peek[0] != token):
-            return
-        self._peek = None
-        _, self._epoch, self._resume = peek
-        self._progress = None
-
-    def _check_world(self, world: int) -> None:
-        if self._fixed_sharding is None and self.sharding.world_size != world:
-            raise ValueError(
-                f"the world size changed from {world} to {self.sharding.world_size} during an epoch: the "
-                f"epoch was split for {world} ranks; finish the epoch before changing the process group"
-            )
 
     def stats(self) -> LoaderStats:
         """Throughput of the current (or last) epoch; renders as a table in Jupyter."""
@@ -731,42 +567,6 @@ class LoaderSamples:
     def __repr__(self) -> str:
         kind = "this rank's samples" if self._per_rank else "samples"
         return f"<{len(self)} {kind} of a DDBDataLoader>"
-
-
-class _Iteration:
-    """One ``iter(loader)``: the :class:`~ddbloader._pipeline.epoch.EpochSource` of its iterator."""
-
-    def __init__(
-        self,
-        loader: DDBDataLoader,
-        token: int,
-        worker: int,
-        num_workers: int,
-        claimed: Callable[[int], None] | None,
-    ) -> None:
-        self.loader, self.token, self.worker, self.num_workers = loader, token, worker, num_workers
-        self._claimed = claimed
-        self._skip = 0
-        self._world = 1
-        self._place: Resume | None = None
-
-    def pending(self) -> tuple[int, int]:
-        return self.loader._pending(self.worker, self.num_workers)
-
-    def claim(self) -> tuple[EpochRun, Backend]:
-        return self.loader._claim(self)
-
-    def started(self, epoch: int, skip: int, world: int, place: Resume) -> None:
-        self._skip, self._world, self._place = skip, world, place
-        if self._claimed is not None:
-            self._claimed(epoch)
-
-    def report(self, progress: tuple[int, int, bool]) -> None:
-        assert self._place is not None
-        self.loader._report(self.token, self._skip, progress, self._place)
-
-    def check(self) -> None:
-        self.loader._check_world(self._world)
 
 
 def _reopenable(source: Any) -> bool:

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, fields
 
 from ._core.display import CELL_STYLE, LABEL_STYLE, html_rows, html_table, human_bytes
-from .mixing import EpochMixing
+from ._epoch.mixing import EpochMixing
 
 __all__ = ["LOADER_BOUND", "MODEL_BOUND", "LoaderStats", "StatsRecorder"]
 

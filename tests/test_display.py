@@ -79,6 +79,16 @@ def test_repr_counts_subqueries_and_the_pieces_of_those_streamed(con: duckdb.Duc
         assert f"groups × repartitions: {expected}," in repr(loader)
 
 
+def test_repr_counts_range_pieces_apart_from_streamed_ones(con: duckdb.DuckDBPyConnection) -> None:
+    make_series(con, [[300, 5], [10]])
+    options: dict[str, Any] = {"group_col": "gid", "repartition_col": "part", "fetch_bytes": 1600}
+    with DDBDataLoader(con, SERIES_SQL, "y", input_col=["f0"], shuffle=True, seed=0, **options) as loader:
+        ranged = sum(p.ranges is not None for g in loader.plan.groups for p in g.partitions)
+        partitions = sum(len(g.partitions) for g in loader.plan.groups)
+        expected = f"= {partitions} partitions ({ranged} range pieces of the order key)"
+        assert ranged > 1 and expected in repr(loader) and "streamed" not in repr(loader)
+
+
 def test_repr_of_an_unsplit_query_without_windows(series: duckdb.DuckDBPyConnection) -> None:
     with DDBDataLoader(series, SERIES_SQL, "y", batch_size=10, input_col=["f0"], drop_last=True) as loader:
         text = repr(loader)

@@ -355,3 +355,55 @@ def test_verify_checks_each_range_piece(engine: _Engine, window_size: int | None
         ):
             for _ in verified:
                 pass
+
+
+def _windows(con: duckdb.DuckDBPyConnection, sql: str, fetch_bytes: int) -> list[tuple[float, ...]]:
+    options: dict[str, Any] = {"input_col": ["idf"], "batch_size": 64, "shuffle": True, "seed": 1}
+    with DDBDataLoader(con, sql, "y", fetch_bytes=fetch_bytes, window_size=4, **options) as loader:
+        return sorted(tuple(r.reshape(-1).tolist()) for x, _ in loader for r in x)
+
+
+@pytest.mark.parametrize("null_order", ["nulls_first", "nulls_last"])
+def test_null_keys_go_where_the_session_orders_them(con: duckdb.DuckDBPyConnection, null_order: str) -> None:
+    """The NULL piece sits where the engine puts NULLs, asked of it, not where the dialect's default
+    would (DuckDB's ``default_null_order`` changes it): windows across it are the whole query's."""
+    con.execute(f"SET default_null_order = '{null_order}'")
+    con.execute(
+        "CREATE TABLE t AS SELECT i AS id, i * 1.0 AS idf, i * 1.0 AS y, CASE WHEN i % 37 = 0 THEN NULL "
+        "WHEN i % 53 = 0 THEN 'NaN'::DOUBLE ELSE (i % 97) * 1.5 END AS fk FROM range(3000) r(i)"
+    )
+    sql = "SELECT * FROM t ORDER BY fk, id"
+    assert _windows(con, sql, 3000) == _windows(con, sql, 0)
+
+
+def test_a_key_without_a_python_value_falls_back_with_the_reason(con: duckdb.DuckDBPyConnection) -> None:
+    con.execute(
+        "CREATE TABLE t AS SELECT i AS id, i * 1.0 AS y, CASE WHEN i < 2500 THEN TIMESTAMP '2024-01-01' "
+        "+ INTERVAL (i) MINUTE ELSE 'infinity'::TIMESTAMP END AS tk FROM range(3000) r(i)"
+    )
+    with pytest.warns(UserWarning, match=r"the order key 'tk' has no Python value"):
+        loader = DDBDataLoader(
+            con, "SELECT * FROM t ORDER BY tk, id", "y", input_col=["y"], shuffle=True, fetch_bytes=2000
+        )
+    with loader:
+        assert all(p.ranges is None for p in loader.plan.groups[0].partitions)
+        assert sum(len(x) for x, _ in loader) == 3000
+
+
+def test_the_plan_fingerprint_of_zoned_keys_is_the_same_in_every_time_zone(
+    con: duckdb.DuckDBPyConnection,
+) -> None:
+    con.execute(
+        "CREATE TABLE t AS SELECT i AS id, i * 1.0 AS y, TIMESTAMPTZ '2024-03-31 00:00:00+00' "
+        "+ INTERVAL (i % 300) MINUTE AS tk FROM range(3000) r(i)"
+    )
+    options: dict[str, Any] = {"input_col": ["y"], "shuffle": True, "seed": 1, "fetch_bytes": 2000}
+    states = []
+    for zone in ("UTC", "Europe/Paris"):
+        con.execute(f"SET TimeZone = '{zone}'")
+        with DDBDataLoader(con, "SELECT * FROM t ORDER BY tk, id", "y", **options) as loader:
+            assert any(p.ranges is not None for p in loader.plan.groups[0].partitions)
+            states.append(loader.state_dict())
+    with DDBDataLoader(con, "SELECT * FROM t ORDER BY tk, id", "y", **options) as loader:
+        loader.load_state_dict(states[0])  # saved under UTC, resumed under Paris
+    assert states[0]["plan"] == states[1]["plan"]

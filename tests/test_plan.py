@@ -21,7 +21,8 @@ import pytest
 
 from ddbloader import DDBDataLoader
 from ddbloader._pipeline.batch import batch_count
-from ddbloader._sql.plan import MIN_PIECE_ROWS, QueryPlan, pieces, plan_differences, plan_fingerprint
+from ddbloader._sql.plan import MIN_PIECE_ROWS, QueryPlan, pieces
+from ddbloader._sql.plan_fingerprint import plan_differences, plan_fingerprint
 from tests.conftest import SERIES_SQL, make_series, warnings_containing
 
 pytestmark = [

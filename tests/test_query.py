@@ -22,7 +22,8 @@ from hypothesis import strategies as st
 from sqlglot import exp
 
 from ddbloader import DDBDataLoader
-from ddbloader._sql.query import UserQuery, parse_column_expression
+from ddbloader._sql.parsing import parse_column_expression
+from ddbloader._sql.query import UserQuery
 
 DIALECT = "duckdb"
 

@@ -25,7 +25,7 @@ from ddbloader._epoch import schedule as schedule_module
 from ddbloader._epoch.schedule import BatchSchedule, EventKind, ScheduledBatch
 from ddbloader._epoch.shard import EvenBatches, shard_samples, split_units
 from ddbloader._epoch.shuffle import Purpose, SourceDraws, visit_order
-from ddbloader._epoch.units import PartitionKey, touched_partitions
+from ddbloader._epoch.visits import PartitionKey, touched_partitions
 from ddbloader._pipeline.batch import batch_count
 from ddbloader._sql.plan import GroupPlan, PartitionSpec, WorkUnit
 

@@ -41,7 +41,8 @@ from hypothesis import strategies as st
 
 from ddbloader import DDBDataLoader
 from ddbloader._sql.fingerprint import strip_hash
-from ddbloader._sql.query import UserQuery, parse_column_expression
+from ddbloader._sql.parsing import parse_column_expression
+from ddbloader._sql.query import UserQuery
 from ddbloader.backends import connect
 
 ROWS = 60

@@ -171,7 +171,7 @@ def test_loader_stats_is_exported() -> None:
     assert ddbloader.LoaderStats is LoaderStats
 
 
-# --- mixing (ddbloader/mixing.py) ---------------------------------------------------------------
+# --- mixing (ddbloader/_epoch/mixing.py) ---------------------------------------------------------------
 
 
 def _table(con: duckdb.DuckDBPyConnection, rows: int) -> None:

@@ -18,7 +18,8 @@ import pytest
 from conftest import SERIES_SQL, live_threads, make_series, wait_until
 
 from ddbloader import DDBDataLoader
-from ddbloader._io.fetch import Fetcher, RetryPolicy
+from ddbloader._io.fetch import Fetcher
+from ddbloader._io.retry import RetryPolicy
 from ddbloader._io.streams import read_batches
 from ddbloader._io.threads import Stopped
 from ddbloader._sql.plan import MIN_PIECE_ROWS, PartitionSpec, QueryPlan

@@ -22,15 +22,9 @@ from resume_check import assert_resumes_exactly, assert_same_batches
 
 from ddbloader import DDBDataLoader
 from ddbloader._epoch.shard import epoch_units
-from ddbloader._epoch.units import (
-    FIRST_UNIT_SHARE,
-    MAX_VALUES,
-    FetchUnit,
-    fetch_units,
-    partition_visits,
-    split_by_key,
-    unit_blocks,
-)
+from ddbloader._epoch.unit_split import split_by_key, unit_blocks
+from ddbloader._epoch.units import FIRST_UNIT_SHARE, MAX_VALUES, FetchUnit, fetch_units
+from ddbloader._epoch.visits import partition_visits
 from ddbloader._sql.plan import PartitionSpec
 from ddbloader._sql.source import to_block
 from ddbloader.backends import DuckDBBackend
@@ -142,7 +136,7 @@ def test_split_imports_no_pandas() -> None:
         """
         import sys, duckdb
         from ddbloader._sql.plan import PartitionSpec
-        from ddbloader._epoch.units import split_by_key
+        from ddbloader._epoch.unit_split import split_by_key
         table = duckdb.sql(
             "SELECT i AS v, 'g' || (i % 2) AS _ddb_group, DATE '2024-01-01' + (i % 3)::INT "
             "AS _ddb_repartition FROM range(12) t(i)"

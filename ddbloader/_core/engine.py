@@ -7,7 +7,7 @@ for DolphinDB, turned into a typed literal by the backend's own literal builder)
 
 A backend runs every query once. Whether an error is worth another attempt (a lost connection)
 is the backend's call, through :meth:`Backend.is_transient`; the one retry loop is the
-fetcher's (:class:`~ddbloader._io.fetch.RetryPolicy`, configured by the loader's ``retries`` and
+fetcher's (:class:`~ddbloader._io.retry.RetryPolicy`, configured by the loader's ``retries`` and
 ``retry_backoff``), which closes the failed cursor and opens a fresh one, so a backend that
 connects per cursor reconnects. Credentials never appear in ``engine`` or in messages
 written here: URIs pass through :func:`redact_uri`.

@@ -12,7 +12,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from .units import PartitionKey
+from .visits import PartitionKey
 
 __all__ = ["NO_SAMPLES", "Event", "EventKind", "Recorder", "ScheduledBatch"]
 

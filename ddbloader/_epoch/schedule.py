@@ -14,7 +14,7 @@ The order it defines (the pool's, see :class:`~ddbloader._pipeline.pool.GroupPoo
   ``floor(u_k * active)`` (:class:`~ddbloader._epoch.shuffle.SourceDraws`), each slot serves its
   share in slot order, a unit that runs out hands its slot (and the rest of its share) to the next
   waiting unit, and once none waits the shares of closed slots are drawn again among the rest.
-* A unit loads the partitions its samples touch in :func:`~ddbloader._epoch.units.partition_visits`
+* A unit loads the partitions its samples touch in :func:`~ddbloader._epoch.visits.partition_visits`
   order, keeping the first and last ``span - 1`` rows of each; a loaded partition's *step* holds
   the unit's samples that it completes (those whose rows are now all at hand), permuted by the
   next draw of :class:`~ddbloader._epoch.shuffle.SampleOrders` when it is loaded. A step is loaded
@@ -42,7 +42,7 @@ from .._sql.plan import WorkUnit
 from .events import NO_SAMPLES, Event, EventKind, Recorder, ScheduledBatch
 from .owed import keep_owed
 from .shuffle import SampleOrders, SourceDraws
-from .units import partition_visits
+from .visits import partition_visits
 
 __all__ = ["BatchSchedule", "Event", "EventKind", "ScheduledBatch"]
 

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._core.config import LoaderConfig
-from .._sql.plan import QueryPlan, plan_differences, plan_fingerprint
+from .._sql.plan import QueryPlan
+from .._sql.plan_fingerprint import plan_differences, plan_fingerprint
 from .elastic import Stretch
 from .shard import EvenBatches
 

@@ -20,13 +20,18 @@ def _shape(batch: int, window: int | None, sample: tuple[int, ...]) -> str:
 def _split(plan: QueryPlan, config: LoaderConfig) -> str:
     """``'5 groups × 12 repartitions = 60 partitions'``; a range when groups differ; ``'whole group'``
     without a repartition column (each group is one partition); the subqueries larger than
-    ``fetch_bytes`` and the pieces they are streamed in, when there are any."""
+    ``fetch_bytes`` and the pieces they are streamed in, and the range pieces (each a partition),
+    when there are any."""
     groups = len(plan.groups)
     per_group = sorted({sum(p.piece == 0 for p in g.partitions) for g in plan.groups}) or [0]
     subqueries = sum(p.piece == 0 for g in plan.groups for p in g.partitions)
-    streamed = [p for g in plan.groups for p in g.partitions if p.streamed]
+    every = [p for g in plan.groups for p in g.partitions]
+    streamed = [p for p in every if p.streamed and p.ranges is None]
+    ranged = sum(p.ranges is not None and p.piece == 0 for p in every)
     heads = sum(p.piece == 0 for p in streamed)
-    pieces = f" ({heads:,} streamed in {len(streamed):,} pieces)" if streamed else ""
+    notes = [f"{heads:,} streamed in {len(streamed):,} pieces"] if streamed else []
+    notes += [f"{ranged:,} range piece{'' if ranged == 1 else 's'} of the order key"] if ranged else []
+    pieces = f" ({', '.join(notes)})" if notes else ""
     spread = str(per_group[0]) if len(per_group) == 1 else f"{per_group[0]}–{per_group[-1]}"
     split = (
         "whole group"

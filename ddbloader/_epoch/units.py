@@ -1,11 +1,11 @@
-"""Fetch units: which partitions one query fetches, and the split of its result into partitions.
+"""Fetch units: which partitions one query fetches, cut to a byte budget along the epoch's visits.
 
 One query per (group, repartition) partition makes an epoch cost one round trip, and on an
 engine that cannot prune on the key one table scan, per partition. A :class:`FetchUnit` instead
 fetches many partitions with one query (:meth:`~ddbloader._sql.query.UserQuery.filtered_many`: the
 key values bound as an ``IN`` list, the keys selected as extra columns) and
-:func:`unit_blocks` splits the Arrow result by key, vectorised, keeping the query's order within
-each partition.
+:func:`~ddbloader._epoch.unit_split.unit_blocks` splits the Arrow result by key, vectorised,
+keeping the query's order within each partition.
 
 Units are cut by :func:`fetch_units` from the planned row counts to a byte budget
 (``fetch_bytes``), along the order in which an epoch's streams ask for partitions: whole groups
@@ -25,26 +25,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
 
 from .._core.config import LoaderConfig
-from .._core.window import WindowGeometry
 from .._sql.plan import GroupPlan, PartitionSpec, QueryPlan, WorkUnit
-from .._sql.source import Block, ColumnLayout, arrow_values, to_block
-from .owed import owed_partitions
-from .shuffle import Purpose, visit_order
+from .visits import PartitionKey, partition_visits
 
-__all__ = [
-    "FIRST_UNIT_SHARE",
-    "MAX_VALUES",
-    "FetchUnit",
-    "UnitPartitions",
-    "fetch_units",
-    "partition_visits",
-    "split_by_key",
-    "unit_blocks",
-]
+__all__ = ["FIRST_UNIT_SHARE", "MAX_VALUES", "FetchUnit", "fetch_units"]
 
 #: Bound parameters in one unit's query at most: SQLite's historical limit, low enough for all.
 MAX_VALUES = 999
@@ -54,61 +40,6 @@ MAX_VALUES = 999
 #: twice as much, up to the budget, so that a unit's query is done by the time the rows of the
 #: unit before it are served (a full unit after a small one kept every epoch waiting ~30 ms).
 FIRST_UNIT_SHARE = 8
-
-#: A partition's identity within a plan: (group index, position in the group).
-PartitionKey = tuple[int, int]
-
-
-#: The visits of a group of one partition that has samples (shared, not a list per group and epoch).
-_ONLY_PARTITION = (0,)
-
-
-def touched_partitions(unit: WorkUnit, geometry: WindowGeometry) -> Sequence[int]:
-    """Positions of the partitions of ``unit.group`` whose rows ``unit``'s samples touch.
-
-    A plain loop, not numpy: it runs once per group per epoch, and most groups have a handful of
-    partitions, where building an array cost 100 µs a group (1 s an epoch at 10,000 groups).
-    """
-    if len(unit.group.partitions) == 1 and unit.samples > 0:
-        return _ONLY_PARTITION
-    if unit.owed is not None:  # an elastic resume's remainder: only the partitions it owes samples of
-        return owed_partitions(unit, geometry)
-    first_row = unit.first * geometry.stride
-    stop_row = (unit.stop - 1) * geometry.stride + geometry.span
-    touched = []
-    start = 0
-    for position, partition in enumerate(unit.group.partitions):
-        if start >= stop_row:
-            break
-        stop = start + partition.rows
-        if stop > first_row:
-            touched.append(position)
-        start = stop
-    return touched
-
-
-def partition_visits(
-    unit: WorkUnit, config: LoaderConfig, geometry: WindowGeometry, epoch: int
-) -> Sequence[int]:
-    """The positions of the partitions ``unit`` needs, in the order its stream loads them.
-
-    The needed pieces of one streamed subquery are visited together and in row order (its
-    query reads them in that order): the subqueries are shuffled, then expanded into pieces.
-    """
-    needed = touched_partitions(unit, geometry)
-    if len(needed) < 2 or not config.shuffle:
-        return needed
-    partitions = unit.group.partitions
-    runs: list[list[int]] = []
-    for position in needed:
-        if runs and partitions[position].piece and partitions[runs[-1][-1]].head == partitions[position].head:
-            runs[-1].append(position)
-        else:
-            runs.append([position])
-    order = visit_order(
-        len(runs), config.shuffle, config.seed, epoch, Purpose.PARTITION_ORDER, unit.group.index, unit.first
-    )
-    return [position for i in order for position in runs[int(i)]]
 
 
 @dataclass(frozen=True)
@@ -288,186 +219,3 @@ class _Cutter:
             bounds = np.cumsum([0, *(c for c in counts if c is not None)]).tolist()
             params = tuple(list(params[a:b]) for a, b in itertools.pairwise(bounds))
         self.units.append(FetchUnit(sql, params, cells, frozenset(wanted)))
-
-
-def _codes(column: pa.ChunkedArray, values: Sequence[Any]) -> np.ndarray[Any, Any] | None:
-    """Per row, the index of its value in ``values`` (-1 for none), compared as Arrow values of
-    the column's type; None when ``values`` do not convert to that type.
-
-    When every distinct value of the column equals one of ``values`` (or is NULL) as a Python
-    value, the codes come from the column's own distinct values, without converting ``values`` to
-    Arrow: ``pa.array`` and ``to_numpy`` import pandas on their first call (a second or more, in a
-    fetch thread, while the first batch waits).
-    """
-    codes = _codes_by_distinct(column, values)
-    if codes is not None:
-        return codes
-    try:
-        value_set = pa.array(values, type=column.type)
-    except (pa.ArrowException, TypeError, ValueError, OverflowError):
-        try:
-            value_set = pa.array(values).cast(column.type)
-        except (pa.ArrowException, TypeError, ValueError, OverflowError):
-            return None
-    codes = pc.index_in(column, value_set=value_set)
-    return np.asarray(codes.fill_null(-1).to_numpy(), dtype=np.int64)
-
-
-def _codes_by_distinct(column: pa.ChunkedArray, values: Sequence[Any]) -> np.ndarray[Any, Any] | None:
-    """:func:`_codes` from the column's distinct values, or None when one of them is not among
-    ``values`` (a row outside them, or a value that Python and Arrow may compare differently).
-
-    One dictionary encoding finds the distinct values and each row's (half the time of finding
-    them and then looking each row up); a NULL row is -1 unless ``values`` holds None."""
-    encoded = column.combine_chunks().dictionary_encode()
-    index = {value: i for i, value in enumerate(values)}
-    try:
-        found = [index.get(value) for value in encoded.dictionary.to_pylist()]
-        null_code = index.get(None, -1)
-    except TypeError:  # an unhashable value (a list column): compare as Arrow values
-        return None
-    if None in found:
-        return None
-    indices = encoded.indices
-    if indices.null_count:
-        indices = indices.fill_null(len(found))
-    lookup = np.asarray([*found, null_code], dtype=np.int64)
-    codes: np.ndarray[Any, Any] = lookup[arrow_values(pa.chunked_array([indices]), "key codes", "error")]
-    return codes
-
-
-def _cell_of_rows(table: pa.Table, cells: Sequence[PartitionSpec]) -> np.ndarray[Any, Any] | None:
-    """Per row of ``table``, the index of the cell whose key values its key columns hold, or -1
-    (a row outside the scheme: no subquery returns it); None if a value cannot be compared."""
-    keys = len(cells[0].params)
-    first_key = table.num_columns - keys
-    row_code = np.zeros(table.num_rows, dtype=np.int64)
-    cell_code = np.zeros(len(cells), dtype=np.int64)
-    outside = np.zeros(table.num_rows, dtype=bool)
-    for k in range(keys):
-        values = list(dict.fromkeys(c.params[k] for c in cells))
-        codes = _codes(table.column(first_key + k), values)
-        if codes is None:
-            return None
-        outside |= codes < 0
-        index = {v: i for i, v in enumerate(values)}
-        row_code = row_code * len(values) + codes
-        cell_code = cell_code * len(values) + np.array([index[c.params[k]] for c in cells], dtype=np.int64)
-    if np.array_equal(cell_code, np.arange(len(cells))):
-        # cells enumerate the codes (one key; a run of one group's repartitions; groups that all
-        # hold the same repartition values): a row's code is its cell, no search needed
-        row_code[outside | (row_code >= len(cells))] = -1
-        return row_code
-    by_code = np.argsort(cell_code)
-    sorted_codes = cell_code[by_code]
-    at = np.minimum(np.searchsorted(sorted_codes, row_code), len(cells) - 1)
-    cell = by_code[at]
-    cell[outside | (sorted_codes[at] != row_code)] = -1
-    return cell
-
-
-def split_by_key(table: pa.Table, cells: Sequence[PartitionSpec]) -> list[pa.Table] | None:
-    """Cut a unit's result into its cells' rows, each in the result's order.
-
-    ``table`` ends with one column per key (as ``filtered_many`` selects them); cell ``i``'s rows
-    are those whose key values equal ``cells[i].params``, compared as Arrow values of the key
-    column's type; rows that match no cell (outside the scheme) are dropped, as no subquery
-    returns them. The key columns are dropped.
-
-    Returns None when the result does not split into exactly the planned rows: a key value that
-    does not convert to the column's type, or a cell whose row count differs from planning (the
-    client compared a value differently from the engine, or the data changed). The caller then
-    fetches the cells one by one, with subqueries the engine compares itself.
-    """
-    grouped = _grouped_by_cell(table, cells)
-    if grouped is None:
-        return None
-    data, bounds = grouped
-    return [data.slice(bounds[i], bounds[i + 1] - bounds[i]) for i in range(len(cells))]
-
-
-def _grouped_by_cell(table: pa.Table, cells: Sequence[PartitionSpec]) -> tuple[pa.Table, list[int]] | None:
-    """The rows of ``table`` without its key columns, grouped by cell in cell order (each cell's
-    in the result's order, rows outside the scheme first), and where each cell's rows begin:
-    cell ``i`` is rows ``[bounds[i], bounds[i + 1])``. None as in :func:`split_by_key`."""
-    cell_of_row = _cell_of_rows(table, cells)
-    if cell_of_row is None:
-        return None
-    counts = np.bincount(cell_of_row + 1, minlength=len(cells) + 1)
-    if counts[1:].tolist() != [c.rows for c in cells]:
-        return None
-    data = table.select(range(table.num_columns - len(cells[0].params)))
-    if len(cell_of_row) and (np.diff(cell_of_row) < 0).any():
-        # a stable sort of 16-bit keys is a radix sort: O(rows), 7x faster than of 64-bit ones
-        narrow = cell_of_row.astype(np.int16) if len(cells) < np.iinfo(np.int16).max else cell_of_row
-        order = np.argsort(narrow, kind="stable").astype(np.int64, copy=False)
-        # from the buffer, as pa.array(order) would import pandas (see _codes)
-        data = data.take(pa.Array.from_buffers(pa.int64(), len(order), [None, pa.py_buffer(order)]))
-    return data, np.cumsum(counts).tolist()
-
-
-class UnitPartitions:
-    """The wanted partitions of a fetch unit, in cell order: ``specs[i]``'s rows are
-    :meth:`block` ``(i)``, made when asked for. Read-only, so thread-safe.
-
-    Without a transform the partitions are rows ``[bounds[i], bounds[i + 1])`` of one conversion
-    (``whole``), and each block is a view made on demand: made at once, a block per partition
-    (thousands an epoch with small groups) waited to be claimed long enough for the garbage
-    collector to promote them, and to sweep the whole heap every few epochs. With a transform
-    (or partitions fetched one by one) each has a block of its own (``blocks``).
-    """
-
-    def __init__(
-        self,
-        specs: Sequence[PartitionSpec],
-        *,
-        whole: Block | None = None,
-        bounds: Sequence[int] = (),
-        blocks: Sequence[Block] = (),
-    ) -> None:
-        self.specs = tuple(specs)
-        self._whole = whole
-        self._bounds = bounds
-        self._blocks = blocks
-
-    def block(self, index: int) -> Block:
-        if self._whole is None:
-            return self._blocks[index]
-        return self._whole.view(self._bounds[index], self._bounds[index + 1])
-
-    @property
-    def rows(self) -> int:
-        if self._whole is None:
-            return sum(b.rows for b in self._blocks)
-        return self._bounds[-1] - self._bounds[0]
-
-
-def unit_blocks(table: pa.Table, unit: FetchUnit, layout: ColumnLayout) -> UnitPartitions | None:
-    """The wanted partitions of a unit's result, or None if it does not split exactly.
-
-    Without a transform the rows are converted once and each partition's block is a view of
-    that conversion (of the grouped result itself when every partition is wanted, without
-    cutting it into partitions and joining them again); a transform runs on each partition's
-    rows, as for a partition fetched alone.
-    """
-    grouped = _grouped_by_cell(table, unit.cells)
-    if grouped is None:
-        return None
-    data, bounds = grouped
-    if layout.transform is None and len(unit.wanted) == len(unit.cells):
-        outside = bounds[0]
-        whole = to_block(data.slice(outside), layout)
-        return UnitPartitions(unit.cells, whole=whole, bounds=[b - outside for b in bounds])
-    wanted = [
-        (spec, data.slice(bounds[i], bounds[i + 1] - bounds[i]))
-        for i, spec in enumerate(unit.cells)
-        if spec.key in unit.wanted
-    ]
-    specs = [spec for spec, _ in wanted]
-    if layout.transform is not None:
-        return UnitPartitions(specs, blocks=[to_block(part, layout) for _, part in wanted])
-    # One chunk, not one per partition: converting 2,000 one-partition chunks column by column
-    # cost 10x the copy that joins them.
-    whole = to_block(pa.concat_tables([part for _, part in wanted]).combine_chunks(), layout)
-    bounds = list(itertools.accumulate((part.num_rows for _, part in wanted), initial=0))
-    return UnitPartitions(specs, whole=whole, bounds=bounds)

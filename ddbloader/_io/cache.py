@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Sequence
 
-from .._epoch.units import PartitionKey
+from .._epoch.visits import PartitionKey
 from .._sql.plan import PartitionSpec
 from .._sql.source import Block
 from .source import PartitionSource

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from .._epoch.units import PartitionKey
+from .._epoch.visits import PartitionKey
 from .._sql.plan import PartitionSpec
 from .._sql.source import Block
 from .threads import Pending

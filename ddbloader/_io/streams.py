@@ -58,7 +58,7 @@ class CursorSlot(Protocol):
 
 
 class Retry(Protocol):
-    """How often a failed read is tried again (:class:`~ddbloader._io.fetch.RetryPolicy`)."""
+    """How often a failed read is tried again (:class:`~ddbloader._io.retry.RetryPolicy`)."""
 
     @property
     def retries(self) -> int: ...

@@ -317,7 +317,11 @@ class RangeCutter:
                 f"whose values do not bind back to the engine exactly"
             )
             return None
-        lows = table.column(_LOW_ALIAS).to_pylist()
+        try:
+            lows = table.column(_LOW_ALIAS).to_pylist()
+        except (OverflowError, ValueError) as error:  # e.g. 'infinity' dates: no Python value
+            self.reason = f"a value of the order key {self.key.text!r} has no Python value ({error})"
+            return None
         counts = [int(n) for n in table.column(_ROWS_ALIAS).to_pylist()]
         tiles = list(zip(lows, counts, strict=True))
         keyed = sum(counts)
@@ -326,14 +330,49 @@ class RangeCutter:
                 f"ranking a subquery by {self.key.text!r} found {keyed} rows, but counting it found "
                 f"{rows}: the data changed while the loader was being built; build it again"
             )
+        if pa.types.is_floating(table.schema.field(_LOW_ALIAS).type) and self._unequal_to_themselves(
+            columns, params
+        ):
+            self.reason = (
+                f"the order key {self.key.text!r} holds NaN, which this engine finds unequal to itself, "
+                f"so no key range would hold those rows"
+            )
+            return None
+        nulls_first = self.key.nulls_first
+        if keyed and rows > keyed:
+            nulls_first = self._nulls_come_first(columns, params)
         return layout(
             tiles,
             rows - keyed,
             pieces,
             COMB_BAND if self._combed else 1,
             descending=self.key.descending,
-            nulls_first=self.key.nulls_first,
+            nulls_first=nulls_first,
         )
+
+    def _unequal_to_themselves(self, columns: Sequence[exp.Expr], params: tuple[Any, ...]) -> bool:
+        """Whether some key of the subquery compares unequal to itself (NaN on engines such as
+        ClickHouse; DuckDB, PostgreSQL and Spark find NaN equal to NaN and above every number)."""
+        assert isinstance(self._query, UserQuery) and self.key is not None
+        key = _paren(self.key.expression)
+        odd = self._query.filtered_where(columns, exp.NEQ(this=key, expression=key.copy()), ordered=False)
+        probe = exp.select(exp.Count(this=exp.Star()).as_(_ROWS_ALIAS)).from_(_subquery(odd, "_ddb_n"))
+        table = self._run(self._query.render(probe), "looking for NaN order keys", params)
+        return bool(table.column(_ROWS_ALIAS)[0].as_py())
+
+    def _nulls_come_first(self, columns: Sequence[exp.Expr], params: tuple[Any, ...]) -> bool:
+        """Whether the engine puts the subquery's NULL keys before the others in the query's own
+        order: asked of the engine, whose session may order NULLs otherwise than its dialect's
+        default (DuckDB's ``default_null_order``), when the ORDER BY does not say."""
+        assert isinstance(self._query, UserQuery) and self.key is not None
+        first = self._query.filtered_where(columns, exp.true(), ordered=True)
+        assert isinstance(first, exp.Select)
+        first = first.limit(1)
+        probe = exp.select(
+            exp.Is(this=_paren(self.key.expression), expression=exp.Null()).as_(_KEY_ALIAS)
+        ).from_(_subquery(first, "_ddb_f"))
+        table = self._run(self._query.render(probe), "asking where the engine orders NULL keys", params)
+        return bool(table.column(_KEY_ALIAS)[0].as_py())
 
     def piece_sql(self, columns: Sequence[exp.Expr], ranges: KeyRanges, query: Query | None = None) -> str:
         """The piece's query: the subquery's rows in ``ranges``, in the query's order; its key

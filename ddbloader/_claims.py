@@ -1,0 +1,269 @@
+"""Claiming epochs: the bookkeeping by which a loader's iterations take, report and give back epochs.
+
+An iteration (:class:`Iteration`, one ``iter(loader)``) claims the next epoch at its first batch:
+the claim fixes the epoch's work units for this (rank, worker) under the world size of that
+moment (an elastic resume's remainder, or the epoch's own), the batches to skip, and where it
+started; every step reports its progress, so a state saved at any point names where the epoch
+stands. An iteration abandoned after its first batch only (a peek) gives its epoch back.
+:class:`EpochClaims` is a base of :class:`~ddbloader.DDBDataLoader`, which sets the attributes
+declared there; one consumer thread claims at a time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from torch.utils.data import get_worker_info
+
+from ._core.config import LoaderConfig
+from ._core.errors import warn_caller
+from ._epoch.elastic import Stretch, epoch_remainder
+from ._epoch.mixing import MixingWatch
+from ._epoch.shard import Sharding, agree_seed, epoch_units, part_range, shard_samples, share_units
+from ._epoch.state import Resume
+from ._io.cache import PartitionCache
+from ._pipeline.arena import Arena, arena_for
+from ._pipeline.batch import batch_count
+from ._pipeline.device import DeviceStage
+from ._pipeline.epoch import EpochRun
+from ._sql.plan import QueryPlan, WorkUnit
+from .backends import Backend
+from .stats import StatsRecorder
+
+__all__ = ["EpochClaims", "Iteration"]
+
+_log = logging.getLogger("ddbloader")
+
+
+class EpochClaims:
+    """The epoch-claim bookkeeping of :class:`~ddbloader.DDBDataLoader` (see the module docstring).
+
+    It holds no state of its own: the loader sets the attributes declared here.
+    """
+
+    plan: QueryPlan
+    config: LoaderConfig
+    _epoch: int
+    _resume: Resume | None
+    _running: Resume | None
+    _left: tuple[tuple[int, int, tuple[Stretch, ...]], list[WorkUnit]] | None
+    _progress: tuple[int, int, bool] | None
+    _recorder: StatsRecorder | None
+    _mixing: MixingWatch
+    _closed: bool
+    _arena: Arena | None
+    _cache: PartitionCache | None
+    _peek: tuple[int, int, Resume] | None
+    _fixed_sharding: Sharding | None
+    _seed_given: bool
+    _agreed_world: int
+
+    if TYPE_CHECKING:  # the loader's own, used here
+
+        @property
+        def sharding(self) -> Sharding: ...
+        def _backend_here(self) -> Backend: ...
+        def _shelve(self, arena: Arena) -> None: ...
+
+    def _agree(self, sharding: Sharding) -> None:
+        """Agree on the seed among ``sharding``'s ranks (once per world size), warn of an unordered query.
+
+        Raises:
+            ValueError: ``shuffle`` without a seed in a DataLoader worker of a multi-rank run whose
+                loader was built before the process group (a worker cannot broadcast the seed).
+        """
+        world = sharding.world_size
+        if world in (1, self._agreed_world):
+            return
+        if not self._seed_given:
+            if get_worker_info() is not None and self.config.shuffle:
+                raise ValueError(
+                    f"shuffle=True and seed=None under {world} ranks, in a DataLoader worker of a loader "
+                    f"built before the process group: the ranks cannot agree on a seed here; give the same "
+                    f"seed= on every rank"
+                )
+            if get_worker_info() is None:
+                shared = agree_seed(self.config.seed, sharding, self.config.shuffle)
+                self.config = dataclasses.replace(self.config, seed=shared)
+        self._agreed_world = world
+        query = self.plan.query
+        if query is not None and not query.is_ordered():
+            warn_caller(
+                f"world_size={world} splits groups between ranks, and the query has no "
+                f"ORDER BY: a partition that two ranks both read may come back in another order on each, "
+                f"losing or repeating rows across ranks; add an ORDER BY that orders the rows totally"
+            )
+
+    def _pending(self, worker: int, num_workers: int) -> tuple[int, int]:
+        """``(epoch, batches)`` an iteration of this worker would serve if it started now."""
+        sharding = self.sharding
+        stretches, skip = self._next_run(sharding, worker, num_workers)
+        if stretches:
+            share = sum(u.samples for u in self._units(self._epoch, stretches, sharding, worker, num_workers))
+        else:
+            samples = shard_samples(self.plan.samples, sharding.world_size, sharding.even_batches)
+            share = len(part_range(samples, num_workers, worker))
+        batches = batch_count(share, self.config.batch_size, self.config.drop_last)
+        return self._epoch, batches - min(skip, batches)
+
+    def _next_run(self, sharding: Sharding, worker: int, num_workers: int) -> tuple[tuple[Stretch, ...], int]:
+        """The stretches of the next epoch served before it and the batches of its own schedule to
+        skip (see :meth:`~ddbloader._epoch.state.Resume.continued_by`); none for an ordinary epoch."""
+        if self._resume is None:
+            return (), 0
+        return self._resume.continued_by(sharding.world_size, sharding.even_batches, worker, num_workers)
+
+    def _remainder(self, epoch: int, stretches: tuple[Stretch, ...]) -> list[WorkUnit]:
+        """What ``stretches`` left of ``epoch`` (kept for the epoch's iterations and ``len``)."""
+        key = (epoch, self.config.seed, stretches)
+        if self._left is None or self._left[0] != key:
+            self._left = (key, epoch_remainder(self.plan, self.config, epoch, stretches))
+        return self._left[1]
+
+    def _units(
+        self, epoch: int, stretches: tuple[Stretch, ...], sharding: Sharding, worker: int, num_workers: int
+    ) -> list[WorkUnit]:
+        """The work units of this (rank, worker) in ``epoch``, after ``stretches`` of it."""
+        if stretches:
+            return share_units(
+                self._remainder(epoch, stretches),
+                sharding.rank,
+                sharding.world_size,
+                worker,
+                num_workers,
+                sharding.even_batches,
+            )
+        return epoch_units(
+            self.plan,
+            self.config,
+            epoch,
+            sharding.rank,
+            sharding.world_size,
+            worker,
+            num_workers,
+            sharding.even_batches,
+        )
+
+    def _claim(self, iteration: Iteration) -> tuple[EpochRun, Backend]:
+        """Start the next epoch for ``iteration`` (its first step)."""
+        if self._closed:
+            raise RuntimeError("this DDBDataLoader is closed")
+        sharding = self.sharding
+        self._agree(sharding)
+        epoch, config = self._epoch, self.config
+        stretches, saved = self._next_run(sharding, iteration.worker, iteration.num_workers)
+        units = tuple(self._units(epoch, stretches, sharding, iteration.worker, iteration.num_workers))
+        batches = batch_count(sum(u.samples for u in units), config.batch_size, config.drop_last)
+        skip = min(saved, batches)
+        self._recorder = StatsRecorder(epoch, self._mixing.epoch(units, epoch, batches))
+        stage = DeviceStage(config.device, config.pin_memory, config.window_on_device, config.collate)
+        # an arena is taken by one epoch at a time and shelved when its last batch is gathered
+        arena, self._arena = (
+            (None, self._arena)
+            if stage.gathers_on_device
+            else (arena_for(self.plan, config, self._arena), None)
+        )
+        # An epoch served from the cache to the CPU waits for no fetch and no copy: an assembler
+        # thread would only add a hand-over per batch (two thread wake-ups, tens of µs, about
+        # what the gather of a batch costs), so the consumer's thread assembles its batches.
+        from_memory = self._cache is not None and self._cache.holds(self.plan.partitions)
+        prefetch = 0 if from_memory and stage.device.type == "cpu" else config.prefetch_batch
+        run = EpochRun(
+            self.plan,
+            config,
+            epoch,
+            units,
+            batches,
+            skip,
+            self._recorder,
+            stage,
+            arena,
+            self._shelve,
+            self._cache,
+            prefetch,
+        )
+        backend = self._backend_here()
+        _log.info(
+            "epoch %d: %d groups, %d partitions, %d samples, %d batches%s",
+            epoch,
+            len(self.plan.groups),
+            self.plan.partitions,
+            self.plan.samples,
+            batches,
+            (f" (resuming after batch {skip})" if skip else "")
+            + (f" (the rest after {len(stretches)} stretch(es) under other worlds)" if stretches else ""),
+        )
+        self._epoch = epoch + 1
+        self._resume = None
+        self._running = Resume(
+            stretches,
+            sharding.world_size,
+            sharding.even_batches,
+            iteration.num_workers,
+            iteration.worker,
+            0,
+            None,
+        )
+        self._progress = (epoch, skip, False)
+        iteration.started(epoch, skip, sharding.world_size, self._running)
+        return run, backend
+
+    def _report(self, token: int, skip: int, progress: tuple[int, int, bool], place: Resume) -> None:
+        self._progress = progress
+        epoch, yielded, ended = progress
+        self._peek = (token, epoch, place.at(skip)) if yielded == skip + 1 and not ended else None
+
+    def _give_back(self, token: int | None) -> None:
+        """Return the epoch of an iteration abandoned after its first batch (``None``: any such one)."""
+        peek = self._peek
+        if peek is None or (token is not None and peek[0] != token):
+            return
+        self._peek = None
+        _, self._epoch, self._resume = peek
+        self._progress = None
+
+    def _check_world(self, world: int) -> None:
+        if self._fixed_sharding is None and self.sharding.world_size != world:
+            raise ValueError(
+                f"the world size changed from {world} to {self.sharding.world_size} during an epoch: the "
+                f"epoch was split for {world} ranks; finish the epoch before changing the process group"
+            )
+
+
+class Iteration:
+    """One ``iter(loader)``: the :class:`~ddbloader._pipeline.epoch.EpochSource` of its iterator."""
+
+    def __init__(
+        self,
+        loader: EpochClaims,
+        token: int,
+        worker: int,
+        num_workers: int,
+        claimed: Callable[[int], None] | None,
+    ) -> None:
+        self.loader, self.token, self.worker, self.num_workers = loader, token, worker, num_workers
+        self._claimed = claimed
+        self._skip = 0
+        self._world = 1
+        self._place: Resume | None = None
+
+    def pending(self) -> tuple[int, int]:
+        return self.loader._pending(self.worker, self.num_workers)
+
+    def claim(self) -> tuple[EpochRun, Backend]:
+        return self.loader._claim(self)
+
+    def started(self, epoch: int, skip: int, world: int, place: Resume) -> None:
+        self._skip, self._world, self._place = skip, world, place
+        if self._claimed is not None:
+            self._claimed(epoch)
+
+    def report(self, progress: tuple[int, int, bool]) -> None:
+        assert self._place is not None
+        self.loader._report(self.token, self._skip, progress, self._place)
+
+    def check(self) -> None:
+        self.loader._check_world(self._world)

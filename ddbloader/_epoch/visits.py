@@ -1,0 +1,77 @@
+"""Partition visits: which partitions of a group a work unit's samples touch, and the order in
+which its stream loads them.
+
+Both are pure functions of (unit, config, geometry, epoch): the schedule
+(:mod:`ddbloader._epoch.schedule`) and the cutting of fetch units (:mod:`ddbloader._epoch.units`)
+read the same visits, so they agree on which partitions are asked for and when. The needed
+pieces of one streamed subquery are visited together and in row order; with shuffle the
+subqueries themselves are visited in a seeded order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from .._core.config import LoaderConfig
+from .._core.window import WindowGeometry
+from .._sql.plan import WorkUnit
+from .owed import owed_partitions
+from .shuffle import Purpose, visit_order
+
+__all__ = ["PartitionKey", "partition_visits", "touched_partitions"]
+
+
+#: A partition's identity within a plan: (group index, position in the group).
+PartitionKey = tuple[int, int]
+
+
+#: The visits of a group of one partition that has samples (shared, not a list per group and epoch).
+_ONLY_PARTITION = (0,)
+
+
+def touched_partitions(unit: WorkUnit, geometry: WindowGeometry) -> Sequence[int]:
+    """Positions of the partitions of ``unit.group`` whose rows ``unit``'s samples touch.
+
+    A plain loop, not numpy: it runs once per group per epoch, and most groups have a handful of
+    partitions, where building an array cost 100 µs a group (1 s an epoch at 10,000 groups).
+    """
+    if len(unit.group.partitions) == 1 and unit.samples > 0:
+        return _ONLY_PARTITION
+    if unit.owed is not None:  # an elastic resume's remainder: only the partitions it owes samples of
+        return owed_partitions(unit, geometry)
+    first_row = unit.first * geometry.stride
+    stop_row = (unit.stop - 1) * geometry.stride + geometry.span
+    touched = []
+    start = 0
+    for position, partition in enumerate(unit.group.partitions):
+        if start >= stop_row:
+            break
+        stop = start + partition.rows
+        if stop > first_row:
+            touched.append(position)
+        start = stop
+    return touched
+
+
+def partition_visits(
+    unit: WorkUnit, config: LoaderConfig, geometry: WindowGeometry, epoch: int
+) -> Sequence[int]:
+    """The positions of the partitions ``unit`` needs, in the order its stream loads them.
+
+    The needed pieces of one streamed subquery are visited together and in row order (its
+    query reads them in that order): the subqueries are shuffled, then expanded into pieces.
+    """
+    needed = touched_partitions(unit, geometry)
+    if len(needed) < 2 or not config.shuffle:
+        return needed
+    partitions = unit.group.partitions
+    runs: list[list[int]] = []
+    for position in needed:
+        if runs and partitions[position].piece and partitions[runs[-1][-1]].head == partitions[position].head:
+            runs[-1].append(position)
+        else:
+            runs.append([position])
+    order = visit_order(
+        len(runs), config.shuffle, config.seed, epoch, Purpose.PARTITION_ORDER, unit.group.index, unit.first
+    )
+    return [position for i in order for position in runs[int(i)]]

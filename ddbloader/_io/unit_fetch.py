@@ -1,0 +1,285 @@
+"""Fetch units: several partitions fetched by one query, and its result split into their blocks.
+
+The :class:`Coalescer` holds an epoch's fetch units as claims reach them: a partition of a unit is
+served from its unit once; asked for again, or after a release, it is fetched alone by its own
+subquery. A :class:`UnitJob` runs one unit's query and splits the result by key; if the query fails
+on a non-transient error, or the result does not split into exactly the planned partitions (or,
+with ``verify=True``, a cell hashes otherwise than planned), the unit's partitions are fetched one
+by one, and their rows and errors are the reference.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+
+from .._core.engine import Backend, Cursor, redact_uri
+from .._epoch.unit_split import UnitPartitions, split_by_key, unit_blocks
+from .._epoch.units import FetchUnit
+from .._epoch.visits import PartitionKey
+from .._sql.fingerprint import content_mismatch, strip_hash
+from .._sql.plan import PartitionSpec
+from .._sql.source import Block, ColumnLayout, check_result_schema
+from .partition_fetch import fetch_partition
+from .retry import is_transient
+from .threads import Pending, ThreadFailure
+
+__all__ = ["Coalescer", "UnitJob"]
+
+_log = logging.getLogger("ddbloader")
+
+
+def _unit_contents(table: pa.Table, unit: FetchUnit) -> tuple[pa.Table, list[int] | None]:
+    """A verified unit's result without its hash column (before its key columns), and each cell's
+    hash sum; None when the result does not split into the planned cells (then neither does the
+    data, and the unit falls back to its partitions' own subqueries)."""
+    keys = len(unit.cells[0].params)
+    at = table.num_columns - keys - 1
+    parts = split_by_key(table.select([at, *range(at + 1, table.num_columns)]), unit.cells)
+    sums = None if parts is None else [strip_hash(part, 0)[1] for part in parts]
+    return table.remove_column(at), sums
+
+
+def _check_unit_contents(unit: FetchUnit, sums: list[int]) -> None:
+    """Refuse a unit whose cells hash otherwise than planned (the unit falls back to fetching
+    them one by one: a cell split wrongly by the client is then told from changed data)."""
+    for spec, content in zip(unit.cells, sums, strict=True):
+        assert spec.fingerprint is not None
+        if content != spec.fingerprint.content:
+            raise content_mismatch(
+                f"{spec.describe()} in {unit.describe()}",
+                spec.key_params,
+                spec.rows,
+                spec.fingerprint.content,
+                content,
+            )
+
+
+@dataclass
+class _UnitState:
+    """Where one fetch unit stands: asked for or not, its waiting and its delivered partitions."""
+
+    requested: bool = False
+    waiters: dict[PartitionKey, Pending[Block]] = field(default_factory=dict)
+    #: the delivered partitions, and where each delivered and unclaimed one is among them
+    delivered: UnitPartitions | None = None
+    ready: dict[PartitionKey, int] = field(default_factory=dict)
+    claimed: set[PartitionKey] = field(default_factory=set)
+    failure: ThreadFailure | None = None
+    cancelled: bool = False
+
+    def drop_if_claimed(self) -> None:
+        """Let the unit's rows go once no delivered partition waits to be claimed."""
+        if not self.ready:
+            self.delivered = None
+
+
+class Coalescer:
+    """An epoch's fetch units, and the partitions they delivered before the manager asked. Thread-safe.
+
+    A partition of a unit is served from its unit once (its first ``claim``); asked for again, or
+    after ``release``, it is fetched alone. A unit starts when one of its partitions is first
+    claimed, and the next unit with it, so the next unit's rows travel while this one's are
+    served. Memory: the partitions delivered and not yet claimed, at most two units' worth.
+
+    Units are taken from ``units`` as claims reach them (a key in none takes them all): ``claim``
+    and ``release`` are called from one thread (the assembler), which alone advances ``units``
+    and appends to ``self.units``; other threads read the units that exist.
+    """
+
+    def __init__(self, units: Iterable[FetchUnit]) -> None:
+        self._cutting = iter(units)
+        self.units: list[FetchUnit] = []
+        self._unit_of: dict[PartitionKey, int] = {}
+        self._states: list[_UnitState] = []
+        self._lock = threading.Lock()
+        self._splitting = True
+
+    def _cut_next(self) -> bool:
+        """Take the next unit; False when there is none."""
+        unit = next(self._cutting, None)
+        if unit is None:
+            return False
+        index = len(self.units)
+        with self._lock:
+            self.units.append(unit)
+            self._states.append(_UnitState())
+            self._unit_of.update(dict.fromkeys(unit.wanted, index))
+        return True
+
+    def _unit_index(self, key: PartitionKey) -> int | None:
+        """The index of ``key``'s unit, with the unit after it taken too; None if in none."""
+        while (index := self._unit_of.get(key)) is None:
+            if not self._cut_next():
+                return None
+        if index + 1 == len(self.units):
+            self._cut_next()
+        return index
+
+    def claim(self, spec: PartitionSpec) -> tuple[Pending[Block] | None, Sequence[int]]:
+        """``spec``'s result through its unit and the units to start now; ``(None, ())`` when
+        ``spec`` is to be fetched alone."""
+        key = spec.key
+        index = self._unit_index(key)
+        if index is None:
+            return None, ()
+        with self._lock:
+            state = self._states[index]
+            if key in state.claimed or not (state.requested or self._splitting):
+                return None, ()
+            state.claimed.add(key)
+            ready = state.ready.pop(key, None)
+            if ready is not None:
+                assert state.delivered is not None
+                pending: Pending[Block] = Pending.of(state.delivered.block(ready))
+                state.drop_if_claimed()
+            else:
+                pending = Pending(f"fetching {spec.describe()}, in a fetch unit")
+                if state.failure is not None:
+                    pending.fail(state.failure)
+                elif state.cancelled:
+                    pending.cancel()
+                else:
+                    state.waiters[key] = pending
+            states = self._states
+            # most claims: both units started already
+            if not self._splitting or (
+                state.requested and (index + 1 == len(states) or states[index + 1].requested)
+            ):
+                return pending, ()
+            start = [i for i in (index, index + 1) if i < len(states) and not states[i].requested]
+            for i in start:
+                states[i].requested = True
+        return pending, start
+
+    def deliver(self, index: int, partitions: UnitPartitions) -> None:
+        # built whole, not cell by cell: a unit has thousands of cells, and this holds the GIL
+        where = dict(zip([spec.key for spec in partitions.specs], itertools.count()))
+        with self._lock:
+            state = self._states[index]
+            state.delivered = partitions
+            for key, waiter in state.waiters.items():
+                waiter.set(partitions.block(where[key]))
+            state.waiters.clear()
+            for key in state.claimed:  # the waiters' keys too
+                where.pop(key, None)
+            state.ready = where
+            state.drop_if_claimed()
+
+    def fail(self, index: int, failure: ThreadFailure) -> None:
+        with self._lock:
+            state = self._states[index]
+            state.failure = failure
+            for waiter in state.waiters.values():
+                waiter.fail(failure)
+            state.waiters.clear()
+
+    def cancel(self, index: int) -> None:
+        with self._lock:
+            state = self._states[index]
+            state.cancelled = True
+            for waiter in state.waiters.values():
+                waiter.cancel()
+            state.waiters.clear()
+            state.ready.clear()
+            state.delivered = None
+
+    def release(self, keys: Sequence[PartitionKey]) -> None:
+        """No more claims of ``keys`` through their units: drop what arrived for them (and what
+        will: a key released before its unit is taken, as after a fast-forward, takes it now)."""
+        indexes = [self._unit_index(key) for key in keys]
+        with self._lock:
+            for key, index in zip(keys, indexes, strict=True):
+                if index is not None:
+                    state = self._states[index]
+                    state.claimed.add(key)
+                    if state.ready.pop(key, None) is not None:
+                        state.drop_if_claimed()
+
+    def stop_splitting(self) -> None:
+        """A unit's result did not split exactly: fetch the partitions of units not started alone."""
+        with self._lock:
+            self._splitting = False
+
+
+class UnitJob:
+    """Fetch unit ``index`` of ``coalescer`` with one query and split it into partitions.
+
+    If the query fails on a non-transient error, or its result does not split into exactly the
+    planned partitions (see :func:`~ddbloader._epoch.unit_split.split_by_key`), the unit's partitions are
+    fetched one by one with their own subqueries, whose rows and errors are the reference: an
+    error then names the partition's subquery, as if it had been fetched alone.
+    """
+
+    def __init__(
+        self,
+        index: int,
+        coalescer: Coalescer,
+        layout: ColumnLayout,
+        backend: Backend,
+        stop: threading.Event,
+    ) -> None:
+        self.index = index
+        self.coalescer = coalescer
+        self.layout = layout
+        self.backend = backend
+        self.stop = stop
+        self._alone: PartitionSpec | None = None
+
+    @property
+    def unit(self) -> FetchUnit:
+        return self.coalescer.units[self.index]
+
+    def run(self, cursor: Cursor) -> tuple[int, int, int]:
+        unit = self.unit
+        partitions = None
+        try:
+            table = cursor.fetch(unit.sql, unit.params)
+            sums = None
+            if unit.cells[0].fingerprint is not None:
+                table, sums = _unit_contents(table, unit)
+            data = table.select(range(table.num_columns - len(unit.cells[0].params)))
+            check_result_schema(data.schema, self.layout, unit.describe)
+            blocks = unit_blocks(table, unit, self.layout)
+            if blocks is not None and sums is not None:
+                _check_unit_contents(unit, sums)
+            partitions = blocks
+        except Exception as error:
+            if self.stop.is_set() or is_transient(self.backend, error):
+                raise
+            _log.warning(
+                "fetching %s failed with %s: %s; fetching its partitions one by one",
+                self.label(),
+                type(error).__name__,
+                redact_uri(str(error)),
+            )
+        split = partitions is not None
+        if partitions is None:
+            self.coalescer.stop_splitting()
+            alone = []
+            for spec in unit.cells:
+                if spec.key in unit.wanted:
+                    self._alone = spec
+                    alone.append((spec, fetch_partition(cursor, spec, self.layout)))
+            self._alone = None
+            partitions = UnitPartitions([s for s, _ in alone], blocks=[b for _, b in alone])
+        self.coalescer.deliver(self.index, partitions)
+        count = len(partitions.specs)
+        return count, partitions.rows, 1 if split else 1 + count
+
+    def fail(self, failure: ThreadFailure) -> None:
+        self.coalescer.fail(self.index, failure)
+
+    def cancel(self) -> None:
+        self.coalescer.cancel(self.index)
+
+    def describe(self) -> str:
+        return self.unit.describe() if self._alone is None else self._alone.describe()
+
+    def label(self) -> str:
+        return f"fetch unit {self.index} ({len(self.unit.cells)} partitions)"

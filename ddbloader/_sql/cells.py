@@ -1,0 +1,328 @@
+"""Planning queries and cells: the queries that discover scheme values and count the rows of
+every subquery (a *cell*: one group × one repartition).
+
+Every planning query runs through :func:`run_planning`, which notes on a failure what ddbloader
+was doing and with which parameters. Cells come back per group, in scheme order, with their exact
+row counts (and, with ``verify=True``, planned hash sums); rows whose key is NULL are counted as
+lost, never silently dropped.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+
+from .._core.engine import Backend, Cursor
+from .._core.errors import add_note, warn_caller
+from .aliases import GROUP_ALIAS, INDEX_SUFFIX, PIVOT_ALIAS, REPARTITION_ALIAS, ROWS_ALIAS
+from .fingerprint import HASH_SUM_ALIAS, planned_sum
+from .literals import dolphindb_literal_hint
+from .query import Query, UserQuery
+
+if TYPE_CHECKING:
+    from tqdm import tqdm
+
+__all__ = [
+    "Cell",
+    "Lost",
+    "PlanKey",
+    "TickingCursor",
+    "parse_query",
+    "pin_pivots",
+    "plan_cells",
+    "probe_partition",
+    "run_planning",
+]
+
+
+def run_planning(cursor: Cursor, sql: str, purpose: str, params: Sequence[Any] = ()) -> pa.Table:
+    """Run one planning query; a failure carries a note of ``purpose``, the SQL and its parameters."""
+    try:
+        return cursor.fetch(sql, params)
+    except Exception as error:
+        add_note(error, f"ddbloader was {purpose}: {sql!r} with parameters {list(params)!r}")
+        raise
+
+
+@dataclass(frozen=True)
+class PlanKey:
+    """A partition key: ``group_col`` or ``repartition_col``, parsed, and its scheme."""
+
+    expression: Any  # what query.column() returns: a sqlglot expression, or DolphinDB text
+    scheme: tuple[Any, ...] | None
+    parameter: str
+    text: str
+
+    @property
+    def name(self) -> str:
+        return f"{self.parameter} {self.text!r}"
+
+
+class TickingCursor:
+    """A planning cursor that advances a progress bar once per query, failed ones included."""
+
+    def __init__(self, cursor: Cursor, bar: tqdm) -> None:
+        self._cursor = cursor
+        self._bar = bar
+
+    def expect(self, queries: int) -> None:
+        """``queries`` more queries will run: the bar's total becomes known."""
+        # No refresh: the bar appears with its next update, and only once the delay has passed.
+        self._bar.total = self._bar.n + queries
+
+    def fetch(self, sql: str, params: Sequence[Any]) -> pa.Table:
+        try:
+            return self._cursor.fetch(sql, params)
+        finally:
+            self._bar.update()
+
+    def interrupt(self) -> None:
+        self._cursor.interrupt()
+
+    def close(self) -> None:
+        self._cursor.close()
+
+
+#: A subquery: its repartition value, parameters, rows and (verify=True) planned hash sum.
+Cell = tuple[Any, tuple[Any, ...], int, int | None]
+
+
+#: Rows whose key is NULL, per key: they match no subquery and are not loaded.
+Lost = dict[str, int]
+
+
+def probe_partition(
+    cursor: Cursor, partition_sql: str, cells: list[tuple[Any, list[Cell]]]
+) -> tuple[pa.Table | None, str]:
+    """The smallest partition, to probe a transform on that cannot run on zero rows, and its name."""
+    sized = [(rows, params) for _, row in cells for _, params, rows, _ in row if rows > 0]
+    if not sized:
+        return None, "the query's empty result (the query has no rows)"
+    _, params = min(sized, key=lambda cell: cell[0])
+    table = run_planning(cursor, partition_sql, "fetching a partition to probe the transform on", params)
+    return table, f"the first rows of subquery {partition_sql!r} with parameters {list(params)!r}"
+
+
+def parse_query(backend: Backend, sql: str) -> Query:
+    """The user's query, parsed by the backend when it brings its own parser (DolphinDB)."""
+    parse = getattr(backend, "query", None)
+    if callable(parse):
+        parsed: Query = parse(sql)
+        return parsed
+    return UserQuery(sql, backend.dialect)
+
+
+def pin_pivots(cursor: Cursor, query: Query) -> Query:
+    """Fix the columns of a PIVOT that takes them from the data, so every subquery has them all."""
+    fields = query.dynamic_pivot_fields()
+    if not fields:
+        return query
+    values = [
+        run_planning(cursor, f, "listing the values of a PIVOT").column(PIVOT_ALIAS).to_pylist()
+        for f in fields
+    ]
+    return query.pinned(values)
+
+
+def _discover(cursor: Cursor, query: Query, key: PlanKey, lost: Lost) -> list[Any]:
+    table = run_planning(
+        cursor,
+        query.distinct_values([key.expression], with_counts=False),
+        f"discovering {key.parameter} values",
+    )
+    values = table.column(GROUP_ALIAS).to_pylist()
+    if None in values:
+        nulls = run_planning(
+            cursor, query.null_rows([key.expression]), f"counting rows with NULL {key.parameter}"
+        )
+        lost[key.name] = int(nulls.column(ROWS_ALIAS)[0].as_py())
+    return [v for v in values if v is not None]
+
+
+def plan_cells(
+    cursor: TickingCursor, query: Query, keys: list[PlanKey], partition_sql: str, lost: Lost, lists: bool
+) -> list[tuple[Any, list[Cell]]]:
+    """Per group: its value and its (repartition value, parameters, rows) in scheme order.
+
+    ``lists``: the backend binds a list as one parameter (explicit schemes are bound that way).
+    """
+    if not keys:
+        table = run_planning(cursor, query.count(partition_sql), "counting rows")
+        content = _content(table)
+        return [(None, [(None, (), int(table.column(ROWS_ALIAS)[0].as_py()), content)])]
+    if isinstance(query, UserQuery):
+        cursor.expect(1)
+        return _counted_cells(cursor, query, keys, lost, lists)
+    discovered = all(k.scheme is None for k in keys)
+    if discovered and query.counts_are_groupable():
+        return _grouped_counts(cursor, query, keys, lost)
+    schemes = [list(k.scheme) if k.scheme is not None else _discover(cursor, query, k, lost) for k in keys]
+    count_sql = query.count(partition_sql)
+    cursor.expect(math.prod(len(s) for s in schemes))
+
+    def count(params: tuple[Any, ...]) -> int:
+        table = run_planning(cursor, count_sql, "counting the rows of a subquery", params)
+        return int(table.column(ROWS_ALIAS)[0].as_py())
+
+    if len(keys) == 1:
+        if keys[0].parameter == "group_col":
+            return [(v, [(None, (v,), count((v,)), None)]) for v in schemes[0]]
+        return [(None, [(v, (v,), count((v,)), None) for v in schemes[0]])]
+    return [(g, [(r, (g, r), count((g, r)), None) for r in schemes[1]]) for g in schemes[0]]
+
+
+def _content(table: pa.Table) -> int | None:
+    """A whole-query count's planned hash sum (verify=True), or None when it has none."""
+    if HASH_SUM_ALIAS not in table.column_names:
+        return None
+    return planned_sum(table.column(HASH_SUM_ALIAS)[0].as_py())
+
+
+def _grouped_counts(
+    cursor: Cursor, query: Query, keys: list[PlanKey], lost: Lost
+) -> list[tuple[Any, list[Cell]]]:
+    """Every cell's row count from one GROUP BY over the query's FROM/WHERE."""
+    table = run_planning(
+        cursor,
+        query.distinct_values([k.expression for k in keys], with_counts=True),
+        "counting rows per partition key",
+    )
+    aliases = (GROUP_ALIAS, REPARTITION_ALIAS)[: len(keys)]
+    columns = [table.column(a).to_pylist() for a in aliases]
+    counts = table.column(ROWS_ALIAS).to_pylist()
+    rows = list(zip(*columns, counts, strict=True))
+    for position, key in enumerate(keys):
+        nulls = sum(r[-1] for r in rows if r[position] is None)
+        if nulls:
+            lost[key.name] = nulls
+    complete = [r for r in rows if None not in r[:-1]]
+    if len(keys) == 1:
+        if keys[0].parameter == "group_col":
+            return [(v, [(None, (v,), n, None)]) for v, n in complete]
+        return [(None, [(v, (v,), n, None) for v, n in complete])]
+    cells: dict[Any, list[Cell]] = {}
+    for g, r, n in complete:
+        cells.setdefault(g, []).append((r, (g, r), n, None))
+    return list(cells.items())
+
+
+def _counted_cells(
+    cursor: Cursor, query: UserQuery, keys: list[PlanKey], lost: Lost, lists: bool
+) -> list[tuple[Any, list[Cell]]]:
+    """Every cell's row count from one query, with the scheme values compared by the engine
+    (bound as lists when the backend ``lists`` them).
+
+    Raises:
+        ValueError: two values of an explicit scheme equal the same rows in SQL (``1`` and
+            ``'1'``, ``'a'`` and ``'A'`` under NOCASE): their rows would load twice.
+    """
+    sql, params = query.key_counts([k.expression for k in keys], [k.scheme for k in keys], lists=lists)
+    try:
+        table = run_planning(cursor, sql, "counting the rows of every subquery", params)
+    except Exception as error:
+        explicit = [f"{k.parameter.replace('_col', '_scheme')} {list(k.scheme)!r}" for k in keys if k.scheme]
+        if explicit:
+            add_note(
+                error,
+                f"the engine compares {' and '.join(explicit)} with the key's values as a subquery's "
+                f"`key = value` would; give values of the key's type",
+            )
+        raise
+    aliases = (GROUP_ALIAS, REPARTITION_ALIAS)[: len(keys)]
+    found = _python_rows(table, keys, aliases)
+    discovered = [(k, a) for k, a in zip(keys, aliases, strict=True) if k.scheme is None]
+    for key, alias in discovered:
+        nulls = sum(r[ROWS_ALIAS] for r in found if r[alias] is None)
+        if nulls:
+            lost[key.name] = nulls
+    found = [r for r in found if all(r[a] is not None for _, a in discovered)]
+    # Per key, its values in plan order as (token, value): the token identifies the value in
+    # cells (its position for a scheme value, which may be unhashable or equal in Python to
+    # another; its text for a value the engine returned).
+    values: list[list[tuple[Any, Any]]] = []
+    for key, alias in zip(keys, aliases, strict=True):
+        if key.scheme is None:
+            values.append(list(dict.fromkeys((repr(r[alias]), r[alias]) for r in found)))
+        else:
+            _check_scheme(key, [r[alias + INDEX_SUFFIX] for r in found], [r[alias] for r in found])
+            values.append(list(enumerate(key.scheme)))
+    rows: dict[tuple[Any, ...], int] = {}
+    # verify=True: per cell, the sum of its rows' hashes (mod 2**64, as rows add up)
+    contents: dict[tuple[Any, ...], int | None] = {}
+    for r in found:
+        cell = tuple(
+            repr(r[a]) if k.scheme is None else r[a + INDEX_SUFFIX]
+            for k, a in zip(keys, aliases, strict=True)
+        )
+        rows[cell] = rows.get(cell, 0) + int(r[ROWS_ALIAS])
+        if HASH_SUM_ALIAS in r:
+            contents[cell] = planned_sum((contents.get(cell) or 0) + planned_sum(r[HASH_SUM_ALIAS]))
+    if len(keys) == 1:
+        if keys[0].parameter == "group_col":
+            return [(v, [(None, (v,), rows.get((t,), 0), contents.get((t,)))]) for t, v in values[0]]
+        return [(None, [(v, (v,), rows.get((t,), 0), contents.get((t,))) for t, v in values[0]])]
+    # Within a group, repartitions in scheme order: the scheme's, or the engine's sort order of
+    # the values it found (the rows come sorted by group, then repartition value).
+    order = {t: n for n, (t, _) in enumerate(values[1])} if keys[1].scheme is not None else {}
+    repartition_values = dict(values[1])
+    by_group: dict[Any, dict[Any, Any]] = {}
+    for r in found:
+        tg = repr(r[GROUP_ALIAS]) if keys[0].scheme is None else r[GROUP_ALIAS + INDEX_SUFFIX]
+        tr = repr(r[REPARTITION_ALIAS]) if keys[1].scheme is None else r[REPARTITION_ALIAS + INDEX_SUFFIX]
+        by_group.setdefault(tg, {})[tr] = repartition_values[tr]
+    cells = []
+    for tg, g in values[0]:
+        present = sorted(by_group.get(tg, {}).items(), key=lambda item: order.get(item[0], 0))
+        cells.append((g, [(r, (g, r), rows[tg, tr], contents.get((tg, tr))) for tr, r in present]))
+    return cells
+
+
+def _python_rows(table: pa.Table, keys: list[PlanKey], aliases: Sequence[str]) -> list[dict[str, Any]]:
+    """``table``'s rows as dicts.
+
+    Raises:
+        ValueError: a key's values include one Python cannot represent (an infinite date, a year
+            past 9999), naming the key and its type.
+    """
+    for key, alias in zip(keys, aliases, strict=True):
+        column = table.column(alias)
+        try:
+            column.to_pylist()
+        except (OverflowError, ValueError, pa.ArrowException) as error:
+            raise ValueError(
+                f"{key.name} ({column.type}) holds values Python cannot represent ({error}), so they "
+                f"cannot be bound back to the engine; cast the key to text in the query, or filter "
+                f"those rows out"
+            ) from error
+    rows: list[dict[str, Any]] = table.to_pylist()
+    return rows
+
+
+def _check_scheme(key: PlanKey, positions: list[int], matched: list[Any]) -> None:
+    """Refuse scheme values that equal the same key value in SQL; warn about values matching none."""
+    assert key.scheme is not None
+    scheme_name = key.parameter.replace("_col", "_scheme")
+    by_key: dict[str, set[int]] = {}
+    for position, value in zip(positions, matched, strict=True):
+        by_key.setdefault(repr(value), set()).add(position)
+    for value, found in by_key.items():
+        if len(found) > 1:
+            equal = [key.scheme[p] for p in sorted(found)]
+            raise ValueError(
+                f"{scheme_name} values {equal!r} are equal in SQL: each matches the rows where "
+                f"{key.parameter} {key.text!r} = {value}, so those rows would load more than once; "
+                f"keep one of them"
+            )
+    seen = set(positions)
+    unmatched = [key.scheme[p] for p in range(len(key.scheme)) if p not in seen]
+    if unmatched:
+        hints = [h for h in (dolphindb_literal_hint(v) for v in unmatched) if h]
+        warn_caller(
+            f"{scheme_name} value(s) {unmatched[:10]!r}{' (and more)' if len(unmatched) > 10 else ''} "
+            f"match no rows of {key.parameter} {key.text!r}, so they load nothing"
+            + (f"; {'; '.join(hints[:3])}" if hints else "")
+        )

@@ -1,0 +1,236 @@
+"""The wrap-and-filter rewrites: the user's query split into subqueries by its keys.
+
+How a query is split: a partition is the rows of the query's *result* whose key expressions
+(over its result columns) equal the key values, so every subquery is the query wrapped,
+``SELECT * FROM (Q) AS _ddb_q WHERE (key) = $1``, and the engine pushes the predicate down
+where that is the same rows (DuckDB and PostgreSQL push it through projections, UNION ALL
+branches, ORDER BY, and grouping or windows by the key; they keep it above a LIMIT or a window
+that does not partition by it). A key reading a column that is not a result column is refused
+("select it"): whatever it read below the result could be another column of the same name
+(``SELECT day AS g``, a UNION's positional columns, ``* REPLACE``). Scheme values are carried
+only as numbered parameters (``$1``, ``$2``), never as SQL text. The outer query is ordered as Q
+(see :mod:`ddbloader._sql.ordering`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from sqlglot import exp
+
+from .aliases import GROUP_ALIAS, KEY_ALIASES, REPARTITION_ALIAS
+from .fingerprint import HASH_ALIAS
+from .ordering import ResultOrder, same_name
+from .parsing import short_sql
+
+__all__ = ["WrappedQuery", "operand", "parameter_any", "parameter_equals", "parameter_in", "subquery"]
+
+
+def operand(expression: exp.Expr) -> exp.Expr:
+    """``expression`` made safe as an operand: ``a OR b`` must not become ``a OR b = $1``.
+
+    Everything but a column, a literal or a parenthesis is parenthesised: sqlglot models
+    ``AND``/``OR`` and the operators as functions too, so "is it a function" cannot tell.
+    """
+    if isinstance(expression, (exp.Column, exp.Literal, exp.Paren)):
+        return expression.copy()
+    return exp.Paren(this=expression.copy())
+
+
+def _parameter(number: int) -> exp.Parameter:
+    return exp.Parameter(this=exp.Literal.number(number))
+
+
+def parameter_equals(expression: exp.Expr, number: int) -> exp.Expr:
+    """``(expression) = $number``: numbered, so set-operation branches can share parameters."""
+    return exp.EQ(this=operand(expression), expression=_parameter(number))
+
+
+def parameter_in(expression: exp.Expr, first: int, count: int) -> exp.Expr:
+    """``expression IN ($first, ..., $first+count-1)``: one bound parameter per value."""
+    return exp.In(this=operand(expression), expressions=[_parameter(first + n) for n in range(count)])
+
+
+def parameter_any(expression: exp.Expr, number: int) -> exp.Expr:
+    """``expression = ANY($number)``: the values bound as one list parameter."""
+    return exp.EQ(this=operand(expression), expression=exp.Any(this=exp.Paren(this=_parameter(number))))
+
+
+def subquery(tree: exp.Expr, alias: str) -> exp.Subquery:
+    return exp.Subquery(this=tree, alias=exp.TableAlias(this=exp.to_identifier(alias)))
+
+
+class WrappedQuery(ResultOrder):
+    """The user's query wrapped and filtered by its keys (see the module docstring).
+
+    A base of :class:`~ddbloader._sql.query.UserQuery`, which sets the attributes declared here;
+    it holds no state of its own.
+    """
+
+    _row_hash: exp.Expr | None
+
+    def render(self, tree: exp.Expr) -> str:
+        """Render a derived query in the engine's dialect."""
+        return tree.sql(dialect=self.dialect)
+
+    def filtered(self, columns: Sequence[exp.Expr]) -> str:
+        """The query's rows where ``column_i = $i`` for each of ``columns``, in the query's order.
+
+        The query is wrapped (see the module docstring). Parameters bind in the order of
+        ``columns``. With a row hash, its column comes last.
+
+        Raises:
+            ValueError: the query can be neither injected into nor wrapped for these keys; the
+                message names the construct and the key, and says what to select.
+        """
+        if not columns and self._row_hash is None:
+            return self.render(self._tree.copy())
+        if not columns:
+            inner, order = self._ordered_wrap()
+            tree: exp.Expr = exp.select("*").from_(subquery(inner, "_ddb_q"))
+            if order is not None:
+                tree.set("order", order)
+        else:
+            predicate = exp.and_(*(parameter_equals(c, n) for n, c in enumerate(columns, start=1)))
+            tree = self._filter(columns, predicate)
+        if self._row_hash is not None:
+            assert isinstance(tree, exp.Select)
+            tree = tree.select(self._row_hash.copy().as_(HASH_ALIAS), copy=False)
+        return self.render(tree)
+
+    def filtered_many(
+        self, columns: Sequence[exp.Expr], counts: Sequence[int | None], *, lists: bool = False
+    ) -> str | None:
+        """The rows of many subqueries in one query, each row tagged with its key values.
+
+        ``column_i IN ($k, ..., $k+n_i-1)`` for each of ``columns`` whose count ``n_i`` is not None
+        is AND-ed into the WHERE as :meth:`filtered` does it (parameters numbered on across the
+        columns, in order); with ``lists``, ``column_i = ANY($k)`` binds the values as one list
+        parameter instead (an engine that binds lists compares them as a set, where a long IN
+        list of parameters is compared one by one). Every one of ``columns`` is selected after
+        the query's own columns as :data:`KEY_ALIASES`, so the client can split the result by
+        key (:func:`~ddbloader._epoch.unit_split.split_by_key`). Rows of one key keep the query's
+        order, since the predicate and the added columns change no row's place.
+
+        Never None for this class (the keys are selected by the outer query of the wrap, so
+        they change nothing the query returns); an engine's own :class:`Query` may return None
+        where it cannot select its keys, and those subqueries are fetched one by one.
+        """
+        self._check_keys(columns)
+        inner, order = self._ordered_wrap()
+        hashed = [] if self._row_hash is None else [self._row_hash.copy().as_(HASH_ALIAS)]
+        outer = exp.select(
+            exp.Star(),
+            *hashed,
+            *(operand(c).as_(a) for c, a in zip(columns, KEY_ALIASES[: len(columns)], strict=True)),
+        ).from_(subquery(inner, "_ddb_q"))
+        terms = []
+        number = 1
+        for column, count in zip(columns, counts, strict=True):
+            if count is not None and lists:
+                terms.append(parameter_any(column, number))
+                number += 1
+            elif count is not None:
+                terms.append(parameter_in(column, number, count))
+                number += count
+        if terms:
+            outer = outer.where(exp.and_(*terms), copy=False)
+        if order is not None:
+            outer.set("order", order)
+        return self.render(outer)
+
+    def filtered_where(self, columns: Sequence[exp.Expr], predicate: exp.Expr, *, ordered: bool) -> exp.Expr:
+        """:meth:`filtered`'s query (``column_i = $i``) AND-ed with ``predicate`` over the
+        result columns (its parameters numbered after the keys'), as a tree to render or wrap;
+        in the query's order when ``ordered``, else without the outer ORDER BY. With a row hash,
+        its column comes last, as in :meth:`filtered`."""
+        keys = [parameter_equals(c, n) for n, c in enumerate(columns, start=1)]
+        tree = self._filter(columns, exp.and_(*keys, predicate))
+        if not ordered:
+            tree.set("order", None)
+        if self._row_hash is not None:
+            assert isinstance(tree, exp.Select)
+            tree = tree.select(self._row_hash.copy().as_(HASH_ALIAS), copy=False)
+        return tree
+
+    def _filter(self, columns: Sequence[exp.Expr], predicate: exp.Expr) -> exp.Expr:
+        """``SELECT * FROM (Q) AS _ddb_q WHERE predicate``, ordered as Q (see the module docstring)."""
+        self._check_keys(columns)
+        inner, order = self._ordered_wrap()
+        outer = exp.select("*").from_(subquery(inner, "_ddb_q")).where(predicate, copy=False)
+        if order is not None:
+            outer.set("order", order)
+        return outer
+
+    def _ordered_wrap(self) -> tuple[exp.Expr, exp.Order | None]:
+        """The query to wrap and the ORDER BY of the outer query.
+
+        Where the outer ORDER BY restates the query's own, the query's is dropped (unless a
+        LIMIT/OFFSET needs it): the engine then sorts each partition once, not twice.
+        """
+        inner = self._tree.copy()
+        order = self._outer_order()
+        if order is not None and not (inner.args.get("limit") or inner.args.get("offset")):
+            inner.set("order", None)
+        return inner, order
+
+    def _keys(self, columns: Sequence[exp.Expr]) -> exp.Query:
+        """The query's rows reduced to their keys (``_ddb_group``, ``_ddb_repartition``).
+
+        Q's own top-level ORDER BY is dropped where no LIMIT/OFFSET needs it: counts ignore order.
+        """
+        self._check_keys(columns)
+        aliases = (GROUP_ALIAS, REPARTITION_ALIAS)[: len(columns)]
+        keyed = [operand(c).as_(a) for c, a in zip(columns, aliases, strict=True)]
+        if self._row_hash is not None:
+            keyed.append(self._row_hash.copy().as_(HASH_ALIAS))
+        tree = self._tree.copy()
+        if not (tree.args.get("limit") or tree.args.get("offset")):
+            tree.set("order", None)
+        return exp.select(*keyed).from_(subquery(tree, "_ddb_q"))
+
+    def _check_keys(self, columns: Sequence[exp.Expr]) -> None:
+        """Refuse keys the query's result cannot be filtered by, and an order the split cannot keep.
+
+        Raises:
+            ValueError: a key reads a column that is not one of the query's result columns (the
+                message names it and says to select it), or an ORDER BY term cannot order the
+                outer query (see :meth:`_outer_order`).
+        """
+        for key in columns:
+            self.check_key(key, repr(short_sql(key, self.dialect)))
+        if columns:
+            self._outer_order()
+
+    def check_key(self, column: exp.Expr, name: str) -> None:
+        """Refuse a key (called ``name`` in the message) that reads a column the result lacks.
+
+        Raises:
+            ValueError: naming the key and the column, and saying to select it.
+        """
+        missing = self._not_output(column)
+        if missing:
+            raise ValueError(
+                f"cannot split this query by {name}: a partition is the rows of the query's result "
+                f"whose key equals a value, and {missing!r} is not one of its result columns; "
+                f"select it (or split by a column the query selects)"
+            )
+
+    def _not_output(self, key: exp.Expr) -> str | None:
+        """The first column of ``key`` that the query's result does not have, as written."""
+        output = self._output_names()
+        for column in key.find_all(exp.Column):
+            if column.table:
+                return column.sql(dialect=self.dialect)
+            if output is not None and not any(same_name(column.this, n) for n in output):
+                return column.sql(dialect=self.dialect)
+        return None
+
+    def _keep_with(self, tree: exp.Expr) -> None:
+        """Give a query built from parts of the user's tree the user's CTEs."""
+        with_ = self._tree.args.get("with_")
+        if with_ is not None:
+            tree.set("with_", with_.copy())
+
+    def _wrapped(self, alias: str) -> exp.Select:
+        return exp.select("*").from_(subquery(self._tree.copy(), alias))
