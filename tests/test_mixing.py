@@ -1,0 +1,57 @@
+"""The mixing figures of a shuffled epoch (ddbloader/_epoch/mixing.py) against a brute force."""
+
+from __future__ import annotations
+
+import itertools
+
+import duckdb
+import numpy as np
+import pytest
+
+from ddbloader import DDBDataLoader
+from ddbloader._epoch.mixing import measure
+from ddbloader._epoch.schedule import BatchSchedule
+from ddbloader._epoch.shard import epoch_units
+
+
+@pytest.mark.parametrize(("window_size", "seed"), [(None, 0), (3, 1), (5, 2)])
+def test_measure_is_the_brute_force_of_the_schedule(
+    con: duckdb.DuckDBPyConnection, window_size: int | None, seed: int
+) -> None:
+    # groups of several days of uneven lengths, one group with no rows in the scheme's last day
+    con.execute(
+        "CREATE TABLE t AS SELECT i % 5 AS g, (i // 5) % 4 AS d, i AS id, i * 0.5 AS f, i * 1.0 AS y "
+        "FROM range(997) r(i) WHERE NOT (i % 5 = 4 AND (i // 5) % 4 = 3)"
+    )
+    options = {"group_col": "g", "repartition_col": "d", "shuffle": True, "seed": seed, "batch_size": 16}
+    with DDBDataLoader(
+        con, "SELECT * FROM t ORDER BY g, d, id", "y", input_col=["f"], window_size=window_size, **options
+    ) as loader:
+        plan, config = loader.plan, loader.config
+        units = epoch_units(plan, config, 0)
+        figures = measure(plan, units, config, 0, loader.batches())
+    firsts = {}  # (group, first row of each partition) in plan order, and the plan's partition index
+    index = 0
+    group_starts = []
+    offset = 0
+    for group in plan.groups:
+        bounds = list(itertools.accumulate((p.rows for p in group.partitions), initial=0))
+        firsts[group.index] = (bounds, index)
+        index += len(group.partitions)
+        group_starts.append(offset)
+        offset += group.rows
+    distinct, order = [], []
+    stride = plan.geometry.stride
+    for batch in BatchSchedule(units, plan.geometry, config, 0, loader.batches()):
+        seen = set()
+        for group, sample in zip(batch.groups.tolist(), batch.samples.tolist(), strict=True):
+            row = sample * stride
+            bounds, first = firsts[group]
+            seen.add(first + max(k for k in range(len(bounds) - 1) if bounds[k] <= row))
+            order.append(group_starts[group] + row)
+        distinct.append(len(seen))
+    ranks = np.argsort(np.argsort(np.array(order, np.float64), kind="stable"))
+    expected = float(np.corrcoef(np.arange(len(order)), ranks)[0, 1])
+    assert (figures.batches, figures.samples) == (len(distinct), len(order))
+    assert figures.partitions_per_batch == float(np.median(distinct))
+    assert figures.rank_correlation == pytest.approx(expected, abs=1e-12)
