@@ -29,8 +29,7 @@ from .streams import Reading, Streams
 from .threads import Pending, join_all, start_thread
 from .unit_fetch import Coalescer, UnitJob
 
-# RetryPolicy is part of the Fetcher's constructor: the epoch pipeline configures fetchers with it.
-__all__ = ["Fetcher", "RetryPolicy"]
+__all__ = ["Fetcher"]
 
 
 class Fetcher:

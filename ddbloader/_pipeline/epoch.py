@@ -18,7 +18,8 @@ from .._epoch.schedule import BatchSchedule
 from .._epoch.shard import WorkUnit
 from .._epoch.units import fetch_units
 from .._io.cache import PartitionCache
-from .._io.fetch import Fetcher, RetryPolicy
+from .._io.fetch import Fetcher
+from .._io.retry import RetryPolicy
 from .._sql.plan import QueryPlan
 from .arena import Arena
 from .device import DeviceStage, Staged
