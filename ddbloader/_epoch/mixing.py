@@ -78,26 +78,21 @@ def measure(
     """The mixing of the epoch that ``units`` (one rank's and worker's) serve in ``batches`` batches."""
     positions = _Positions(plan)
     stride = plan.geometry.stride
-    groups: list[np.ndarray[Any, Any]] = []
+    per_batch: list[int] = []
     rows: list[np.ndarray[Any, Any]] = []
-    sizes: list[int] = []
     for batch in BatchSchedule(units, plan.geometry, config, epoch, batches):
         if batch.index >= MEASURED_BATCHES:
             break
-        samples = batch.samples
-        if len(samples):
-            groups.append(batch.groups)
-            rows.append(samples * stride)
-            sizes.append(len(samples))
+        if not len(batch.samples):
+            continue
+        partition, position = positions.of(batch.groups, batch.samples * stride)
+        per_batch.append(len(np.unique(partition)))
+        rows.append(position)
     if not rows:
         return Mixing(0, 0, math.nan, math.nan)
-    # every batch at once: one lookup, and the distinct (batch, partition) pairs counted per batch
-    partition, order = positions.of(np.concatenate(groups), np.concatenate(rows))
-    batch_of = np.repeat(np.arange(len(sizes), dtype=np.int64), sizes)
-    pairs = np.unique(batch_of * positions.partitions + partition)
-    per_batch = np.bincount(pairs // positions.partitions, minlength=len(sizes))
+    order = np.concatenate(rows)
     step = max(len(order) // CORRELATION_SAMPLES, 1)
-    return Mixing(len(sizes), len(order), float(np.median(per_batch)), _spearman(order[::step]))
+    return Mixing(len(per_batch), len(order), float(np.median(per_batch)), _spearman(order[::step]))
 
 
 def _spearman(values: np.ndarray[Any, Any]) -> float:
@@ -114,38 +109,39 @@ def _spearman(values: np.ndarray[Any, Any]) -> float:
 
 
 class _Positions:
-    """Where each partition's rows lie in the query's order, over the plan's groups laid end to end
-    (a sample's group and first row become one coordinate: one lookup for any number of them)."""
+    """Per group, where each partition's rows lie in the query's order."""
 
     def __init__(self, plan: QueryPlan) -> None:
         offset = 0
-        firsts: list[int] = []
-        starts: list[np.ndarray[Any, Any]] = []
-        bases: list[np.ndarray[Any, Any]] = []
-        scales: list[np.ndarray[Any, Any]] = []
+        self._starts: list[np.ndarray[Any, Any]] = []
+        self._bases: list[np.ndarray[Any, Any]] = []
+        self._scales: list[np.ndarray[Any, Any]] = []
+        self._first_partition: list[int] = []
+        partitions = 0
         for group in plan.groups:
-            group_starts, group_bases, group_scales = _layout(group)
-            firsts.append(offset)
-            starts.append(group_starts + offset)
-            bases.append(group_bases + offset)
-            scales.append(group_scales)
+            starts, bases, scales = _layout(group)
+            self._starts.append(starts)
+            self._bases.append(bases + offset)
+            self._scales.append(scales)
+            self._first_partition.append(partitions)
             offset += group.rows
-        self._firsts = np.array(firsts, np.float64)
-        self._starts = np.concatenate(starts) if starts else np.empty(0)
-        self._bases = np.concatenate(bases) if bases else np.empty(0)
-        self._scales = np.concatenate(scales) if scales else np.empty(0)
-        #: partitions in the plan (the index :meth:`of` gives runs over them, in plan order)
-        self.partitions = max(len(self._starts), 1)
+            partitions += len(group.partitions)
 
     def of(
         self, groups: np.ndarray[Any, Any], rows: np.ndarray[Any, Any]
     ) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
         """For samples whose first rows are ``rows`` of ``groups``: each one's partition (an index
         over the plan) and its position in the query's order."""
-        at = self._firsts[groups] + rows
-        # side="right": a partition of no rows starts where the next one does, and holds none
-        partition = np.searchsorted(self._starts, at, side="right") - 1
-        position = self._bases[partition] + (at - self._starts[partition]) * self._scales[partition]
+        partition = np.empty(len(rows), np.int64)
+        position = np.empty(len(rows), np.float64)
+        for group in np.unique(groups):
+            mask = groups == group
+            starts = self._starts[group]
+            index = np.searchsorted(starts, rows[mask], side="right") - 1
+            partition[mask] = index + self._first_partition[group]
+            position[mask] = (
+                self._bases[group][index] + (rows[mask] - starts[index]) * self._scales[group][index]
+            )
         return partition, position
 
 
@@ -154,7 +150,7 @@ def _layout(group: GroupPlan) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any
     its rows begin in the query's order, and how far apart consecutive rows of it lie there (1, or
     for a combed piece, its band's rows over its own)."""
     sizes = np.array([p.rows for p in group.partitions], np.float64)
-    starts = np.concatenate([[0.0], np.cumsum(sizes)[:-1]]) if len(sizes) else np.empty(0)
+    starts = np.concatenate([[0.0], np.cumsum(sizes)[:-1]])
     bases = starts.copy()
     scales = np.ones(len(sizes))
     position = 0
