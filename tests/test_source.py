@@ -18,14 +18,10 @@ import pytest
 import torch
 
 from ddbloader import DDBDataLoader
-from ddbloader._sql.source import (
-    Block,
-    ColumnLayout,
-    arrow_column_type,
-    arrow_values,
-    check_result_schema,
-    to_block,
-)
+from ddbloader._sql.arrow_types import arrow_column_type, arrow_values
+from ddbloader._sql.block import Block
+from ddbloader._sql.convert import check_result_schema, to_block
+from ddbloader._sql.layout import ColumnLayout
 
 ROWS = 6
 NULL_ROWS = (0, 3)  # rows where the nullable columns hold NULL
