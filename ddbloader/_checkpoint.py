@@ -4,7 +4,7 @@ A state names an epoch and where in it the consumer stands (a
 :class:`~ddbloader._epoch.state.Resume`); it is small, JSON-serialisable and the same on every
 rank. Loading one makes the next iteration resume that epoch after its last batch, also under
 another world size (see :mod:`ddbloader._epoch.elastic`). :class:`LoaderCheckpoint` is a base of
-:class:`~ddbloader.DDBDataLoader`, which sets the attributes declared there.
+:class:`~ddbloader.DDBDataLoader`, over the claim bookkeeping of :mod:`ddbloader._claims`.
 """
 
 from __future__ import annotations
@@ -13,32 +13,21 @@ import dataclasses
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from ._core.config import LoaderConfig
-from ._epoch.shard import Sharding
+from ._claims import EpochClaims
 from ._epoch.state import Resume, check_state, make_state
-from ._sql.plan import QueryPlan
 
 __all__ = ["LoaderCheckpoint"]
 
 
-class LoaderCheckpoint:
+class LoaderCheckpoint(EpochClaims):
     """The checkpoint methods of :class:`~ddbloader.DDBDataLoader` (see the module docstring).
 
-    It holds no state of its own: the loader sets the attributes declared here.
+    A state is where the epoch claims stand, so these methods read and set the claim bookkeeping
+    of :class:`~ddbloader._claims.EpochClaims`, whose attributes the loader sets.
     """
-
-    plan: QueryPlan
-    config: LoaderConfig
-    _epoch: int
-    _resume: Resume | None
-    _running: Resume | None
-    _progress: tuple[int, int, bool] | None
-    _peek: tuple[int, int, Resume] | None
 
     if TYPE_CHECKING:  # the loader's own, used here
 
-        @property
-        def sharding(self) -> Sharding: ...
         def _stop_iterator(self, reason: str) -> None: ...
 
     def state_dict(self) -> dict[str, Any]:

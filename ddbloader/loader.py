@@ -20,7 +20,7 @@ from typing import Any, Literal
 import torch
 
 from ._checkpoint import LoaderCheckpoint
-from ._claims import EpochClaims, Iteration
+from ._claims import Iteration
 from ._construction import NO_SOURCE, arrow_backend, parquet_backend, records_given_arguments
 from ._core.config import normalise_config, resolve_aliases
 from ._core.display import plan_html, plan_text
@@ -46,7 +46,7 @@ __all__ = ["DDBDataLoader"]
 Batch = tuple[torch.Tensor, torch.Tensor]
 
 
-class DDBDataLoader(EpochClaims, LoaderCheckpoint, LoaderResources):
+class DDBDataLoader(LoaderCheckpoint, LoaderResources):
     """Feed PyTorch from a SQL query: split it into subqueries, fetch in the background, yield batches.
 
     Semantics (see README): groups never mix inside a sample; windows continue across the
