@@ -65,7 +65,8 @@ import throughput  # noqa: E402  (benchmarks/throughput.py: the data and the loa
 from ddbloader._core.window import WindowGeometry, window_view  # noqa: E402
 from ddbloader._pipeline.arena import Piece, Segment  # noqa: E402
 from ddbloader._pipeline.batch import gather  # noqa: E402
-from ddbloader._sql.source import Block, ColumnLayout  # noqa: E402
+from ddbloader._sql.block import Block  # noqa: E402
+from ddbloader._sql.layout import ColumnLayout  # noqa: E402
 
 MARKER = "GATHER-JSON:"
 CHILD_TIMEOUT_S = 900
