@@ -24,7 +24,8 @@ Contenders, each in a fresh interpreter per round, interleaved round by round:
   loop's); each also with ``cache_bytes`` holding every partition (epochs after the first from
   memory: the like-for-like of a loop that holds every row in RAM).
 
-Figures per contender (medians over rounds): setup (loading, or the constructor), the first
+Figures per contender (medians over rounds): setup (loading, or the constructor; imports of
+torch, DuckDB and ddbloader come before the clock), the first
 epoch, a warm epoch (the median of two: "iteration alone"), end to end (setup + first epoch),
 the process's CPU seconds in a warm epoch (every thread, the engine's too) and its peak RSS.
 Ratios are taken within a round against the in-memory loop. The machine is shared and noisy:
@@ -207,6 +208,11 @@ def _ddbloader(workload: str, contender: str, path: str) -> tuple[Callable[[int]
 def child(workload: str, contender: str) -> dict[str, Any]:
     """One contender in this process: setup, the first epoch, then the warm ones."""
     import warnings
+
+    import duckdb  # noqa: F401  (imports are not setup: every contender pays them alike)
+    import torch  # noqa: F401
+
+    import ddbloader  # noqa: F401
 
     warnings.simplefilter("ignore")
     path = str(ensure_data("tabular", 2_000_000) if workload == "tabular" else windows_data())
