@@ -29,7 +29,7 @@ __all__ = ["ColumnChoice", "ColumnLayout"]
 class ColumnChoice(Protocol):
     """The arguments that choose x and y (:class:`ddbloader._core.config.LoaderConfig` has them).
 
-    A protocol, so that this module needs nothing from :mod:`ddbloader._core.config`, which sits above it.
+    A protocol: resolving the columns reads these arguments and no other of the configuration.
     """
 
     @property
