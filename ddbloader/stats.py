@@ -144,6 +144,11 @@ class StatsRecorder:
         self._bytes = 0
         self._ended: float | None = None
 
+    @property
+    def started(self) -> float:
+        """When the epoch's clock started (``time.perf_counter()``): its wall time counts from here."""
+        return self._started
+
     def finish(self) -> None:
         """Freeze the wall time: the epoch has ended."""
         with self._lock:

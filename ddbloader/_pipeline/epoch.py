@@ -40,6 +40,11 @@ class EpochRecorder(Protocol):
 
     def finish(self) -> None: ...
 
+    @property
+    def started(self) -> float:
+        """When the epoch's clock started (``time.perf_counter()``)."""
+        ...
+
 
 #: What an iteration yields: ``(x, y)``, or ``(x, y, keys)`` with ``key_col`` (a
 #: :data:`~ddbloader.keys.Keys` dict); typed loosely so that ``for x, y in loader`` type-checks.
@@ -234,6 +239,8 @@ class EpochIterator:
             prefetcher = self._prefetcher
         run = self._run
         assert run is not None  # set by _begin
+        # the first step claimed the epoch before its clock started: its wait counts from the clock
+        waiting = max(waiting, run.recorder.started)
         ready = prefetcher.ready()
         try:
             batch = run.stage.deliver(next(prefetcher))
