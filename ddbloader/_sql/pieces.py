@@ -37,10 +37,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from sqlglot import exp
 
 from .binding import binds_exactly
+from .ordering import same_name
 from .query import Query, UserQuery
 
 __all__ = [
@@ -82,6 +85,28 @@ class KeyRanges:
     nulls: bool = False
     #: A combed piece's band (its subquery's pieces combed together share one); None if contiguous.
     band: int | None = None
+    #: ``(result column, descending)`` when the piece's query has no ORDER BY and its reader puts
+    #: the rows in the query's order by that column (see :meth:`in_order`); None: the engine sorts.
+    sort: tuple[int, bool] | None = None
+
+    def in_order(self, table: pa.Table) -> pa.Table:
+        """``table`` (this piece's rows, as its query returned them) in the query's order: as it
+        is without :attr:`sort`; else stably sorted by the :attr:`sort` column, which is then the
+        query's whole order over the piece (its only ORDER BY term, of an integer, date or
+        timestamp type whose order Arrow's equals, and never NULL in a ranged piece), so equal
+        keys stay in the engine's order as an ORDER BY leaves them in the engine's. Costs one
+        pass over the key when the rows came sorted (DuckDB's scan of a table stored in key
+        order), a sort and a gather otherwise."""
+        if self.sort is None or table.num_rows < 2:
+            return table
+        column, descending = self.sort
+        keys = table.column(column).combine_chunks()
+        values = np.asarray(keys.to_numpy(zero_copy_only=False))
+        later, earlier = values[1:], values[:-1]
+        if bool(np.all(later <= earlier) if descending else np.all(later >= earlier)):
+            return table
+        order = pc.array_sort_indices(keys, order="descending" if descending else "ascending")
+        return table.take(order)
 
     def bounds(self) -> tuple[Any, ...]:
         """The bound values, in the order :meth:`predicate` numbers their parameters: the
@@ -117,6 +142,12 @@ class KeyRanges:
             odd = 1 if self.ranges[0][0] is not None else 0
             sides.append(_search(key, number, 0, points, odd))
         return exp.and_(*sides) if len(sides) > 1 else sides[0]
+
+    def shape(self) -> tuple[Any, ...]:
+        """What :meth:`predicate`'s SQL depends on besides the key and the bounds' values, and
+        whether the piece's query is ordered by the engine: equal shapes, equal SQL."""
+        low, high = self._enclosing()
+        return (self.nulls, low is None, high is None, len(self.ranges), self.sort is None)
 
     def describe(self) -> str:
         """The ranges for messages: ``[a, b) ∪ [c, d)`` or ``NULL``."""
@@ -266,12 +297,25 @@ class RangeCutter:
     naming why (the caller warns and reads the big subqueries in consecutive pieces instead).
     """
 
-    def __init__(self, query: Query, keys: Sequence[exp.Expr], run: Run, *, combed: bool) -> None:
+    def __init__(
+        self,
+        query: Query,
+        keys: Sequence[exp.Expr],
+        run: Run,
+        *,
+        combed: bool,
+        schema: pa.Schema | None = None,
+    ) -> None:
         self._query = query
         self._run = run
         self._combed = combed
         self.key: OrderKey | None = None
         self.reason: str | None = None
+        #: Per (query, piece shape): the query (kept, so its id stays its own) and the piece's SQL,
+        #: which the bounds' values do not change.
+        self._sql: dict[tuple[int, tuple[Any, ...]], tuple[Query, str]] = {}
+        #: ``KeyRanges.sort`` for combed pieces read whole (see :meth:`client_sort`).
+        self.sort: tuple[int, bool] | None = None
         if not isinstance(query, UserQuery):
             self.reason = "this engine's queries cannot be cut by key ranges"
             return
@@ -291,6 +335,8 @@ class RangeCutter:
             bool(ordered.args.get("nulls_first")),
             term.sql(dialect=query.dialect),
         )
+        if combed and schema is not None:
+            self.sort = _client_sort(query, keys, schema)
 
     def cut(
         self, columns: Sequence[exp.Expr], params: tuple[Any, ...], rows: int, pieces: int
@@ -380,8 +426,12 @@ class RangeCutter:
         the same query carrying the row hash (``verify=True``)."""
         query = self._query if query is None else query
         assert isinstance(query, UserQuery) and self.key is not None
-        predicate = ranges.predicate(self.key.expression, len(columns) + 1)
-        return query.render(query.filtered_where(columns, predicate, ordered=True))
+        shape = (id(query), ranges.shape())
+        if shape not in self._sql:  # rendering costs ~10 ms at 32 ranges; combed pieces share a shape
+            predicate = ranges.predicate(self.key.expression, len(columns) + 1)
+            tree = query.filtered_where(columns, predicate, ordered=ranges.sort is None)
+            self._sql[shape] = (query, query.render(tree))
+        return self._sql[shape][1]
 
     def _tiles_tree(self, columns: Sequence[exp.Expr], tiles: int) -> exp.Expr:
         """``(tile, lowest key, rows)`` per non-empty tile of the subquery's non-NULL keys, by tile:
@@ -421,6 +471,26 @@ class RangeCutter:
             .group_by(exp.column(_TILE_ALIAS))
             .order_by(exp.column(_TILE_ALIAS))
         )
+
+
+def _client_sort(query: UserQuery, keys: Sequence[exp.Expr], schema: pa.Schema) -> tuple[int, bool] | None:
+    """``(result column, descending)`` when the reader can put a piece's rows in the query's
+    order itself, cheaper than the engine's sort of every column: the ORDER BY's only term
+    besides ``keys`` is one result column (found by name as the engine resolves it, exactly
+    once) of an integer, date or timestamp type, whose order Arrow's equals; else None."""
+    terms = query.order_terms(keys)
+    if terms is None or len(terms) != 1 or not isinstance(terms[0].this, exp.Column):
+        return None
+    column = terms[0].this
+    if column.table:
+        return None
+    found = [i for i, name in enumerate(schema.names) if same_name(column.this, name)]
+    if len(found) != 1:
+        return None
+    kind = schema.field(found[0]).type
+    if not (pa.types.is_integer(kind) or pa.types.is_date(kind) or pa.types.is_timestamp(kind)):
+        return None
+    return found[0], bool(terms[0].args.get("desc"))
 
 
 def _subquery(tree: exp.Expr, alias: str) -> exp.Subquery:
