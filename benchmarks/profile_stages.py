@@ -49,7 +49,7 @@ _STAGES = [
     ("ddbloader._pipeline.pool", "GroupPool.take", "pool executes a batch of the schedule"),
     ("ddbloader._pipeline.device", "gather", "gather a batch (row take)"),
     ("ddbloader._io.threads", "_put", "assembler hands a batch over"),
-    ("ddbloader._sql.source", "Block.concatenate", "segment = edges + partition (copy)"),
+    ("ddbloader._sql.block", "Block.concatenate", "segment = edges + partition (copy)"),
 ]
 
 

@@ -11,10 +11,11 @@ import pyarrow as pa
 import torch
 from torch.utils.data import IterableDataset, default_collate, default_convert, get_worker_info
 
+from ._construction import NO_SOURCE
 from ._epoch.shard import Sharding
 from ._epoch.state import merge_worker_states
 from ._pipeline.epoch import Delivered
-from .loader import _NO_SOURCE, DDBDataLoader
+from .loader import DDBDataLoader
 
 __all__ = ["DDBIterableDataset"]
 
@@ -59,7 +60,7 @@ class DDBIterableDataset(IterableDataset[Delivered]):
 
     def __init__(
         self,
-        source: Any = _NO_SOURCE,
+        source: Any = NO_SOURCE,
         sql: str = "",
         target_col: Any = None,
         *args: Any,

@@ -1,70 +1,52 @@
 """DDBDataLoader: arguments, epochs, ``len``, iteration and shutdown.
 
-How its iterations claim, report and give back epochs is in :mod:`ddbloader._claims`.
+Its private bases hold the rest, each sharing the loader's attributes: how its iterations claim,
+report and give back epochs (:mod:`ddbloader._claims`), its checkpoints (``state_dict`` and
+``load_state_dict``, :mod:`ddbloader._checkpoint`), and what it holds in its process, reopened in
+a worker process (:mod:`ddbloader._resources`). Its argument bookkeeping and the connections of
+its ``from_*`` constructors are in :mod:`ddbloader._construction`; ``loader.dataset`` and
+``loader.sampler`` are :mod:`ddbloader._samples`.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 import inspect
 import itertools
 import os
 import weakref
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Literal, TypeVar
+from collections.abc import Callable, Sequence
+from typing import Any, Literal
 
-import duckdb
 import torch
-from sqlglot import exp
 
-from ._claims import EpochClaims, Iteration
+from ._checkpoint import LoaderCheckpoint
+from ._claims import Iteration
+from ._construction import NO_SOURCE, arrow_backend, parquet_backend, records_given_arguments
 from ._core.config import normalise_config, resolve_aliases
 from ._core.display import plan_html, plan_text
 from ._core.errors import warn_caller
 from ._epoch.elastic import Stretch
 from ._epoch.mixing import MixingWatch
 from ._epoch.shard import Sharding, part_range, resolve_sharding, shard_samples
-from ._epoch.state import Resume, check_state, make_state
+from ._epoch.state import Resume
 from ._epoch.summary import plan_rows
-from ._io.cache import PartitionCache
 from ._pipeline.arena import Arena
 from ._pipeline.batch import batch_count
 from ._pipeline.epoch import EpochIterator
+from ._resources import LoaderResources
+from ._samples import LoaderSamples
 from ._sql.plan import WorkUnit
 from ._sql.planner import build_plan
-from .backends import Backend, DuckDBBackend, connect
+from .backends import Backend, connect
 from .stats import LoaderStats, StatsRecorder
 from .transforms import as_pipeline
 
-__all__ = ["DDBDataLoader", "LoaderSamples"]
+__all__ = ["DDBDataLoader"]
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
 
-_Init = TypeVar("_Init", bound=Callable[..., None])
-
-#: ``source``'s default, so that DolphinDB's ``ddbSession=`` keyword can give it instead.
-_NO_SOURCE: Any = object()
-
-
-def _records_given_arguments(init: _Init) -> _Init:
-    """Store the names of the arguments the caller actually passed as ``self._given_arguments``,
-    so a parameter given together with its DolphinDB alias is refused even at its default value."""
-    signature = inspect.signature(init)
-
-    @functools.wraps(init)
-    def wrapper(self: Any, *args: Any, **kwargs: Any) -> None:
-        self._given_arguments = frozenset(signature.bind(self, *args, **kwargs).arguments) - {
-            "self",
-            "aliases",
-        }
-        init(self, *args, **kwargs)
-
-    return wrapper  # type: ignore[return-value]
-
-
-class DDBDataLoader(EpochClaims):
+class DDBDataLoader(LoaderCheckpoint, LoaderResources):
     """Feed PyTorch from a SQL query: split it into subqueries, fetch in the background, yield batches.
 
     Semantics (see README): groups never mix inside a sample; windows continue across the
@@ -146,10 +128,10 @@ class DDBDataLoader(EpochClaims):
 
     _given_arguments: frozenset[str]
 
-    @_records_given_arguments
+    @records_given_arguments
     def __init__(
         self,
-        source: Any = _NO_SOURCE,
+        source: Any = NO_SOURCE,
         sql: str = "",
         target_col: str | Sequence[str] | None = None,
         batch_size: int = 1,
@@ -194,7 +176,7 @@ class DDBDataLoader(EpochClaims):
         explicit = {k: v for k, v in locals().items() if k not in {"self", "aliases", "__class__"}}
         args = resolve_aliases(explicit, _DEFAULTS, aliases, self._given_arguments)
         source = args["source"]
-        if source is _NO_SOURCE:
+        if source is NO_SOURCE:
             raise TypeError("DDBDataLoader() needs a source: a connection, a path, a URI or None")
         if not isinstance(mode, str) or mode.lower() != "pytorch":
             raise ValueError(f"mode={mode!r} is not supported: ddbloader feeds PyTorch only (mode='pytorch')")
@@ -378,106 +360,6 @@ class DDBDataLoader(EpochClaims):
             raise RuntimeError("no epoch has started yet: iterate the loader first")
         return self._recorder.snapshot()
 
-    def state_dict(self) -> dict[str, Any]:
-        """Where the consumer is: small, JSON-serialisable, counting batches handed out.
-
-        A fresh loader built with the same arguments that loads this state yields exactly the
-        rest of the interrupted epoch, then the following epochs as if never interrupted. Taken
-        after an epoch's last batch but inside the loop, the state still names that epoch (so the
-        resumed loop finishes it, empty, and the next pass runs the next epoch, as in a checkpoint
-        taken at the last step); once the iteration has ended it names the next epoch. Every rank
-        reaches the same state, so rank 0's state may be loaded on every rank, also under another
-        world size (then the rest of the epoch is what no old rank had handed out, split anew).
-        """
-        return self._state(ended_names_next=True)
-
-    def _state(self, ended_names_next: bool) -> dict[str, Any]:
-        """:meth:`state_dict`; an ended iteration names its own epoch, fully served, unless
-        ``ended_names_next`` (see :meth:`DDBIterableDataset.state_dict`)."""
-        sharding = self.sharding
-        fresh = Resume((), sharding.world_size, sharding.even_batches, 1, 0, 0, (0,))
-        if self._progress is None:
-            epoch, place = self._epoch, self._resume or fresh
-        else:
-            epoch, batches, finished = self._progress
-            assert self._running is not None
-            place = self._running.at(batches)
-            if finished and ended_names_next:
-                epoch, place = epoch + 1, fresh
-        return make_state(epoch, self.config, self.plan, sharding.rank, place)
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Continue from ``state``: the next iteration resumes that epoch after its last batch.
-
-        A state saved under another world size, ``even_batches`` or DataLoader worker count is
-        resumed elastically: the rest of its epoch is the samples no old rank had handed out,
-        split among this world's ranks with equal batch counts (see :mod:`ddbloader._epoch.elastic`).
-
-        Raises:
-            ValueError: the state belongs to another plan (sample count, or partition count:
-                streamed pieces depend on ``fetch_bytes``), batch size, shuffle, drop_last,
-                group_pool_size or version, or is malformed.
-        """
-        resume = check_state(state, self.config, self.plan)
-        self._stop_iterator("this DDBDataLoader iteration was superseded by load_state_dict()")
-        self._peek = None
-        if state["seed"] != self.config.seed:
-            self.config = dataclasses.replace(self.config, seed=int(state["seed"]))
-        self._epoch = int(state["epoch"])
-        self._resume = resume
-        self._progress = None
-
-    def _backend_here(self) -> Backend:
-        """This process's backend: reopened from the source in a worker process."""
-        if self._backend is None or self._backend_pid != os.getpid():
-            if not _reopenable(self._source):
-                raise RuntimeError(
-                    "this loader's connection belongs to another process; for DataLoader workers "
-                    "give source as a database path, a URI or a factory that opens a connection"
-                )
-            self._backend = connect(self._source)
-            self._backend_pid = os.getpid()
-        return self._backend
-
-    def _partition_cache(self) -> PartitionCache | None:
-        """A cache for the partitions when ``cache_bytes`` allows all of them, else None."""
-        budget = self.config.cache_bytes
-        if budget is None:
-            return None
-        planned = self.plan.rows * self.plan.layout.row_bytes
-        if planned > budget:
-            warn_caller(
-                f"cache_bytes={budget:,} is less than the {planned:,} bytes of the planned partitions "
-                f"({self.plan.rows:,} rows of {self.plan.layout.row_bytes} bytes): every epoch fetches them "
-                f"again; raise cache_bytes to keep them in memory"
-            )
-            return None
-        return PartitionCache()
-
-    def _shelve(self, arena: Arena) -> None:
-        self._arena = arena
-
-    def __getstate__(self) -> dict[str, Any]:
-        if not _reopenable(self._source):
-            raise TypeError(
-                "a DDBDataLoader over a connection object cannot be sent to another process; "
-                "give source as a database path, a URI or a factory that opens a connection"
-            )
-        state = self.__dict__.copy()
-        state.update(_backend=None, _iterator=None, _recorder=None, _progress=None, _arena=None, _peek=None)
-        state.update(_left=None)
-        # a worker started by pickling (spawn) has no process group: it keeps this process's place
-        state.update(_fixed_sharding=self.sharding, _tokens=itertools.count())
-        # a worker process keeps the partitions it fetches itself
-        state.update(_cache=None if self._cache is None else PartitionCache())
-        return state
-
-    def _stop_iterator(self, reason: str) -> None:
-        previous = self._iterator() if self._iterator is not None else None
-        if previous is not None:
-            previous.stop(reason)
-        self._iterator = None
-
     def close(self) -> None:
         """Stop the running iteration (downstream first) and close what the loader opened."""
         if self._closed:
@@ -506,12 +388,7 @@ class DDBDataLoader(EpochClaims):
         cls, path: str | os.PathLike[str], target_col: Any, sql: str = "SELECT * FROM data", **kwargs: Any
     ) -> DDBDataLoader:
         """A loader over Parquet file(s) (a path or glob), read in place as the view ``data``."""
-        connection = duckdb.connect()
-        source = exp.select("*").from_(exp.func("read_parquet", exp.Literal.string(str(path))))
-        connection.execute(
-            exp.Create(this=exp.to_table("data"), kind="VIEW", expression=source).sql("duckdb")
-        )
-        return cls(DuckDBBackend(connection, owned=True), sql, target_col, **kwargs)
+        return cls(parquet_backend(path), sql, target_col, **kwargs)
 
     @classmethod
     def from_arrow(
@@ -519,11 +396,7 @@ class DDBDataLoader(EpochClaims):
     ) -> DDBDataLoader:
         """A loader over an Arrow table (or anything DuckDB scans: a pandas DataFrame), copied into
         an in-memory DuckDB table ``data``."""
-        connection = duckdb.connect()
-        connection.register("_ddbloader_input", table)
-        connection.execute("CREATE TABLE data AS SELECT * FROM _ddbloader_input")
-        connection.unregister("_ddbloader_input")
-        return cls(DuckDBBackend(connection, owned=True), sql, target_col, **kwargs)
+        return cls(arrow_backend(table), sql, target_col, **kwargs)
 
     @classmethod
     def from_pandas(
@@ -541,39 +414,6 @@ class DDBDataLoader(EpochClaims):
     def _repr_html_(self) -> str:
         layout = self.plan.layout
         return plan_html(self._plan_rows(), {"x": layout.x_names, "y": layout.y_names})
-
-
-class LoaderSamples:
-    """A loader's samples where torch code reads ``DataLoader.dataset`` or ``.sampler``.
-
-    ``len()`` is the epoch's samples (``per_rank``: this rank's, padding included) under the
-    current world size; ``set_epoch`` is the loader's. It holds no data: the loader serves it.
-    """
-
-    def __init__(self, loader: DDBDataLoader, per_rank: bool = False) -> None:
-        self.loader = loader
-        self._per_rank = per_rank
-
-    def __len__(self) -> int:
-        samples = self.loader.plan.samples
-        if not self._per_rank:
-            return samples
-        sharding = self.loader.sharding
-        return shard_samples(samples, sharding.world_size, sharding.even_batches)
-
-    def set_epoch(self, epoch: int) -> None:
-        self.loader.set_epoch(epoch)
-
-    def __repr__(self) -> str:
-        kind = "this rank's samples" if self._per_rank else "samples"
-        return f"<{len(self)} {kind} of a DDBDataLoader>"
-
-
-def _reopenable(source: Any) -> bool:
-    """True for sources a worker process can open again on its own."""
-    if isinstance(source, (str, os.PathLike)):
-        return str(source) != ":memory:"
-    return callable(source) and not hasattr(source, "cursor")
 
 
 _DEFAULTS: dict[str, Any] = {

@@ -15,7 +15,8 @@ from torch.utils.data import DataLoader, TensorDataset
 from ddbloader._core.window import WindowGeometry
 from ddbloader._pipeline.arena import Piece, Segment
 from ddbloader._pipeline.batch import batch_count, gather
-from ddbloader._sql.source import Block, ColumnLayout
+from ddbloader._sql.block import Block
+from ddbloader._sql.layout import ColumnLayout
 
 
 @settings(max_examples=60, deadline=None)

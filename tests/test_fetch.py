@@ -29,8 +29,8 @@ from ddbloader._epoch.units import fetch_units
 from ddbloader._io.fetch import Fetcher
 from ddbloader._io.retry import MAX_BACKOFF_SECONDS, RetryPolicy, is_transient
 from ddbloader._io.threads import Pending, Stopped
+from ddbloader._sql.block import Block
 from ddbloader._sql.plan import PartitionSpec, QueryPlan
-from ddbloader._sql.source import Block
 from ddbloader.backends import DBAPIBackend, DolphinDBBackend, DuckDBBackend
 
 pytestmark = pytest.mark.timeout(30)

@@ -9,15 +9,25 @@ import numpy as np
 import pytest
 
 from ddbloader import DDBDataLoader
+from ddbloader._epoch import mixing
 from ddbloader._epoch.mixing import measure
 from ddbloader._epoch.schedule import BatchSchedule
 from ddbloader._epoch.shard import epoch_units
 
 
-@pytest.mark.parametrize(("window_size", "seed"), [(None, 0), (3, 1), (5, 2)])
+@pytest.mark.parametrize(
+    ("window_size", "seed", "sampled"), [(None, 0, None), (3, 1, None), (5, 2, None), (3, 3, 7)]
+)
 def test_measure_is_the_brute_force_of_the_schedule(
-    con: duckdb.DuckDBPyConnection, window_size: int | None, seed: int
+    con: duckdb.DuckDBPyConnection,
+    monkeypatch: pytest.MonkeyPatch,
+    window_size: int | None,
+    seed: int,
+    sampled: int | None,
 ) -> None:
+    # sampled: measure at most that many batches (an epoch longer than SAMPLED_BATCHES), strided
+    if sampled is not None:
+        monkeypatch.setattr(mixing, "SAMPLED_BATCHES", sampled)
     # groups of several days of uneven lengths, one group with no rows in the scheme's last day
     con.execute(
         "CREATE TABLE t AS SELECT i % 5 AS g, (i // 5) % 4 AS d, i AS id, i * 0.5 AS f, i * 1.0 AS y "
@@ -42,7 +52,12 @@ def test_measure_is_the_brute_force_of_the_schedule(
         offset += group.rows
     distinct, order = [], []
     stride = plan.geometry.stride
-    for batch in BatchSchedule(units, plan.geometry, config, 0, loader.batches()):
+    batches = loader.batches()
+    every = -(-batches // mixing.SAMPLED_BATCHES)
+    assert sampled is None or every > 1
+    for batch in BatchSchedule(units, plan.geometry, config, 0, batches):
+        if batch.index % every:
+            continue
         seen = set()
         for group, sample in zip(batch.groups.tolist(), batch.samples.tolist(), strict=True):
             row = sample * stride

@@ -1,4 +1,4 @@
-"""Range pieces (ddbloader/_sql/pieces.py): the layout, pure, and the pieces against real engines.
+"""Range pieces (ddbloader/_sql/pieces.py, range_cutter.py): the layout, pure, and the pieces against engines.
 
 The layout is checked without an engine: tiles are computed from a list of keys as the ranking
 query computes them (``(rank - 1) * tiles // rows``), and every row must land in exactly one

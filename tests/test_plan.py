@@ -27,7 +27,7 @@ from tests.conftest import SERIES_SQL, make_series, warnings_containing
 
 pytestmark = [
     pytest.mark.filterwarnings("error"),
-    # Most loaders here keep y in x without windows; tests/test_source.py checks that warning.
+    # Most loaders here keep y in x without windows; tests/test_columns.py checks that warning.
     pytest.mark.filterwarnings("ignore:target_col .* stays in x:UserWarning"),
 ]
 

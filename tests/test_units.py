@@ -25,8 +25,8 @@ from ddbloader._epoch.shard import epoch_units
 from ddbloader._epoch.unit_split import split_by_key, unit_blocks
 from ddbloader._epoch.units import FIRST_UNIT_SHARE, MAX_VALUES, FetchUnit, fetch_units
 from ddbloader._epoch.visits import partition_visits
+from ddbloader._sql.convert import to_block
 from ddbloader._sql.plan import PartitionSpec
-from ddbloader._sql.source import to_block
 from ddbloader.backends import DuckDBBackend
 
 UTC = dt.timezone.utc

@@ -16,8 +16,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from .._sql.arrow_types import arrow_values
+from .._sql.block import Block
+from .._sql.convert import to_block
+from .._sql.layout import ColumnLayout
 from .._sql.plan import PartitionSpec
-from .._sql.source import Block, ColumnLayout, arrow_values, to_block
 from .units import FetchUnit
 
 __all__ = ["UnitPartitions", "split_by_key", "unit_blocks"]

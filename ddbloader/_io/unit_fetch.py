@@ -22,9 +22,11 @@ from .._core.engine import Backend, Cursor, redact_uri
 from .._epoch.unit_split import UnitPartitions, split_by_key, unit_blocks
 from .._epoch.units import FetchUnit
 from .._epoch.visits import PartitionKey
+from .._sql.block import Block
+from .._sql.convert import check_result_schema
 from .._sql.fingerprint import content_mismatch, strip_hash
+from .._sql.layout import ColumnLayout
 from .._sql.plan import PartitionSpec
-from .._sql.source import Block, ColumnLayout, check_result_schema
 from .partition_fetch import fetch_partition
 from .retry import is_transient
 from .threads import Pending, ThreadFailure

@@ -16,8 +16,8 @@ import numpy as np
 import torch
 
 from .._core.config import LoaderConfig
+from .._sql.block import Block
 from .._sql.plan import QueryPlan
-from .._sql.source import Block
 
 __all__ = ["ARENA_MAX_BYTES", "WHOLE_PARTITIONS_POOL", "Arena", "Piece", "Segment", "arena_for"]
 

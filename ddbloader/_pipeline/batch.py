@@ -16,8 +16,9 @@ import torch
 
 from .._core.dtypes import torch_dtype
 from .._core.window import WindowGeometry, window_view
+from .._sql.block import Block
 from .._sql.keys import KeyArrays, Keys
-from .._sql.source import Block, ColumnLayout
+from .._sql.layout import ColumnLayout
 from .arena import Piece, Segment
 
 __all__ = ["RowSource", "batch_count", "gather", "gather_keys", "gather_on_device"]
@@ -84,7 +85,7 @@ def gather(
 
     Shapes: x ``[B, x_window, *x_shape]`` and y ``[B, y_window, *y_shape]`` with windows, else
     ``[B, *x_shape]`` and ``[B, *y_shape]`` (``x_shape`` is ``(Fx,)`` unless x is one tensor
-    column, see :class:`~ddbloader._sql.source.ColumnLayout`). The tensors are freshly allocated, so
+    column, see :class:`~ddbloader._sql.layout.ColumnLayout`). The tensors are freshly allocated, so
     the caller owns them.
 
     Consecutive pieces whose segments share a base (an :class:`~ddbloader._pipeline.arena.Arena`) are

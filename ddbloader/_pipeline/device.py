@@ -35,7 +35,7 @@ from .._core.config import Collate
 from .._core.errors import add_note, step_name
 from .._core.window import WindowGeometry
 from .._sql.keys import Keys
-from .._sql.source import ColumnLayout
+from .._sql.layout import ColumnLayout
 from .arena import Piece, Segment
 from .batch import gather, gather_keys, gather_on_device
 

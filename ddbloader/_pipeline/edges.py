@@ -12,8 +12,8 @@ import itertools
 from collections.abc import Callable, Iterable, Sequence
 
 from .._io.threads import Pending
+from .._sql.block import Block
 from .._sql.plan import WorkUnit
-from .._sql.source import Block
 
 __all__ = ["KeptEdges"]
 

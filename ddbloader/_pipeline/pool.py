@@ -20,7 +20,7 @@ from .._epoch.owed import keep_owed
 from .._epoch.schedule import BatchSchedule, Event, EventKind, ScheduledBatch
 from .._io.source import PartitionSource
 from .._io.threads import Pending
-from .._sql.source import Block
+from .._sql.block import Block
 from .arena import Arena, Piece, Segment
 from .edges import KeptEdges
 

@@ -19,9 +19,9 @@ import numpy as np
 
 from .._core.window import WindowGeometry
 from .fingerprint import Fingerprint
+from .layout import ColumnLayout
 from .pieces import KeyRanges
 from .query import Query
-from .source import ColumnLayout
 
 __all__ = ["MIN_PIECE_ROWS", "GroupPlan", "PartitionSpec", "QueryPlan", "WorkUnit"]
 

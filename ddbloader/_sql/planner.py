@@ -31,11 +31,11 @@ from .cells import (
     probe_partition,
     run_planning,
 )
+from .columns import nullable_candidates, resolve_layout, resolve_layout_on_rows
 from .fingerprint import Fingerprint, row_hash
 from .plan import GroupPlan, PartitionSpec, QueryPlan, pieces
 from .query import Query, UserQuery
 from .ranges import range_pieces
-from .source import nullable_candidates, resolve_layout, resolve_layout_on_rows
 
 __all__ = ["build_plan"]
 

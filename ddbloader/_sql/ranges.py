@@ -22,9 +22,10 @@ from .._core.window import WindowGeometry
 from .aliases import ROWS_ALIAS
 from .cells import Cell, PlanKey, run_planning
 from .fingerprint import HASH_SUM_ALIAS, Fingerprint, planned_sum
-from .pieces import KeyRanges, RangeCutter
+from .pieces import KeyRanges
 from .plan import pieces
 from .query import Query, UserQuery
+from .range_cutter import RangeCutter
 
 __all__ = ["Piece", "Ranged", "range_pieces"]
 

@@ -11,7 +11,7 @@ import pyarrow as pa
 import torch
 
 from .._core.errors import add_note, step_name
-from .._sql.source import arrow_column_type, arrow_values
+from .._sql.arrow_types import arrow_column_type, arrow_values
 
 __all__ = [
     "Accepts",

@@ -15,8 +15,8 @@ from sqlglot import exp
 
 from .._core.dtypes import numpy_dtype, torch_dtype
 from .._core.errors import add_note
+from .._sql.arrow_types import arrow_column_type, arrow_values
 from .._sql.query import UserQuery
-from .._sql.source import arrow_column_type, arrow_values
 from ..backends import Backend, connect, is_backend
 from .pipeline import Accepts, Columns, Frame, as_tensor, numpy_to_arrow
 

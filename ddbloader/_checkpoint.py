@@ -1,0 +1,80 @@
+"""Checkpoints: a loader's ``state_dict`` and ``load_state_dict``, counting batches handed out.
+
+A state names an epoch and where in it the consumer stands (a
+:class:`~ddbloader._epoch.state.Resume`); it is small, JSON-serialisable and the same on every
+rank. Loading one makes the next iteration resume that epoch after its last batch, also under
+another world size (see :mod:`ddbloader._epoch.elastic`). :class:`LoaderCheckpoint` is a base of
+:class:`~ddbloader.DDBDataLoader`, over the claim bookkeeping of :mod:`ddbloader._claims`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from ._claims import EpochClaims
+from ._epoch.state import Resume, check_state, make_state
+
+__all__ = ["LoaderCheckpoint"]
+
+
+class LoaderCheckpoint(EpochClaims):
+    """The checkpoint methods of :class:`~ddbloader.DDBDataLoader` (see the module docstring).
+
+    A state is where the epoch claims stand, so these methods read and set the claim bookkeeping
+    of :class:`~ddbloader._claims.EpochClaims`, whose attributes the loader sets.
+    """
+
+    if TYPE_CHECKING:  # the loader's own, used here
+
+        def _stop_iterator(self, reason: str) -> None: ...
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the consumer is: small, JSON-serialisable, counting batches handed out.
+
+        A fresh loader built with the same arguments that loads this state yields exactly the
+        rest of the interrupted epoch, then the following epochs as if never interrupted. Taken
+        after an epoch's last batch but inside the loop, the state still names that epoch (so the
+        resumed loop finishes it, empty, and the next pass runs the next epoch, as in a checkpoint
+        taken at the last step); once the iteration has ended it names the next epoch. Every rank
+        reaches the same state, so rank 0's state may be loaded on every rank, also under another
+        world size (then the rest of the epoch is what no old rank had handed out, split anew).
+        """
+        return self._state(ended_names_next=True)
+
+    def _state(self, ended_names_next: bool) -> dict[str, Any]:
+        """:meth:`state_dict`; an ended iteration names its own epoch, fully served, unless
+        ``ended_names_next`` (see :meth:`DDBIterableDataset.state_dict`)."""
+        sharding = self.sharding
+        fresh = Resume((), sharding.world_size, sharding.even_batches, 1, 0, 0, (0,))
+        if self._progress is None:
+            epoch, place = self._epoch, self._resume or fresh
+        else:
+            epoch, batches, finished = self._progress
+            assert self._running is not None
+            place = self._running.at(batches)
+            if finished and ended_names_next:
+                epoch, place = epoch + 1, fresh
+        return make_state(epoch, self.config, self.plan, sharding.rank, place)
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue from ``state``: the next iteration resumes that epoch after its last batch.
+
+        A state saved under another world size, ``even_batches`` or DataLoader worker count is
+        resumed elastically: the rest of its epoch is the samples no old rank had handed out,
+        split among this world's ranks with equal batch counts (see :mod:`ddbloader._epoch.elastic`).
+
+        Raises:
+            ValueError: the state belongs to another plan (sample count, or partition count:
+                streamed pieces depend on ``fetch_bytes``), batch size, shuffle, drop_last,
+                group_pool_size or version, or is malformed.
+        """
+        resume = check_state(state, self.config, self.plan)
+        self._stop_iterator("this DDBDataLoader iteration was superseded by load_state_dict()")
+        self._peek = None
+        if state["seed"] != self.config.seed:
+            self.config = dataclasses.replace(self.config, seed=int(state["seed"]))
+        self._epoch = int(state["epoch"])
+        self._resume = resume
+        self._progress = None

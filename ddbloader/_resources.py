@@ -1,0 +1,105 @@
+"""What a loader holds in its process: its backend, its partition cache, its arena, its running iteration.
+
+A backend belongs to the process that opened it: a DataLoader worker process (a pickled copy of
+the loader) opens its own from the source, which must therefore be one a process can open again
+(a path, a URI or a factory, never a connection object); the copy holds no iteration, arena or
+cached partitions of the original. :class:`LoaderResources` is a base of
+:class:`~ddbloader.DDBDataLoader`, which sets the attributes declared there.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import weakref
+from typing import TYPE_CHECKING, Any
+
+from ._core.config import LoaderConfig
+from ._core.errors import warn_caller
+from ._epoch.shard import Sharding
+from ._io.cache import PartitionCache
+from ._pipeline.arena import Arena
+from ._pipeline.epoch import EpochIterator
+from ._sql.plan import QueryPlan
+from .backends import Backend, connect
+
+__all__ = ["LoaderResources", "reopenable"]
+
+
+class LoaderResources:
+    """The process-bound holdings of :class:`~ddbloader.DDBDataLoader` (see the module docstring).
+
+    It holds no state of its own: the loader sets the attributes declared here.
+    """
+
+    plan: QueryPlan
+    config: LoaderConfig
+    _source: Any
+    _backend: Backend | None
+    _backend_pid: int
+    _cache: PartitionCache | None
+    _arena: Arena | None
+    _iterator: weakref.ref[EpochIterator] | None
+
+    if TYPE_CHECKING:  # the loader's own, used here
+
+        @property
+        def sharding(self) -> Sharding: ...
+
+    def _backend_here(self) -> Backend:
+        """This process's backend: reopened from the source in a worker process."""
+        if self._backend is None or self._backend_pid != os.getpid():
+            if not reopenable(self._source):
+                raise RuntimeError(
+                    "this loader's connection belongs to another process; for DataLoader workers "
+                    "give source as a database path, a URI or a factory that opens a connection"
+                )
+            self._backend = connect(self._source)
+            self._backend_pid = os.getpid()
+        return self._backend
+
+    def _partition_cache(self) -> PartitionCache | None:
+        """A cache for the partitions when ``cache_bytes`` allows all of them, else None."""
+        budget = self.config.cache_bytes
+        if budget is None:
+            return None
+        planned = self.plan.rows * self.plan.layout.row_bytes
+        if planned > budget:
+            warn_caller(
+                f"cache_bytes={budget:,} is less than the {planned:,} bytes of the planned partitions "
+                f"({self.plan.rows:,} rows of {self.plan.layout.row_bytes} bytes): every epoch fetches them "
+                f"again; raise cache_bytes to keep them in memory"
+            )
+            return None
+        return PartitionCache()
+
+    def _shelve(self, arena: Arena) -> None:
+        self._arena = arena
+
+    def __getstate__(self) -> dict[str, Any]:
+        if not reopenable(self._source):
+            raise TypeError(
+                "a DDBDataLoader over a connection object cannot be sent to another process; "
+                "give source as a database path, a URI or a factory that opens a connection"
+            )
+        state = self.__dict__.copy()
+        state.update(_backend=None, _iterator=None, _recorder=None, _progress=None, _arena=None, _peek=None)
+        state.update(_left=None)
+        # a worker started by pickling (spawn) has no process group: it keeps this process's place
+        state.update(_fixed_sharding=self.sharding, _tokens=itertools.count())
+        # a worker process keeps the partitions it fetches itself
+        state.update(_cache=None if self._cache is None else PartitionCache())
+        return state
+
+    def _stop_iterator(self, reason: str) -> None:
+        previous = self._iterator() if self._iterator is not None else None
+        if previous is not None:
+            previous.stop(reason)
+        self._iterator = None
+
+
+def reopenable(source: Any) -> bool:
+    """True for sources a worker process can open again on its own."""
+    if isinstance(source, (str, os.PathLike)):
+        return str(source) != ":memory:"
+    return callable(source) and not hasattr(source, "cursor")
