@@ -134,7 +134,8 @@ FETCH_BYTES = 100 * 16
 
 def _table() -> pa.Table:
     """``k``: the order key, with ties (runs of equal values, one of 150 rows) and 40 NULLs;
-    ``id`` makes the order total; ``f`` = ``id`` as float."""
+    ``id`` makes the order total; ``f`` = ``id`` as float; ``u``: a unique key stored out of its
+    order (a permutation of the ids)."""
     rng = np.random.default_rng(3)
     k: list[int | None] = [int(v) for v in rng.integers(0, 200, ROWS)]
     for i in range(300, 450):
@@ -148,6 +149,7 @@ def _table() -> pa.Table:
             "k": pa.array(k, pa.int64()),
             "f": pa.array([float(i) for i in ids], pa.float64()),
             "y": pa.array([float(i) + 0.5 for i in ids], pa.float64()),
+            "u": pa.array(rng.permutation(ROWS), pa.int64()),
         }
     )
 
@@ -173,8 +175,9 @@ def engine(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[_Engine]:
     elif request.param == "sqlite":
         path = str(tmp_path / "pieces.sqlite")
         admin = sqlite3.connect(path)
-        admin.execute("CREATE TABLE t (id INTEGER, k INTEGER, f REAL, y REAL)")
-        admin.executemany("INSERT INTO t VALUES (?, ?, ?, ?)", [tuple(r.values()) for r in data.to_pylist()])
+        admin.execute("CREATE TABLE t (id INTEGER, k INTEGER, f REAL, y REAL, u INTEGER)")
+        rows = [tuple(r.values()) for r in data.to_pylist()]
+        admin.executemany("INSERT INTO t VALUES (?, ?, ?, ?, ?)", rows)
         admin.commit()
         yield _Engine(
             "sqlite", functools.partial(sqlite3.connect, path), lambda sql: [r[0] for r in admin.execute(sql)]
@@ -243,6 +246,59 @@ def test_rows_of_combed_pieces_are_the_whole_querys_each_once(engine: _Engine) -
         got = sorted(int(v) for x, _ in loader for v in x[:, 0].tolist())
     assert len(partitions) > 5 and any(len(p.ranges.ranges) > 1 for p in partitions if p.ranges)
     assert got == list(range(ROWS))
+
+
+@pytest.mark.parametrize("order", ["u", "u DESC", "k", "k DESC"])
+def test_combed_pieces_the_reader_orders_hold_the_querys_rows_in_order(engine: _Engine, order: str) -> None:
+    """A single integer ORDER BY term: the combed pieces' queries have no ORDER BY, and the reader
+    puts their rows in the query's order, here from storage out of that order (``u``) and over
+    ties and NULLs (``k``, whose ties an ORDER BY leaves in any order: only the keys compared)."""
+    sql = f"SELECT id, k, f, y, u FROM t ORDER BY {order}"
+    column = order.split(maxsplit=1)[0]
+    options: dict[str, Any] = {"input_col": ["f"], "batch_size": 64, "shuffle": True, "seed": 2}
+    with DDBDataLoader(engine.source, sql, "y", fetch_bytes=FETCH_BYTES, **options) as loader:
+        partitions = loader.plan.groups[0].partitions
+        got = sorted(int(v) for x, _ in loader for v in x[:, 0].tolist())
+        assert loader._backend is not None
+        cursor = loader._backend.cursor()
+        pieces = [(p, p.ranges.in_order(cursor.fetch(p.sql, p.params))) for p in partitions if p.ranges]
+        cursor.close()
+    assert got == list(range(ROWS))
+    # read whole and keyed (a tie larger than fetch_bytes is read in parts, in the engine's order)
+    keyed = [(p, table) for p, table in pieces if p.ranges and not p.ranges.nulls and p.pieces == 1]
+    assert len(keyed) > 5 and all(p.ranges and p.ranges.sort is not None for p, _ in keyed)
+    assert all("ORDER BY" not in p.sql.upper() for p, _ in keyed)
+    whole_keys = engine.run(f"SELECT {column} FROM ({sql}) AS q")
+    whole_ids = engine.run(f"SELECT id FROM ({sql}) AS q")
+    for p, table in keyed:
+        assert p.ranges is not None
+        held = [n for n, v in enumerate(whole_keys) if v is not None and _holds(p.ranges, int(v))]
+        assert [int(v) for v in table.column(column).to_pylist()] == [int(whole_keys[n]) for n in held]
+        if column == "u":  # unique: the very rows of the query run whole, in its order
+            assert [int(v) for v in table.column("id").to_pylist()] == [int(whole_ids[n]) for n in held]
+
+
+@pytest.mark.parametrize("order", ["k, id", "f", "CAST(id AS TEXT)"])
+def test_the_engine_orders_combed_pieces_unless_one_integer_column_does(
+    con: duckdb.DuckDBPyConnection, order: str
+) -> None:
+    con.register("_incoming", _table())
+    con.execute("CREATE TABLE t AS SELECT * FROM _incoming")
+    sql = f"SELECT id, k, f, y, CAST(id AS TEXT) AS s FROM t ORDER BY {order}"
+    loader = DDBDataLoader(con, sql, "y", input_col=["f"], shuffle=True, fetch_bytes=FETCH_BYTES)
+    ranged = [p for p in loader.plan.groups[0].partitions if p.ranges is not None]
+    assert len(ranged) > 5
+    assert all(p.ranges is not None and p.ranges.sort is None and "ORDER BY" in p.sql for p in ranged)
+
+
+def test_in_order_sorts_stably_and_leaves_sorted_rows_alone() -> None:
+    table = pa.table({"k": [3, 1, 2, 1, 3], "v": [0, 1, 2, 3, 4]})
+    ascending = KeyRanges(((None, None),), sort=(0, False)).in_order(table)
+    assert ascending.column("v").to_pylist() == [1, 3, 2, 0, 4]  # ties in their arrival order
+    descending = KeyRanges(((None, None),), sort=(0, True)).in_order(table)
+    assert descending.column("v").to_pylist() == [0, 4, 2, 1, 3]
+    assert KeyRanges(((None, None),), sort=(0, False)).in_order(ascending) is ascending
+    assert KeyRanges(((None, None),)).in_order(table) is table
 
 
 def test_range_pieces_resume_exactly_and_refuse_another_layout(con: duckdb.DuckDBPyConnection) -> None:

@@ -236,6 +236,8 @@ class _Stream:
                 if table is None or table.num_rows != spec.rows:
                     raise self._changed(spec, at)
                 check_result_schema(table.schema, self._reading.layout, spec.describe)
+                if spec.ranges is not None:  # a combed piece's query may leave its order to us
+                    table = spec.ranges.in_order(table)
                 block = to_block(table, self._reading.layout)
                 if spec.piece == spec.pieces - 1 and (extra := rows.take(1)) is not None and extra.num_rows:
                     raise self._changed(spec, at + extra.num_rows)

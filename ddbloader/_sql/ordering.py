@@ -44,21 +44,33 @@ class ResultOrder:
         constant within a partition), restated over its result columns as the split restates it
         (an ordinal becomes the column it names), or None: no ORDER BY, no such term, or a term
         that is not a result column (see :meth:`_outer_order`)."""
+        terms = self.order_terms(keys)
+        return terms[0] if terms else None
+
+    def order_terms(self, keys: Sequence[exp.Expr]) -> list[exp.Ordered] | None:
+        """The terms of the query's ORDER BY that are none of ``keys``, in order, restated as
+        :meth:`order_key` restates its one; None when one cannot be (an ordinal past the result
+        columns, or a term that is not a result column) or there is no ORDER BY."""
         try:
             order = self._outer_order()
         except ValueError:
             return None
+        if order is None:
+            return None
         names = self._output_names()
-        for ordered in order.expressions if order is not None else []:
+        terms = []
+        for ordered in order.expressions:
             term = ordered.copy()
             if isinstance(term.this, exp.Literal):
                 position = int(term.this.name)
                 if names is None or not 0 < position <= len(names):
                     return None
                 term.set("this", exp.column(names[position - 1], quoted=True))
+            if not isinstance(term, exp.Ordered):
+                return None
             if not any(same_expression(term.this, key) for key in keys):
-                return term if isinstance(term, exp.Ordered) else None
-        return None
+                terms.append(term)
+        return terms
 
     def _output_names(self) -> tuple[str, ...] | None:
         if self._output is not None:

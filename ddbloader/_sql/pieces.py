@@ -35,6 +35,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 from sqlglot import exp
 
 __all__ = [
@@ -71,6 +74,28 @@ class KeyRanges:
     nulls: bool = False
     #: A combed piece's band (its subquery's pieces combed together share one); None if contiguous.
     band: int | None = None
+    #: ``(result column, descending)`` when the piece's query has no ORDER BY and its reader puts
+    #: the rows in the query's order by that column (see :meth:`in_order`); None: the engine sorts.
+    sort: tuple[int, bool] | None = None
+
+    def in_order(self, table: pa.Table) -> pa.Table:
+        """``table`` (this piece's rows, as its query returned them) in the query's order: as it
+        is without :attr:`sort`; else stably sorted by the :attr:`sort` column, which is then the
+        query's whole order over the piece (its only ORDER BY term, of an integer, date or
+        timestamp type whose order Arrow's equals, and never NULL in a ranged piece), so equal
+        keys stay in the engine's order as an ORDER BY leaves them in the engine's. Costs one
+        pass over the key when the rows came sorted (DuckDB's scan of a table stored in key
+        order), a sort and a gather otherwise."""
+        if self.sort is None or table.num_rows < 2:
+            return table
+        column, descending = self.sort
+        keys = table.column(column).combine_chunks()
+        values = np.asarray(keys.to_numpy(zero_copy_only=False))
+        later, earlier = values[1:], values[:-1]
+        if bool(np.all(later <= earlier) if descending else np.all(later >= earlier)):
+            return table
+        order = pc.array_sort_indices(keys, order="descending" if descending else "ascending")
+        return table.take(order)
 
     def bounds(self) -> tuple[Any, ...]:
         """The bound values, in the order :meth:`predicate` numbers their parameters: the
@@ -106,6 +131,12 @@ class KeyRanges:
             odd = 1 if self.ranges[0][0] is not None else 0
             sides.append(_search(key, number, 0, points, odd))
         return exp.and_(*sides) if len(sides) > 1 else sides[0]
+
+    def shape(self) -> tuple[Any, ...]:
+        """What :meth:`predicate`'s SQL depends on besides the key and the bounds' values, and
+        whether the piece's query is ordered by the engine: equal shapes, equal SQL."""
+        low, high = self._enclosing()
+        return (self.nulls, low is None, high is None, len(self.ranges), self.sort is None)
 
     def describe(self) -> str:
         """The ranges for messages: ``[a, b) ∪ [c, d)`` or ``NULL``."""

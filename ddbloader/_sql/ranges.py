@@ -8,6 +8,7 @@ and a count other than the cut's refuses the plan (the data changed while planni
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -46,12 +47,15 @@ def range_pieces(
     row_bytes: int,
     config: LoaderConfig,
     geometry: WindowGeometry,
+    schema: pa.Schema | None = None,
 ) -> Ranged:
     """With shuffle, the subqueries larger than ``fetch_bytes`` cut into range pieces (see
     :mod:`ddbloader._sql.pieces`): combed without windows, contiguous with them. Where they
     cannot be cut, warns once naming why and what would fix it; those are read in consecutive
     pieces (front to back). With ``verify=True`` (``counted`` carries the row hash) each piece's
-    rows are counted and hashed by one more query, so each piece is checked at its fetch."""
+    rows are counted and hashed by one more query, so each piece is checked at its fetch. With
+    the query's ``schema``, a combed piece read whole whose order the reader can restore (see
+    :attr:`KeyRanges.sort`) is queried without an ORDER BY."""
     big = [
         (index, position, params, rows, count)
         for index, (_, row) in enumerate(cells)
@@ -65,7 +69,7 @@ def range_pieces(
         return run_planning(cursor, sql, purpose, params)
 
     columns = [query.column(k.text, k.parameter) for k in keys]  # as written, not as compared
-    cutter = RangeCutter(query, columns, run, combed=geometry.span == 1)
+    cutter = RangeCutter(query, columns, run, combed=geometry.span == 1, schema=schema)
     expressions = [k.expression for k in keys]
     ranged: Ranged = {}
     for index, position, params, rows, count in big:
@@ -74,7 +78,10 @@ def range_pieces(
             break
         ranged[index, position] = [
             _range_piece(cutter, counted, expressions, ranges, (*params, *ranges.bounds()), size, run)
-            for ranges, size in layout
+            for ranges, size in (
+                (_sorted_by_reader(cutter, ranges, size, row_bytes, config.fetch_bytes), size)
+                for ranges, size in layout
+            )
         ]
     if cutter.reason is not None:
         warn_caller(
@@ -87,6 +94,17 @@ def range_pieces(
         )
         return {}
     return ranged
+
+
+def _sorted_by_reader(
+    cutter: RangeCutter, ranges: KeyRanges, rows: int, row_bytes: int, budget: int
+) -> KeyRanges:
+    """``ranges``, ordered by its reader (:attr:`KeyRanges.sort`) where the cutter found the
+    order key fit and the piece is read whole (one piece of the budget: a piece read in parts
+    needs the engine's order to cut them) and keyed (NULL keys all tie: nothing to order)."""
+    if cutter.sort is None or ranges.nulls or len(pieces(rows, row_bytes, budget)) != 1:
+        return ranges
+    return dataclasses.replace(ranges, sort=cutter.sort)
 
 
 def _range_piece(
