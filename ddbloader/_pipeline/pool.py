@@ -32,6 +32,9 @@ _FETCH, _LOAD, _DROP, _RELEASE = EventKind.FETCH, EventKind.LOAD, EventKind.DROP
 #: A partition of one unit of the schedule: (unit index, position in its group).
 _Key = tuple[int, int]
 
+#: makes a :class:`Piece` without its Python-level ``__new__``
+_new = tuple.__new__
+
 
 def _number(unit: int, position: int) -> int:
     """A partition of one unit as one int (no tuple to allocate: a few per small group)."""
@@ -271,11 +274,14 @@ class GroupPool:
                 ]
                 offsets = np.repeat(np.array(firsts, np.int64), batch.counts)
                 return [Piece(whole, np.concatenate(chunks) * stride + offsets)]
+        segments = self._segments
+        if stride == 1 and not shifts:  # the chunks are the starts (a few pieces a batch)
+            return [_new(Piece, (segments[step], chunk)) for chunk, step in zip(chunks, steps, strict=True)]
         pieces = []
         for chunk, step in zip(chunks, steps, strict=True):
-            shift = shifts.get(step, 0) if shifts else 0
+            shift = shifts.get(step, 0)
             pieces.append(
-                Piece(self._segments[step], chunk * stride + shift if stride != 1 or shift else chunk)
+                _new(Piece, (segments[step], chunk * stride + shift if stride != 1 or shift else chunk))
             )
         return pieces
 
