@@ -267,10 +267,10 @@ class GroupPool:
         stride, chunks, steps, shifts = self._stride, batch.chunks, batch.steps, self._shifts
         whole = None if self.arena is None else self.arena.whole
         if whole is not None and len(steps) > 1:
-            segments = [self._segments[step] for step in steps]
-            if all(segment.base is whole.base for segment in segments):
+            placed = [self._segments[step] for step in steps]
+            if all(segment.base is whole.base for segment in placed):
                 firsts = [
-                    segment.first + shifts.get(step, 0) for segment, step in zip(segments, steps, strict=True)
+                    segment.first + shifts.get(step, 0) for segment, step in zip(placed, steps, strict=True)
                 ]
                 offsets = np.repeat(np.array(firsts, np.int64), batch.counts)
                 return [Piece(whole, np.concatenate(chunks) * stride + offsets)]
