@@ -14,7 +14,7 @@ import numpy as np
 
 from .visits import PartitionKey
 
-__all__ = ["NO_SAMPLES", "Event", "EventKind", "Recorder", "ScheduledBatch"]
+__all__ = ["NO_SAMPLES", "Event", "EventKind", "OneEvent", "Recorder", "ScheduledBatch"]
 
 
 #: no samples (the order of a unit with no step loaded yet)
@@ -59,6 +59,18 @@ class Event(NamedTuple):
     step: int = -1
 
 
+#: An event of a unit of a group of one partition, in the compact form the schedule records and the
+#: executor reads (a plain tuple: no ``Event`` to build, no attribute to look up, three per small
+#: group): ``(kind, unit, step, at, key, first, stop)``, the fields of :class:`Event` that such a
+#: unit's events use (``left`` and ``right`` are 0: no neighbours).
+OneEvent = tuple[EventKind, int, int, int, PartitionKey, int, int]
+
+
+def _expanded(event: OneEvent) -> Event:
+    kind, unit, step, at, key, first, stop = event
+    return _new(Event, (kind, key, at, 0, 0, unit, first, stop, step))
+
+
 # Not frozen: a frozen dataclass's __init__ costs a microsecond more, a batch each; read-only by contract.
 @dataclass(slots=True, eq=False)
 class ScheduledBatch:
@@ -66,16 +78,38 @@ class ScheduledBatch:
     draw, in order (see :class:`Event`; those after its last sample are the top-up for the next
     batch).
 
+    The events are held in two streams: those of units of groups of one partition (most small
+    groups) as :data:`OneEvent` tuples in ``ones``, the others as :class:`Event`\\ s in
+    ``partition_events``; ``marks[i]`` is how many of ``ones`` come before
+    ``partition_events[i]``. :attr:`events` is the one stream, in order, as :class:`Event`\\ s.
+
     Chunk ``c`` is samples ``chunks[c]`` (an int64 array of ``counts[c]`` sample numbers) of group
     ``chunk_groups[c]``, drawn from step number ``steps[c]``; so an executor turns a chunk into rows
     with one ``chunk * stride + shift``. :attr:`samples` and :attr:`groups` are the whole batch's."""
 
     index: int
     chunks: tuple[np.ndarray[Any, Any], ...]
-    events: tuple[Event, ...]
+    partition_events: tuple[Event, ...]
     steps: tuple[int, ...]
     counts: tuple[int, ...]
     chunk_groups: tuple[int, ...]
+    ones: tuple[OneEvent, ...] = ()
+    marks: tuple[int, ...] = ()
+
+    @property
+    def events(self) -> tuple[Event, ...]:
+        """The batch's partition events in order, those of ``ones`` among them."""
+        ones = self.ones
+        if not ones:
+            return self.partition_events
+        merged: list[Event] = []
+        done = 0
+        for event, mark in zip(self.partition_events, self.marks, strict=True):
+            merged += map(_expanded, ones[done:mark])
+            done = mark
+            merged.append(event)
+        merged += map(_expanded, ones[done:])
+        return tuple(merged)
 
     @property
     def samples(self) -> np.ndarray[Any, Any]:
@@ -108,24 +142,32 @@ class Recorder:
         self.steps: list[int] = []
         self.counts: list[int] = []
         self.events: list[Event] = []
+        #: the events of units of one-partition groups (appended to by the schedule's ``_One``),
+        #: and how many of them come before each of :attr:`events` (see :class:`ScheduledBatch`)
+        self.ones: list[OneEvent] = []
+        self.marks: list[int] = []
 
     def fetch(self, unit: int, key: PartitionKey) -> None:
         self.held += 1
         self.high_water = max(self.high_water, self.held)
+        self.marks.append(len(self.ones))
         self.events.append(_new(Event, (_FETCH, key, self.drawn, 0, 0, unit, 0, 0, -1)))
 
     def drop(self, unit: int, key: PartitionKey, step: int = -1) -> None:
         self.held -= 1
+        self.marks.append(len(self.ones))
         self.events.append(_new(Event, (_DROP, key, self.drawn, 0, 0, unit, 0, 0, step)))
 
     def load(self, unit: int, key: PartitionKey, left: int, right: int, first: int, stop: int) -> int:
         """Record a LOAD; the step's number."""
         step = self.loads
+        self.marks.append(len(self.ones))
         self.events.append(_new(Event, (_LOAD, key, self.drawn, left, right, unit, first, stop, step)))
         self.loads = step + 1
         return step
 
     def release(self, unit: int, key: PartitionKey) -> None:
+        self.marks.append(len(self.ones))
         self.events.append(_new(Event, (_RELEASE, key, self.drawn, 0, 0, unit, 0, 0, -1)))
 
     def draw(self, group: int, step: int, samples: np.ndarray[Any, Any], count: int) -> None:
@@ -143,7 +185,11 @@ class Recorder:
             tuple(self.steps),
             tuple(self.counts),
             tuple(self.groups),
+            tuple(self.ones),
+            tuple(self.marks),
         )
+        self.ones.clear()
+        self.marks.clear()
         self.groups.clear()
         self.samples.clear()
         self.steps.clear()

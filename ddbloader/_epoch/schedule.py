@@ -44,6 +44,8 @@ from .owed import keep_owed
 from .shuffle import SampleOrders, SourceDraws
 from .visits import partition_visits
 
+_FETCH, _LOAD, _DROP = EventKind.FETCH, EventKind.LOAD, EventKind.DROP
+
 __all__ = ["BatchSchedule", "Event", "EventKind", "ScheduledBatch"]
 
 
@@ -204,7 +206,8 @@ class _Unit:
 class _One:
     """A unit of a group of one partition (most small groups): what :class:`_Unit` does for it
     (the same events), without the bookkeeping of many partitions: one fetch, one step, no kept
-    rows, nothing to release (its one claim took its rows)."""
+    rows, nothing to release (its one claim took its rows). Its events are recorded inline, as
+    :data:`~ddbloader._epoch.events.OneEvent` tuples (three per small group)."""
 
     __slots__ = (
         "_key",
@@ -222,7 +225,7 @@ class _One:
     def __init__(self, index: int, unit: WorkUnit, log: Recorder) -> None:
         self.index = index
         self.group = unit.group.index
-        self.remaining = unit.samples
+        self.remaining = unit.stop - unit.first if unit.owed is None else len(unit.owed)
         self.queued = False
         self._unit = unit
         self._log = log
@@ -233,23 +236,31 @@ class _One:
 
     def top_up(self, room: int) -> None:
         if room > 0 and not self.queued:
-            self.queued = True
-            self._log.fetch(self.index, self._key)
+            self._fetch()
+
+    def _fetch(self) -> None:
+        # Recorder.fetch, inline
+        self.queued = True
+        log = self._log
+        held = log.held = log.held + 1
+        log.high_water = max(log.high_water, held)
+        log.ones.append((_FETCH, self.index, -1, log.drawn, self._key, 0, 0))
 
     def take(self, count: int, orders: SampleOrders) -> None:
         """As :meth:`_Unit.take`."""
         order = self._order
+        log = self._log
         if order is None:
-            log = self._log
             if not self.queued:
-                self.queued = True
-                log.fetch(self.index, self._key)
+                self._fetch()
             unit = self._unit
-            self._step = log.load(self.index, self._key, 0, 0, unit.first, unit.stop)
-            order = self._order = keep_owed(unit, orders.order(unit.first, unit.stop))
+            first, stop = unit.first, unit.stop
+            step = self._step = log.loads
+            log.loads = step + 1
+            log.ones.append((_LOAD, self.index, step, log.drawn, self._key, first, stop))
+            order = self._order = keep_owed(unit, orders.order(first, stop))
         served = self._served
         # Recorder.draw, inline: a chunk or two per small group
-        log = self._log
         log.groups.append(self.group)
         log.steps.append(self._step)
         log.counts.append(count)
@@ -258,7 +269,8 @@ class _One:
         self._served = served + count
         self.remaining -= count
         if not self.remaining:
-            self._log.drop(self.index, self._key, self._step)
+            log.held -= 1
+            log.ones.append((_DROP, self.index, self._step, log.drawn, self._key, 0, 0))
 
 
 class BatchSchedule:

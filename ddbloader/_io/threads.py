@@ -134,12 +134,16 @@ class Pending(Generic[T]):
             Stopped: ``stop`` was set while waiting, or the result was cancelled.
             TimeoutError: no result within ``timeout`` seconds; the message names what was awaited.
         """
-        deadline = time.monotonic() + timeout
-        while not (self._done.is_set() or self._done.wait(POLL_SECONDS)):
-            if stop.is_set():
-                raise Stopped
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"no result within {timeout:g} s (timeout={timeout:g}) while {self.what}")
+        done = self._done
+        if not done.is_set():  # most small groups' results are delivered before they are asked for
+            deadline = time.monotonic() + timeout
+            while not done.wait(POLL_SECONDS):
+                if stop.is_set():
+                    raise Stopped
+                if time.monotonic() > deadline:
+                    raise TimeoutError(
+                        f"no result within {timeout:g} s (timeout={timeout:g}) while {self.what}"
+                    )
         if self._cancelled:
             raise Stopped
         if self._failure is not None:

@@ -16,6 +16,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from .._epoch.events import OneEvent
 from .._epoch.owed import keep_owed
 from .._epoch.schedule import BatchSchedule, Event, EventKind, ScheduledBatch
 from .._io.source import PartitionSource
@@ -30,6 +31,9 @@ _FETCH, _LOAD, _DROP, _RELEASE = EventKind.FETCH, EventKind.LOAD, EventKind.DROP
 
 #: A partition of one unit of the schedule: (unit index, position in its group).
 _Key = tuple[int, int]
+
+#: makes a :class:`Piece` without its Python-level ``__new__``
+_new = tuple.__new__
 
 
 def _number(unit: int, position: int) -> int:
@@ -123,10 +127,33 @@ class GroupPool:
         arena = self.arena
         if arena is not None:
             arena.recycle()
+        ones = batch.ones
+        if batch.partition_events:
+            self._partition_events(batch.partition_events, ones, batch.marks)
+        elif ones:
+            self._ones(ones)
+        pieces = self._pieces(batch)
+        for step in self._dropped:
+            del self._segments[step]
+            self._shifts.pop(step, None)
+        self._dropped.clear()
+        return pieces
+
+    def _partition_events(
+        self, events: Sequence[Event], ones: Sequence[OneEvent], marks: Sequence[int]
+    ) -> None:
+        """Honour ``events``, and ``ones`` among them (``marks[i]`` of them before ``events[i]``)."""
+        arena = self.arena
         releases: list[_Key] = []
         gauge = self.gauge
-        # the gauge's counts and the partition numbers inline: a few events per small group
-        for event in batch.events:
+        done = 0
+        # the gauge's counts and the partition numbers inline: a few events per group
+        for event, mark in zip(events, marks, strict=True):
+            if mark != done:
+                if releases:
+                    self._release(releases)
+                self._ones(ones[done:mark])
+                done = mark
             kind = event.kind
             if releases and kind is not _RELEASE:
                 self._release(releases)
@@ -157,12 +184,40 @@ class GroupPool:
                 releases.append((event.unit, event.key[1]))
         if releases:
             self._release(releases)
-        pieces = self._pieces(batch)
-        for step in self._dropped:
-            del self._segments[step]
-            self._shifts.pop(step, None)
-        self._dropped.clear()
-        return pieces
+        if done < len(ones):
+            self._ones(ones[done:])
+
+    def _ones(self, ones: Sequence[OneEvent]) -> None:
+        """Honour the events of units of one-partition groups: a claim, a step placed as it is
+        (no neighbours, shift 0), a step dropped; no release (the claim took the rows)."""
+        gauge, pending, segments, units = self.gauge, self._pending, self._segments, self._units
+        arena, stride, span = self.arena, self._stride, self._span
+        for kind, unit, step, _, key, first, stop in ones:
+            if kind is _LOAD:
+                claimed = pending.pop(unit << 32)
+                assert claimed is not None
+                block = claimed.wait(self._stop, self._timeout)
+                segment = segments[step] = arena.place((block,)) if arena is not None else Segment(block)
+                if first < stop and (stop - 1) * stride + span > segment.block.rows:
+                    # the gather copies without bounds checks (see batch.gather)
+                    raise RuntimeError(
+                        f"internal error: group {key[0]} step {step} has samples outside its "
+                        f"{segment.block.rows} rows"
+                    )
+            elif kind is _FETCH:
+                held = gauge.held = gauge.held + 1
+                gauge.high_water = max(gauge.high_water, held)
+                pending[unit << 32] = self._fetcher.submit(units[unit].group.partitions[0])
+            else:
+                gauge.held -= 1
+                if step < 0:  # its unit ended before loading it
+                    del pending[unit << 32]
+                else:
+                    dropped = segments.get(step)
+                    if dropped is not None:
+                        if arena is not None:
+                            arena.retire(dropped)
+                        self._dropped.append(step)
 
     def _claim(self, key: _Key) -> Pending[Block]:
         return self._fetcher.submit(self._units[key[0]].group.partitions[key[1]])
@@ -212,18 +267,21 @@ class GroupPool:
         stride, chunks, steps, shifts = self._stride, batch.chunks, batch.steps, self._shifts
         whole = None if self.arena is None else self.arena.whole
         if whole is not None and len(steps) > 1:
-            segments = [self._segments[step] for step in steps]
-            if all(segment.base is whole.base for segment in segments):
+            placed = [self._segments[step] for step in steps]
+            if all(segment.base is whole.base for segment in placed):
                 firsts = [
-                    segment.first + shifts.get(step, 0) for segment, step in zip(segments, steps, strict=True)
+                    segment.first + shifts.get(step, 0) for segment, step in zip(placed, steps, strict=True)
                 ]
                 offsets = np.repeat(np.array(firsts, np.int64), batch.counts)
                 return [Piece(whole, np.concatenate(chunks) * stride + offsets)]
+        segments = self._segments
+        if stride == 1 and not shifts:  # the chunks are the starts (a few pieces a batch)
+            return [_new(Piece, (segments[step], chunk)) for chunk, step in zip(chunks, steps, strict=True)]
         pieces = []
         for chunk, step in zip(chunks, steps, strict=True):
-            shift = shifts.get(step, 0) if shifts else 0
+            shift = shifts.get(step, 0)
             pieces.append(
-                Piece(self._segments[step], chunk * stride + shift if stride != 1 or shift else chunk)
+                _new(Piece, (segments[step], chunk * stride + shift if stride != 1 or shift else chunk))
             )
         return pieces
 
