@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from sqlglot import exp
+from sqlglot.dialects.dialect import Dialect, NormalizationStrategy
 
 from .parsing import NOT_SCALAR, short_sql, unwrap
 
@@ -132,7 +133,7 @@ class ResultOrder:
             named = (
                 isinstance(term, exp.Column)
                 and not term.table
-                and same_name(term.this, projection.alias_or_name)
+                and same_name(term.this, _result_name(projection, self.dialect), self.dialect)
             )
             if inner == term or named:
                 if isinstance(projection, exp.Alias):
@@ -145,7 +146,7 @@ class ResultOrder:
             isinstance(term, exp.Column)
             and not term.table
             and output
-            and any(same_name(term.this, n) for n in output)
+            and any(same_name(term.this, n, self.dialect) for n in output)
             and not any(is_modified_star(p) for p in projections)
         ):
             return exp.Column(this=term.this.copy())
@@ -187,10 +188,48 @@ def column_name(column: exp.Column) -> str:
     return identifier_name(column.this)
 
 
-def same_name(identifier: exp.Expr, name: str) -> bool:
+def same_name(identifier: exp.Expr, name: str, dialect: str = "") -> bool:
+    """Whether ``identifier`` names the result column the engine reports as ``name``: quoted
+    exactly; unquoted as ``dialect`` folds it (PostgreSQL lowercases it, ClickHouse keeps it, so
+    there ``U`` never names a column ``"U"``), case-insensitively where the dialect is (DuckDB,
+    SQLite) or unknown."""
     if isinstance(identifier, exp.Identifier) and identifier.args.get("quoted"):
         return identifier.name == name
+    strategy = _folding(dialect)
+    if strategy is NormalizationStrategy.LOWERCASE:
+        return identifier.name.lower() == name
+    if strategy is NormalizationStrategy.UPPERCASE:
+        return identifier.name.upper() == name
+    if strategy is NormalizationStrategy.CASE_SENSITIVE:
+        return identifier.name == name
     return identifier.name.casefold() == name.casefold()
+
+
+def _folding(dialect: str) -> NormalizationStrategy | None:
+    """How ``dialect`` folds unquoted identifiers; None for a dialect sqlglot does not know."""
+    if not dialect:
+        return None
+    try:
+        return Dialect.get_or_raise(dialect).normalization_strategy
+    except ValueError:
+        return None
+
+
+def _result_name(projection: exp.Expr, dialect: str) -> str:
+    """The name the engine reports for ``projection``'s result column, as far as the text says:
+    a quoted alias or column as written, an unquoted one folded as ``dialect`` folds it (kept as
+    written where the dialect is case-insensitive, :func:`same_name` then comparing so)."""
+    identifier = projection.args.get("alias") if isinstance(projection, exp.Alias) else None
+    if identifier is None and isinstance(projection, exp.Column):
+        identifier = projection.this
+    if not isinstance(identifier, exp.Identifier) or identifier.args.get("quoted"):
+        return str(projection.alias_or_name)
+    strategy = _folding(dialect)
+    if strategy is NormalizationStrategy.LOWERCASE:
+        return str(identifier.name).lower()
+    if strategy is NormalizationStrategy.UPPERCASE:
+        return str(identifier.name).upper()
+    return str(identifier.name)
 
 
 def identifier_name(identifier: exp.Expr) -> str:
