@@ -256,6 +256,7 @@ READER_ORDERS = [
     ("id, k, f, y, u", "u DESC", "u"),
     ("id, k, f, y, u", "k", "k"),
     ("id, k, f, y, u", "k DESC", "k"),
+    ("id, k, f, y, u", "k DESC NULLS FIRST", "k"),
     ("-u AS u, id, k, f, y", "u", "u"),
     ("id, k, f, y, -u AS u", "u DESC", "u"),
     ("-u AS nu, id, k, f, y", "1", "nu"),
@@ -287,6 +288,9 @@ def test_combed_pieces_the_reader_orders_hold_the_querys_rows_in_order(
     # read whole and keyed (a tie larger than fetch_bytes is read in parts, in the engine's order)
     keyed = [(p, table) for p, table in pieces if p.ranges and not p.ranges.nulls and p.pieces == 1]
     assert len(keyed) > 5 and all(p.ranges and p.ranges.sort is not None for p, _ in keyed)
+    # a piece read in parts (here the 150-row tie of k) is cut by position: the engine orders it
+    assert all(p.ranges and p.ranges.sort is None for p, _ in pieces if p.pieces > 1)
+    assert column != "k" or any(p.pieces > 1 for p, _ in pieces)
     assert all("ORDER BY" not in p.sql.upper() for p, _ in keyed)
     whole_keys = engine.run(f'SELECT "{column}" FROM ({sql}) AS q')
     whole_ids = engine.run(f"SELECT id FROM ({sql}) AS q")
@@ -364,6 +368,33 @@ def test_combed_pieces_the_reader_orders_over_extreme_and_zoned_keys(con: duckdb
             for _, table in read:
                 ids = set(table.column("id").to_pylist())
                 assert table.column("id").to_pylist() == [i for i in whole if i in ids], sql
+
+
+def test_the_reader_orders_each_subquery_by_the_term_after_its_keys(con: duckdb.DuckDBPyConnection) -> None:
+    """With group_col and repartition_col, the ORDER BY's one other term is the reader's sort
+    wherever it stands among them; each piece holds its subquery's rows in the query's order."""
+    con.execute(
+        "CREATE TABLE t AS SELECT i AS id, i % 2 AS g, i % 3 AS r, (i * 7919) % 6000 AS u, i * 1.0 AS f, "
+        "i * 1.0 AS y FROM range(6000) s(i)"
+    )
+    for order in ("g, r, u DESC", "u DESC, g, r", "r, u DESC, g"):
+        sql = f"SELECT id, g, r, u, f, y FROM t ORDER BY {order}"
+        options: dict[str, Any] = {"input_col": ["f"], "shuffle": True, "seed": 1, "key_col": ["id"]}
+        with DDBDataLoader(
+            con, sql, "y", group_col="g", repartition_col="r", fetch_bytes=4096, **options
+        ) as loader:
+            got = sorted(int(i) for _, _, k in loader for i in k["id"].tolist())
+            read = [p for group in loader.plan.groups for p in group.partitions if p.ranges]
+            cursor = loader._backend.cursor()  # type: ignore[union-attr]
+            tables = [(p, p.ranges.in_order(cursor.fetch(p.sql, p.params))) for p in read if p.ranges]
+            cursor.close()
+        assert got == list(range(6000)), order
+        assert len(tables) > 12 and all(p.ranges and p.ranges.sort == (3, True) for p, _ in tables), order
+        whole = [tuple(row) for row in con.execute(f"SELECT g, r, id FROM ({sql}) AS q").fetchall()]
+        for p, table in tables:
+            ids = set(table.column("id").to_pylist())
+            assert table.column("id").to_pylist() == [i for g, r, i in whole if i in ids], order
+            assert set(table.column("g").to_pylist()) == {p.params[0]}
 
 
 def test_reader_ordered_pieces_resume_exactly_and_verify(con: duckdb.DuckDBPyConnection) -> None:
