@@ -698,3 +698,20 @@ def test_an_order_by_name_maps_to_the_result_column_the_engine_resolves(
     term = query.order_key([])
     assert term is not None and isinstance(term.this, exp.Column)
     assert term.this.name == mapped
+
+
+@pytest.mark.parametrize(
+    ("dialect", "order", "left"),
+    [
+        ("clickhouse", "U, v", ["U", "v"]),  # case-sensitive: U is not the key u
+        ("postgres", "U, v", ["v"]),  # U folds to the key u
+        ("postgres", '"U", v', ["U", "v"]),
+    ],
+)
+def test_an_order_by_term_is_a_key_only_by_the_name_the_engine_resolves(
+    dialect: str, order: str, left: list[str]
+) -> None:
+    select = 'SELECT "U", u, v FROM t' if dialect != "clickhouse" else "SELECT U, u, v FROM t"
+    query = UserQuery(f"{select} ORDER BY {order}", dialect)
+    terms = query.order_terms([exp.column("u")])
+    assert terms is not None and [t.this.name for t in terms] == left
