@@ -248,13 +248,34 @@ def test_rows_of_combed_pieces_are_the_whole_querys_each_once(engine: _Engine) -
     assert got == list(range(ROWS))
 
 
-@pytest.mark.parametrize("order", ["u", "u DESC", "k", "k DESC"])
-def test_combed_pieces_the_reader_orders_hold_the_querys_rows_in_order(engine: _Engine, order: str) -> None:
+#: ``(select list, ORDER BY, the result column it orders by)``: the reader must sort by the
+#: column the engine resolves the term to: an alias shadowing a column of ``t`` (``-u AS u``), an
+#: ordinal, a quoted mixed-case alias, an unquoted name folded to a quoted one.
+READER_ORDERS = [
+    ("id, k, f, y, u", "u", "u"),
+    ("id, k, f, y, u", "u DESC", "u"),
+    ("id, k, f, y, u", "k", "k"),
+    ("id, k, f, y, u", "k DESC", "k"),
+    ("id, k, f, y, u", "k DESC NULLS FIRST", "k"),
+    ("-u AS u, id, k, f, y", "u", "u"),
+    ("id, k, f, y, -u AS u", "u DESC", "u"),
+    ("-u AS nu, id, k, f, y", "1", "nu"),
+    ("id, k, f, y, -u AS nu", "5 DESC", "nu"),
+    ('id, k, f, y, -u AS "Nu"', '"Nu"', "Nu"),
+    ("id, k, f, y, -u AS Nu", "nu DESC", "nu"),
+]
+
+
+@pytest.mark.parametrize(("select", "order", "column"), READER_ORDERS)
+def test_combed_pieces_the_reader_orders_hold_the_querys_rows_in_order(
+    engine: _Engine, select: str, order: str, column: str
+) -> None:
     """A single integer ORDER BY term: the combed pieces' queries have no ORDER BY, and the reader
     puts their rows in the query's order, here from storage out of that order (``u``) and over
     ties and NULLs (``k``, whose ties an ORDER BY leaves in any order: only the keys compared)."""
-    sql = f"SELECT id, k, f, y, u FROM t ORDER BY {order}"
-    column = order.split(maxsplit=1)[0]
+    sql = f"SELECT {select} FROM t ORDER BY {order}"
+    if engine.name != "postgres" and column == "nu" and "Nu" in select:
+        column = "Nu"  # DuckDB and SQLite keep an unquoted alias's case; PostgreSQL folds it
     options: dict[str, Any] = {"input_col": ["f"], "batch_size": 64, "shuffle": True, "seed": 2}
     with DDBDataLoader(engine.source, sql, "y", fetch_bytes=FETCH_BYTES, **options) as loader:
         partitions = loader.plan.groups[0].partitions
@@ -267,18 +288,21 @@ def test_combed_pieces_the_reader_orders_hold_the_querys_rows_in_order(engine: _
     # read whole and keyed (a tie larger than fetch_bytes is read in parts, in the engine's order)
     keyed = [(p, table) for p, table in pieces if p.ranges and not p.ranges.nulls and p.pieces == 1]
     assert len(keyed) > 5 and all(p.ranges and p.ranges.sort is not None for p, _ in keyed)
+    # a piece read in parts (here the 150-row tie of k) is cut by position: the engine orders it
+    assert all(p.ranges and p.ranges.sort is None for p, _ in pieces if p.pieces > 1)
+    assert column != "k" or any(p.pieces > 1 for p, _ in pieces)
     assert all("ORDER BY" not in p.sql.upper() for p, _ in keyed)
-    whole_keys = engine.run(f"SELECT {column} FROM ({sql}) AS q")
+    whole_keys = engine.run(f'SELECT "{column}" FROM ({sql}) AS q')
     whole_ids = engine.run(f"SELECT id FROM ({sql}) AS q")
     for p, table in keyed:
         assert p.ranges is not None
         held = [n for n, v in enumerate(whole_keys) if v is not None and _holds(p.ranges, int(v))]
         assert [int(v) for v in table.column(column).to_pylist()] == [int(whole_keys[n]) for n in held]
-        if column == "u":  # unique: the very rows of the query run whole, in its order
+        if column != "k":  # unique: the very rows of the query run whole, in its order
             assert [int(v) for v in table.column("id").to_pylist()] == [int(whole_ids[n]) for n in held]
 
 
-@pytest.mark.parametrize("order", ["k, id", "f", "CAST(id AS TEXT)"])
+@pytest.mark.parametrize("order", ["k, id", "f", "CAST(id AS TEXT)", "id + 0", "-id"])
 def test_the_engine_orders_combed_pieces_unless_one_integer_column_does(
     con: duckdb.DuckDBPyConnection, order: str
 ) -> None:
@@ -289,6 +313,100 @@ def test_the_engine_orders_combed_pieces_unless_one_integer_column_does(
     ranged = [p for p in loader.plan.groups[0].partitions if p.ranges is not None]
     assert len(ranged) > 5
     assert all(p.ranges is not None and p.ranges.sort is None and "ORDER BY" in p.sql for p in ranged)
+
+
+@pytest.mark.parametrize("engine", ["postgres"], indirect=True)
+def test_an_unquoted_order_by_name_folds_as_the_engine_folds_it(engine: _Engine) -> None:
+    """PostgreSQL folds ``ORDER BY U`` to ``u``: the query is ordered by the column ``u``, not by
+    the column ``"U"`` selected before it (which a case-insensitive match would take), so the
+    windows across contiguous pieces and the reader's sort of combed ones follow ``u``."""
+    sql = 'SELECT -u AS "U", id, k, f, y, u FROM t ORDER BY U'
+    whole = [int(i) for i in engine.run(f"SELECT id FROM ({sql}) AS q")]
+    options: dict[str, Any] = {"input_col": ["f"], "batch_size": 32, "shuffle": True, "seed": 3}
+    with DDBDataLoader(engine.source, sql, "y", fetch_bytes=FETCH_BYTES, window_size=3, **options) as loader:
+        windows = [[int(v) for v in w] for x, _ in loader for w in x[:, :, 0].tolist()]
+    position = {row: n for n, row in enumerate(whole)}
+    assert sorted(position[w[0]] for w in windows) == list(range(ROWS - 3))
+    assert all(w == whole[position[w[0]] : position[w[0]] + 3] for w in windows)
+    with DDBDataLoader(engine.source, sql, "y", fetch_bytes=FETCH_BYTES, **options) as loader:
+        sorts = {p.ranges.sort for p in loader.plan.groups[0].partitions if p.ranges and not p.ranges.nulls}
+    assert sorts == {(5, False)}  # the column u, the sixth
+
+
+def test_combed_pieces_the_reader_orders_over_extreme_and_zoned_keys(con: duckdb.DuckDBPyConnection) -> None:
+    """Integer extremes (signed and unsigned), dates and zoned timestamps across a daylight-saving
+    change under a non-UTC session: Arrow's order is the engine's, piece by piece, and every row
+    comes once."""
+    con.execute("SET TimeZone = 'America/New_York'")
+    con.execute(
+        "CREATE TABLE t AS SELECT i AS id, i * 1.0 AS f, i * 1.0 AS y, (i * 7919) % 3000 AS u "
+        "FROM range(3000) r(i)"
+    )
+    keys = [
+        "CAST(u AS SMALLINT) - 32000",
+        "CAST(u AS BIGINT) - 9223372036854775000",
+        "CAST(u AS UBIGINT) + 18446744073709540000",
+        "DATE '2000-01-01' + CAST(u AS INTEGER)",
+        "TIMESTAMPTZ '2024-11-03 04:00:00+00' + INTERVAL (u) MINUTE",
+        "TIMESTAMP '2024-03-10 01:00:00' + INTERVAL (u) SECOND",
+    ]
+    for key in keys:
+        for direction in ("", " DESC"):
+            sql = f"SELECT id, f, y, {key} AS sk FROM t ORDER BY sk{direction}"
+            with DDBDataLoader(
+                con, sql, "y", input_col=["f"], shuffle=True, seed=1, fetch_bytes=4096, key_col=["id"]
+            ) as loader:
+                partitions = loader.plan.groups[0].partitions
+                got = sorted(int(i) for _, _, k in loader for i in k["id"].tolist())
+                cursor = loader._backend.cursor()  # type: ignore[union-attr]
+                read = [(p, p.ranges.in_order(cursor.fetch(p.sql, p.params))) for p in partitions if p.ranges]
+                cursor.close()
+            assert got == list(range(3000)), sql
+            sorts = {p.ranges.sort for p, _ in read if p.ranges}
+            assert len(read) > 5 and sorts == {(3, bool(direction))}, sql
+            whole = [int(i) for (i,) in con.execute(f"SELECT id FROM ({sql}) AS q").fetchall()]
+            for _, table in read:
+                ids = set(table.column("id").to_pylist())
+                assert table.column("id").to_pylist() == [i for i in whole if i in ids], sql
+
+
+def test_the_reader_orders_each_subquery_by_the_term_after_its_keys(con: duckdb.DuckDBPyConnection) -> None:
+    """With group_col and repartition_col, the ORDER BY's one other term is the reader's sort
+    wherever it stands among them; each piece holds its subquery's rows in the query's order."""
+    con.execute(
+        "CREATE TABLE t AS SELECT i AS id, i % 2 AS g, i % 3 AS r, (i * 7919) % 6000 AS u, i * 1.0 AS f, "
+        "i * 1.0 AS y FROM range(6000) s(i)"
+    )
+    for order in ("g, r, u DESC", "u DESC, g, r", "r, u DESC, g"):
+        sql = f"SELECT id, g, r, u, f, y FROM t ORDER BY {order}"
+        options: dict[str, Any] = {"input_col": ["f"], "shuffle": True, "seed": 1, "key_col": ["id"]}
+        with DDBDataLoader(
+            con, sql, "y", group_col="g", repartition_col="r", fetch_bytes=4096, **options
+        ) as loader:
+            got = sorted(int(i) for _, _, k in loader for i in k["id"].tolist())
+            read = [p for group in loader.plan.groups for p in group.partitions if p.ranges]
+            cursor = loader._backend.cursor()  # type: ignore[union-attr]
+            tables = [(p, p.ranges.in_order(cursor.fetch(p.sql, p.params))) for p in read if p.ranges]
+            cursor.close()
+        assert got == list(range(6000)), order
+        assert len(tables) > 12 and all(p.ranges and p.ranges.sort == (3, True) for p, _ in tables), order
+        whole = [tuple(row) for row in con.execute(f"SELECT g, r, id FROM ({sql}) AS q").fetchall()]
+        for p, table in tables:
+            ids = set(table.column("id").to_pylist())
+            assert table.column("id").to_pylist() == [i for g, r, i in whole if i in ids], order
+            assert set(table.column("g").to_pylist()) == {p.params[0]}
+
+
+def test_reader_ordered_pieces_resume_exactly_and_verify(con: duckdb.DuckDBPyConnection) -> None:
+    """Pieces the reader orders resume mid-epoch to the same samples and pass ``verify=True``."""
+    con.register("_incoming", _table())
+    con.execute("CREATE TABLE t AS SELECT * FROM _incoming")
+    sql = "SELECT id, k, f, y, u FROM t ORDER BY u DESC"
+    options: dict[str, Any] = {"input_col": ["f"], "batch_size": 16, "shuffle": True, "seed": 4}
+    with DDBDataLoader(con, sql, "y", fetch_bytes=FETCH_BYTES, verify=True, **options) as verified:
+        assert all(p.ranges and p.ranges.sort == (4, True) for p in verified.plan.groups[0].partitions)
+        assert sorted(int(v) for x, _ in verified for v in x[:, 0].tolist()) == list(range(ROWS))
+    assert_resumes_exactly(lambda: DDBDataLoader(con, sql, "y", fetch_bytes=FETCH_BYTES, **options), epochs=2)
 
 
 def test_in_order_sorts_stably_and_leaves_sorted_rows_alone() -> None:

@@ -677,3 +677,41 @@ def test_key_counts_count_an_explicit_scheme_bound_as_lists_or_values(
         for r in db.sql(sql, params=list(params)).to_arrow_table().to_pylist()
     }
     assert got == {(0, 2, 8), (1, 0, 8)}
+
+
+@pytest.mark.parametrize(
+    ("dialect", "order", "mapped"),
+    [
+        ("postgres", "U", "u"),  # folded to lowercase: the column u, never "U"
+        ("postgres", '"U"', "U"),
+        ("postgres", "FOO", "Foo"),  # the unquoted alias Foo: both fold to foo
+        ("clickhouse", "U", "U"),  # case-sensitive: the alias U
+        ("clickhouse", "u", "u"),
+        ("duckdb", "Foo", "Foo"),  # case-insensitive: the first match, as DuckDB keeps names
+    ],
+)
+def test_an_order_by_name_maps_to_the_result_column_the_engine_resolves(
+    dialect: str, order: str, mapped: str
+) -> None:
+    select = 'SELECT a AS "U", u, b AS Foo FROM t' if dialect != "clickhouse" else "SELECT a AS U, u FROM t"
+    query = UserQuery(f"{select} ORDER BY {order}", dialect)
+    term = query.order_key([])
+    assert term is not None and isinstance(term.this, exp.Column)
+    assert term.this.name == mapped
+
+
+@pytest.mark.parametrize(
+    ("dialect", "order", "left"),
+    [
+        ("clickhouse", "U, v", ["U", "v"]),  # case-sensitive: U is not the key u
+        ("postgres", "U, v", ["v"]),  # U folds to the key u
+        ("postgres", '"U", v', ["U", "v"]),
+    ],
+)
+def test_an_order_by_term_is_a_key_only_by_the_name_the_engine_resolves(
+    dialect: str, order: str, left: list[str]
+) -> None:
+    select = 'SELECT "U", u, v FROM t' if dialect != "clickhouse" else "SELECT U, u, v FROM t"
+    query = UserQuery(f"{select} ORDER BY {order}", dialect)
+    terms = query.order_terms([exp.column("u")])
+    assert terms is not None and [t.this.name for t in terms] == left

@@ -9,9 +9,11 @@ resolves them: quoted exactly, unquoted case-insensitively.
 
 from __future__ import annotations
 
+import string
 from collections.abc import Sequence
 
 from sqlglot import exp
+from sqlglot.dialects.dialect import Dialect, NormalizationStrategy
 
 from .parsing import NOT_SCALAR, short_sql, unwrap
 
@@ -68,7 +70,7 @@ class ResultOrder:
                 term.set("this", exp.column(names[position - 1], quoted=True))
             if not isinstance(term, exp.Ordered):
                 return None
-            if not any(same_expression(term.this, key) for key in keys):
+            if not any(same_expression(term.this, key, self.dialect) for key in keys):
                 terms.append(term)
         return terms
 
@@ -132,7 +134,7 @@ class ResultOrder:
             named = (
                 isinstance(term, exp.Column)
                 and not term.table
-                and same_name(term.this, projection.alias_or_name)
+                and same_name(term.this, _result_name(projection, self.dialect), self.dialect)
             )
             if inner == term or named:
                 if isinstance(projection, exp.Alias):
@@ -145,7 +147,7 @@ class ResultOrder:
             isinstance(term, exp.Column)
             and not term.table
             and output
-            and any(same_name(term.this, n) for n in output)
+            and any(same_name(term.this, n, self.dialect) for n in output)
             and not any(is_modified_star(p) for p in projections)
         ):
             return exp.Column(this=term.this.copy())
@@ -161,8 +163,10 @@ class ResultOrder:
 
     def _passed_through(self, column: exp.Column, projections: list[exp.Expr]) -> exp.Column | None:
         """The result column that passes ``column`` of the FROM through unchanged, if one does."""
-        aliased = {identifier_name(p.args["alias"]) for p in projections if isinstance(p, exp.Alias)}
-        if column_name(column) in aliased:
+        aliased = {
+            identifier_name(p.args["alias"], self.dialect) for p in projections if isinstance(p, exp.Alias)
+        }
+        if column_name(column, self.dialect) in aliased:
             return None
         for projection in projections:
             if isinstance(projection, exp.Column) and projection == column:
@@ -175,28 +179,75 @@ class ResultOrder:
 KEEPS_SUBQUERY_ORDER = frozenset({"duckdb"})
 
 
-def same_expression(a: exp.Expr, b: exp.Expr) -> bool:
+def same_expression(a: exp.Expr, b: exp.Expr, dialect: str = "") -> bool:
     """Whether two expressions read the same: columns by name as the engine resolves them."""
     if isinstance(a, exp.Column) and isinstance(b, exp.Column) and not a.table and not b.table:
-        return column_name(a) == column_name(b)
+        return column_name(a, dialect) == column_name(b, dialect)
     return bool(a == b)
 
 
-def column_name(column: exp.Column) -> str:
-    """A column's name as the engine resolves it: quoted exactly, unquoted case-insensitively."""
-    return identifier_name(column.this)
+def column_name(column: exp.Column, dialect: str = "") -> str:
+    """A column's name as the engine resolves it (see :func:`identifier_name`)."""
+    return identifier_name(column.this, dialect)
 
 
-def same_name(identifier: exp.Expr, name: str) -> bool:
-    if isinstance(identifier, exp.Identifier) and identifier.args.get("quoted"):
-        return identifier.name == name
-    return identifier.name.casefold() == name.casefold()
+def same_name(identifier: exp.Expr, name: str, dialect: str = "") -> bool:
+    """Whether ``identifier`` names the result column the engine reports as ``name``: quoted
+    exactly; unquoted as ``dialect`` folds it (PostgreSQL lowercases it, ClickHouse keeps it, so
+    there ``U`` never names a column ``"U"``), case-insensitively where the dialect is (DuckDB,
+    SQLite) or unknown."""
+    folded = _folded(identifier, dialect)
+    return folded == name if folded is not None else str(identifier.name).casefold() == name.casefold()
 
 
-def identifier_name(identifier: exp.Expr) -> str:
-    """An identifier's name as the engine resolves it (see :func:`column_name`)."""
+def identifier_name(identifier: exp.Expr, dialect: str = "") -> str:
+    """An identifier's name as the engine resolves it: quoted exactly, unquoted folded as
+    ``dialect`` folds it, case-insensitively (casefolded) where it is case-insensitive or unknown."""
+    folded = _folded(identifier, dialect)
+    return folded if folded is not None else str(identifier.name).casefold()
+
+
+def _folded(identifier: exp.Expr, dialect: str) -> str | None:
+    """``identifier``'s name as the engine compares it exactly, or None where it compares
+    case-insensitively (an unquoted name in DuckDB, SQLite, Spark or an unknown dialect)."""
     name = str(identifier.name)
-    return name if identifier.args.get("quoted") else name.casefold()
+    if isinstance(identifier, exp.Identifier) and identifier.args.get("quoted"):
+        return name
+    strategy = _folding(dialect)
+    if strategy is NormalizationStrategy.LOWERCASE:  # PostgreSQL folds ASCII letters only
+        return name.translate(_ASCII_LOWER)
+    if strategy is NormalizationStrategy.UPPERCASE:
+        return name.translate(_ASCII_UPPER)
+    if strategy is NormalizationStrategy.CASE_SENSITIVE:
+        return name
+    return None
+
+
+_ASCII_LOWER = str.maketrans(string.ascii_uppercase, string.ascii_lowercase)
+_ASCII_UPPER = str.maketrans(string.ascii_lowercase, string.ascii_uppercase)
+
+
+def _folding(dialect: str) -> NormalizationStrategy | None:
+    """How ``dialect`` folds unquoted identifiers; None for a dialect sqlglot does not know."""
+    if not dialect:
+        return None
+    try:
+        return Dialect.get_or_raise(dialect).normalization_strategy
+    except ValueError:
+        return None
+
+
+def _result_name(projection: exp.Expr, dialect: str) -> str:
+    """The name the engine reports for ``projection``'s result column, as far as the text says:
+    a quoted alias or column as written, an unquoted one folded as ``dialect`` folds it (kept as
+    written where the dialect is case-insensitive, :func:`same_name` then comparing so)."""
+    identifier = projection.args.get("alias") if isinstance(projection, exp.Alias) else None
+    if identifier is None and isinstance(projection, exp.Column):
+        identifier = projection.this
+    if not isinstance(identifier, exp.Identifier):
+        return str(projection.alias_or_name)
+    folded = _folded(identifier, dialect)
+    return folded if folded is not None else str(identifier.name)
 
 
 def is_starred(projection: exp.Expr) -> bool:

@@ -239,7 +239,7 @@ def _client_sort(query: UserQuery, keys: Sequence[exp.Expr], schema: pa.Schema) 
     column = terms[0].this
     if column.table:
         return None
-    found = [i for i, name in enumerate(schema.names) if same_name(column.this, name)]
+    found = [i for i, name in enumerate(schema.names) if same_name(column.this, name, query.dialect)]
     if len(found) != 1:
         return None
     kind = schema.field(found[0]).type
