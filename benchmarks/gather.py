@@ -44,7 +44,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -325,19 +324,8 @@ CHILDREN: dict[str, Callable[[], dict[str, Any]]] = {
 
 def spawn(name: str, ddbloader_from: str | None = None) -> dict[str, Any]:
     env = dict(os.environ) if ddbloader_from is None else {**os.environ, FROM_ENV: ddbloader_from}
-    done = subprocess.run(
-        [sys.executable, __file__, "--child", name],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=CHILD_TIMEOUT_S,
-        check=False,
-    )
-    lines = [line for line in done.stdout.splitlines() if line.startswith(MARKER)]
-    if done.returncode or not lines:
-        raise RuntimeError(f"child {name} failed ({done.returncode}):\n{done.stderr[-4000:]}")
-    result: dict[str, Any] = json.loads(lines[-1][len(MARKER) :])
-    return result
+    command = [sys.executable, __file__, "--child", name]
+    return throughput.child_result(command, f"child {name}", MARKER, env, CHILD_TIMEOUT_S)
 
 
 def epoch_section(rounds: int, ddbloader_from: str | None) -> dict[str, Any]:

@@ -38,7 +38,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -49,6 +48,7 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+import throughput  # noqa: E402  (benchmarks/throughput.py, beside this one)
 from shuffle import WORK, ensure_data  # noqa: E402  (benchmarks/shuffle.py, beside this one)
 
 RESULTS = HERE / "RESULTS_peers.md"
@@ -246,20 +246,9 @@ def child(workload: str, contender: str) -> dict[str, Any]:
 
 
 def run_child(workload: str, contender: str) -> dict[str, Any]:
+    command = [sys.executable, __file__, "--child", workload, contender]
     env = {**os.environ, "PYTHONPATH": str(HERE.parent)}
-    done = subprocess.run(
-        [sys.executable, __file__, "--child", workload, contender],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=CHILD_TIMEOUT_S,
-        check=False,
-    )
-    lines = [line for line in done.stdout.splitlines() if line.startswith(MARKER)]
-    if done.returncode or not lines:
-        raise RuntimeError(f"{workload} / {contender} failed ({done.returncode}):\n{done.stderr[-4000:]}")
-    result: dict[str, Any] = json.loads(lines[-1][len(MARKER) :])
-    return result
+    return throughput.child_result(command, f"{workload} / {contender}", MARKER, env, CHILD_TIMEOUT_S)
 
 
 def rounds_of(workload: str, rounds: int) -> Iterator[dict[str, dict[str, Any]]]:

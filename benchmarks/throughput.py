@@ -531,6 +531,23 @@ def child_main(name: str, shape: Shape, repeat: int, ddbloader_from: str | None)
 # ------------------------------------------------------------------------------------- parent
 
 
+def child_result(
+    command: list[str],
+    what: str,
+    marker: str,
+    env: dict[str, str] | None = None,
+    timeout: float = CHILD_TIMEOUT_S,
+) -> dict[str, Any]:
+    """Run ``command`` (a benchmark's child) in a fresh interpreter; the JSON it printed after
+    ``marker`` on its last such line. Raises naming ``what`` with the child's stderr if it failed."""
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout, check=False)
+    lines = [line for line in done.stdout.splitlines() if line.startswith(marker)]
+    if done.returncode or not lines:
+        raise RuntimeError(f"{what} failed ({done.returncode}):\n{done.stderr[-4000:]}")
+    result: dict[str, Any] = json.loads(lines[-1][len(marker) :])
+    return result
+
+
 def spawn(name: str, shape: Shape, repeat: int, ddbloader_from: str | None) -> dict[str, Any]:
     """Run contender ``name`` in a fresh interpreter; returns its summarised result."""
     command = [
