@@ -894,12 +894,19 @@ def render(data: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
+#: RESULTS.md from this line on is written by hand (analyses, other scripts' runs): kept by :func:`save`
+HAND_WRITTEN = "<!-- Below: sections written by hand; benchmarks/throughput.py's save() keeps them. -->"
+
+
 def save(key: str, value: dict[str, Any]) -> None:
-    """Merge ``value`` into results.json under ``key`` and re-render RESULTS.md from the whole file."""
+    """Merge ``value`` into results.json under ``key`` and re-render RESULTS.md from the whole file,
+    keeping what follows :data:`HAND_WRITTEN` as it is."""
     data: dict[str, Any] = json.loads(RESULTS_JSON.read_text()) if RESULTS_JSON.exists() else {}
     data[key] = value
     RESULTS_JSON.write_text(json.dumps(data, indent=2, default=str) + "\n")
-    RESULTS_MD.write_text(render(data))
+    old = RESULTS_MD.read_text() if RESULTS_MD.exists() else ""
+    kept = old[old.index(HAND_WRITTEN) :] if HAND_WRITTEN in old else ""
+    RESULTS_MD.write_text(render(data) + ("\n" + kept if kept else ""))
 
 
 def main(argv: list[str] | None = None) -> None:
