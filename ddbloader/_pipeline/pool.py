@@ -19,6 +19,7 @@ import numpy as np
 from .._epoch.events import OneEvent
 from .._epoch.owed import keep_owed
 from .._epoch.schedule import BatchSchedule, Event, EventKind, ScheduledBatch
+from .._epoch.visits import PartitionKey
 from .._io.source import PartitionSource
 from .._io.threads import Pending
 from .._sql.block import Block
@@ -143,7 +144,6 @@ class GroupPool:
         self, events: Sequence[Event], ones: Sequence[OneEvent], marks: Sequence[int]
     ) -> None:
         """Honour ``events``, and ``ones`` among them (``marks[i]`` of them before ``events[i]``)."""
-        arena = self.arena
         releases: list[_Key] = []
         gauge = self.gauge
         done = 0
@@ -165,21 +165,10 @@ class GroupPool:
             elif kind is _LOAD:
                 pending = self._pending.pop(event.unit << 32 | event.key[1])
                 assert pending is not None
-                block = pending.wait(self._stop, self._timeout)
-                if len(self._units[event.unit].group.partitions) == 1:  # no neighbours, shift 0
-                    self._segments[event.step] = self._placed(event, (block,), 0)
-                else:
-                    self._load(event, block)
+                # units of one-partition groups come as ``ones``: this one has neighbours
+                self._load(event, pending.wait(self._stop, self._timeout))
             elif kind is _DROP:
-                gauge.held -= 1
-                if event.step < 0:  # its unit ended before loading it
-                    del self._pending[event.unit << 32 | event.key[1]]
-                else:
-                    segment = self._segments.get(event.step)
-                    if segment is not None:
-                        if arena is not None:
-                            arena.retire(segment)
-                        self._dropped.append(event.step)
+                self._drop(event.unit << 32 | event.key[1], event.step)
             else:
                 releases.append((event.unit, event.key[1]))
         if releases:
@@ -191,33 +180,33 @@ class GroupPool:
         """Honour the events of units of one-partition groups: a claim, a step placed as it is
         (no neighbours, shift 0), a step dropped; no release (the claim took the rows)."""
         gauge, pending, segments, units = self.gauge, self._pending, self._segments, self._units
-        arena, stride, span = self.arena, self._stride, self._span
+        arena = self.arena
         for kind, unit, step, _, key, first, stop in ones:
             if kind is _LOAD:
                 claimed = pending.pop(unit << 32)
                 assert claimed is not None
                 block = claimed.wait(self._stop, self._timeout)
                 segment = segments[step] = arena.place((block,)) if arena is not None else Segment(block)
-                if first < stop and (stop - 1) * stride + span > segment.block.rows:
-                    # the gather copies without bounds checks (see batch.gather)
-                    raise RuntimeError(
-                        f"internal error: group {key[0]} step {step} has samples outside its "
-                        f"{segment.block.rows} rows"
-                    )
+                self._check_rows(segment, key, step, first, stop, 0)
             elif kind is _FETCH:
                 held = gauge.held = gauge.held + 1
                 gauge.high_water = max(gauge.high_water, held)
                 pending[unit << 32] = self._fetcher.submit(units[unit].group.partitions[0])
             else:
-                gauge.held -= 1
-                if step < 0:  # its unit ended before loading it
-                    del pending[unit << 32]
-                else:
-                    dropped = segments.get(step)
-                    if dropped is not None:
-                        if arena is not None:
-                            arena.retire(dropped)
-                        self._dropped.append(step)
+                self._drop(unit << 32, step)
+
+    def _drop(self, partition: int, step: int) -> None:
+        """A DROP: the partition (numbered as in ``_pending``) is no longer held; its step's
+        segment, if it was loaded (``step`` ≥ 0), is retired at the end of the batch."""
+        self.gauge.held -= 1
+        if step < 0:  # its unit ended before loading it
+            del self._pending[partition]
+            return
+        segment = self._segments.get(step)
+        if segment is not None:
+            if self.arena is not None:
+                self.arena.retire(segment)
+            self._dropped.append(step)
 
     def _claim(self, key: _Key) -> Pending[Block]:
         return self._fetcher.submit(self._units[key[0]].group.partitions[key[1]])
@@ -249,17 +238,22 @@ class GroupPool:
         rows before it and ``event.right`` after; sample ``s`` starts at its row ``s * stride + shift``."""
         arena = self.arena
         segment = arena.place(blocks) if arena is not None else Segment(Block.concatenate(blocks))
+        self._check_rows(segment, event.key, event.step, event.first, event.stop, shift)
+        return segment
+
+    def _check_rows(
+        self, segment: Segment, key: PartitionKey, step: int, first: int, stop: int, shift: int
+    ) -> None:
+        """Refuse a step whose samples ``[first, stop)`` would start or end outside ``segment``."""
         stride = self._stride
-        if event.first < event.stop and (
-            event.first * stride + shift < 0
-            or (event.stop - 1) * stride + shift + self._span > segment.block.rows
+        if first < stop and (
+            first * stride + shift < 0 or (stop - 1) * stride + shift + self._span > segment.block.rows
         ):
             # the gather copies without bounds checks (see batch.gather): never let a bad row through
             raise RuntimeError(
-                f"internal error: group {event.key[0]} step {event.step} has samples outside its "
+                f"internal error: group {key[0]} step {step} has samples outside its "
                 f"{segment.block.rows} rows"
             )
-        return segment
 
     def _pieces(self, batch: ScheduledBatch) -> list[Piece]:
         """``batch``'s samples as pieces: one when every step's segment is in the arena (one take
