@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import importlib.util
 import random
 import signal
+import sqlite3
 import threading
 import time
 import warnings
@@ -112,6 +115,67 @@ def con() -> Iterator[duckdb.DuckDBPyConnection]:
     connection = duckdb.connect()
     yield connection
     connection.close()
+
+
+class TableEngine:
+    """A real engine holding the table ``t``: its name, the source a loader takes, and ``run``,
+    which runs a query whole and returns its first column."""
+
+    def __init__(self, name: str, source: Any, run: Callable[[str], list[Any]]) -> None:
+        self.name = name
+        self.source = source
+        self.run = run
+
+
+ENGINES = ["duckdb", "postgres", "sqlite"]
+
+
+@contextlib.contextmanager
+def table_engine(
+    request: pytest.FixtureRequest, tmp_path: Path, name: str, data: pa.Table
+) -> Iterator[TableEngine]:
+    """``data`` as the table ``t`` of a real engine ``name`` (one of :data:`ENGINES`; PostgreSQL
+    through the session's ``pg_server``), dropped afterwards. Integer columns are INTEGER in
+    SQLite, the others REAL."""
+    if name == "duckdb":
+        con = duckdb.connect()
+        con.register("_incoming", data)
+        con.execute("CREATE TABLE t AS SELECT * FROM _incoming")
+        yield TableEngine("duckdb", con, lambda sql: [r[0] for r in con.execute(sql).fetchall()])
+        con.close()
+    elif name == "sqlite":
+        path = str(tmp_path / "t.sqlite")
+        admin = sqlite3.connect(path)
+        columns = ", ".join(
+            f"{field.name} {'INTEGER' if pa.types.is_integer(field.type) else 'REAL'}"
+            for field in data.schema
+        )
+        admin.execute(f"CREATE TABLE t ({columns})")
+        marks = ", ".join("?" * data.num_columns)
+        admin.executemany(f"INSERT INTO t VALUES ({marks})", [tuple(r.values()) for r in data.to_pylist()])
+        admin.commit()
+        yield TableEngine(
+            "sqlite", functools.partial(sqlite3.connect, path), lambda sql: [r[0] for r in admin.execute(sql)]
+        )
+        admin.close()
+    else:
+        server: pgserver.PostgresServer = request.getfixturevalue("pg_server")
+        from adbc_driver_postgresql import dbapi
+
+        admin = dbapi.connect(server.uri, autocommit=True)
+        with admin.cursor() as cursor:
+            cursor.execute("DROP TABLE IF EXISTS t")
+            cursor.adbc_ingest("t", data, mode="create")
+
+        def run(sql: str) -> list[Any]:
+            with admin.cursor() as cursor:
+                cursor.execute(sql)
+                return list(cursor.fetch_arrow_table().column(0).to_pylist())
+
+        yield TableEngine("postgres", server.uri, run)
+        with admin.cursor() as cursor:
+            cursor.execute("DROP TABLE t")
+        admin.close()
 
 
 def series_file(path: Path, parts: Sequence[Sequence[int]]) -> Path:

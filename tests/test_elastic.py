@@ -350,6 +350,24 @@ def test_duckdb_resumes_on_another_world_size(
     check_elastic(duckdb_maker(con), old, new, handed)
 
 
+@pytest.mark.parametrize(("old", "new", "handed"), [(2, 3, 7), (3, 1, 4)])
+def test_combed_windows_resume_on_another_world_size(
+    con: duckdb.DuckDBPyConnection, old: int, new: int, handed: int
+) -> None:
+    """Groups of one subquery with a distinct order key: combed pieces of windows (an owed
+    sample's rows are all in the piece it starts in)."""
+    make_series(con, PARTS)
+    sql = "SELECT gid, pos, rid, f0, f1, y FROM series ORDER BY gid, pos"
+
+    def make(rank: int, world: int, **kwargs: Any) -> DDBDataLoader:
+        arguments = {**ARGS, "repartition_col": None, **kwargs}
+        return DDBDataLoader(con, sql, "y", rank=rank, world_size=world, **arguments)
+
+    with make(0, 1) as loader:
+        assert all(g.combed_windows for g in loader.plan.groups)
+    check_elastic(make, old, new, handed)
+
+
 @pytest.mark.parametrize(
     "overrides",
     [

@@ -70,3 +70,15 @@ def test_measure_is_the_brute_force_of_the_schedule(
     assert (figures.batches, figures.samples) == (len(distinct), len(order))
     assert figures.partitions_per_batch == float(np.median(distinct))
     assert figures.rank_correlation == pytest.approx(expected, abs=1e-12)
+
+
+def test_a_shuffled_epoch_of_no_groups_is_empty_and_measured(con: duckdb.DuckDBPyConnection) -> None:
+    """A query whose groups are all empty: the first shuffled epoch ends (its mixing measured over
+    a plan of no groups) instead of raising."""
+    con.execute("CREATE TABLE nothing (g INTEGER, f DOUBLE, y DOUBLE)")
+    with pytest.warns(UserWarning, match="0 samples"):
+        loader = DDBDataLoader(con, "SELECT * FROM nothing ORDER BY g", "y", group_col="g", shuffle=True)
+    with loader:
+        assert len(loader.plan.groups) == 0
+        assert list(loader) == []
+        assert np.isnan(loader.stats().rank_correlation)

@@ -10,8 +10,6 @@ on the order key.
 
 from __future__ import annotations
 
-import functools
-import sqlite3
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,9 +17,9 @@ from typing import Any
 
 import duckdb
 import numpy as np
-import pgserver
 import pyarrow as pa
 import pytest
+from conftest import ENGINES, TableEngine, table_engine
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from resume_check import assert_resumes_exactly
@@ -154,60 +152,17 @@ def _table() -> pa.Table:
     )
 
 
-class _Engine:
-    """A real engine holding the table ``t`` (:func:`_table`): its source and the query run whole."""
-
-    def __init__(self, name: str, source: Any, run: Any) -> None:
-        self.name = name
-        self.source = source
-        self.run = run
-
-
-@pytest.fixture(params=["duckdb", "postgres", "sqlite"])
-def engine(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[_Engine]:
-    data = _table()
-    if request.param == "duckdb":
-        con = duckdb.connect()
-        con.register("_incoming", data)
-        con.execute("CREATE TABLE t AS SELECT * FROM _incoming")
-        yield _Engine("duckdb", con, lambda sql: [r[0] for r in con.execute(sql).fetchall()])
-        con.close()
-    elif request.param == "sqlite":
-        path = str(tmp_path / "pieces.sqlite")
-        admin = sqlite3.connect(path)
-        admin.execute("CREATE TABLE t (id INTEGER, k INTEGER, f REAL, y REAL, u INTEGER)")
-        rows = [tuple(r.values()) for r in data.to_pylist()]
-        admin.executemany("INSERT INTO t VALUES (?, ?, ?, ?, ?)", rows)
-        admin.commit()
-        yield _Engine(
-            "sqlite", functools.partial(sqlite3.connect, path), lambda sql: [r[0] for r in admin.execute(sql)]
-        )
-        admin.close()
-    else:
-        server: pgserver.PostgresServer = request.getfixturevalue("pg_server")
-        from adbc_driver_postgresql import dbapi
-
-        admin = dbapi.connect(server.uri, autocommit=True)
-        with admin.cursor() as cursor:
-            cursor.execute("DROP TABLE IF EXISTS t")
-            cursor.adbc_ingest("t", data, mode="create")
-
-        def run(sql: str) -> list[Any]:
-            with admin.cursor() as cursor:
-                cursor.execute(sql)
-                return list(cursor.fetch_arrow_table().column(0).to_pylist())
-
-        yield _Engine("postgres", server.uri, run)
-        with admin.cursor() as cursor:
-            cursor.execute("DROP TABLE t")
-        admin.close()
+@pytest.fixture(params=ENGINES)
+def engine(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[TableEngine]:
+    with table_engine(request, tmp_path, request.param, _table()) as engine:
+        yield engine
 
 
 ORDERS = ["k, id", "k DESC, id", "k NULLS FIRST, id", "k DESC NULLS LAST, id"]
 
 
 @pytest.mark.parametrize("order", ORDERS)
-def test_windows_across_range_pieces_are_the_whole_querys_each_once(engine: _Engine, order: str) -> None:
+def test_windows_across_range_pieces_are_the_whole_querys_each_once(engine: TableEngine, order: str) -> None:
     sql = f"SELECT id, k, f, y FROM t ORDER BY {order}"
     options: dict[str, Any] = {
         "input_col": ["f"],
@@ -238,7 +193,7 @@ def test_windows_across_range_pieces_are_the_whole_querys_each_once(engine: _Eng
     assert firsts != sorted(firsts)
 
 
-def test_rows_of_combed_pieces_are_the_whole_querys_each_once(engine: _Engine) -> None:
+def test_rows_of_combed_pieces_are_the_whole_querys_each_once(engine: TableEngine) -> None:
     sql = "SELECT id, k, f, y FROM t ORDER BY k, id"
     options: dict[str, Any] = {"input_col": ["f"], "batch_size": 64, "shuffle": True, "seed": 2}
     with DDBDataLoader(engine.source, sql, "y", fetch_bytes=FETCH_BYTES, **options) as loader:
@@ -268,7 +223,7 @@ READER_ORDERS = [
 
 @pytest.mark.parametrize(("select", "order", "column"), READER_ORDERS)
 def test_combed_pieces_the_reader_orders_hold_the_querys_rows_in_order(
-    engine: _Engine, select: str, order: str, column: str
+    engine: TableEngine, select: str, order: str, column: str
 ) -> None:
     """A single integer ORDER BY term: the combed pieces' queries have no ORDER BY, and the reader
     puts their rows in the query's order, here from storage out of that order (``u``) and over
@@ -316,7 +271,7 @@ def test_the_engine_orders_combed_pieces_unless_one_integer_column_does(
 
 
 @pytest.mark.parametrize("engine", ["postgres"], indirect=True)
-def test_an_unquoted_order_by_name_folds_as_the_engine_folds_it(engine: _Engine) -> None:
+def test_an_unquoted_order_by_name_folds_as_the_engine_folds_it(engine: TableEngine) -> None:
     """PostgreSQL folds ``ORDER BY U`` to ``u``: the query is ordered by the column ``u``, not by
     the column ``"U"`` selected before it (which a case-insensitive match would take), so the
     windows across contiguous pieces and the reader's sort of combed ones follow ``u``."""
@@ -419,17 +374,27 @@ def test_in_order_sorts_stably_and_leaves_sorted_rows_alone() -> None:
     assert KeyRanges(((None, None),)).in_order(table) is table
 
 
-def test_range_pieces_resume_exactly_and_refuse_another_layout(con: duckdb.DuckDBPyConnection) -> None:
+@pytest.mark.parametrize(
+    ("sql", "window", "combed"),
+    [
+        ("SELECT id, k, f, y FROM t ORDER BY k, id", 3, False),  # ties and NULLs: contiguous
+        ("SELECT id, u, f, y FROM t ORDER BY u DESC", [3, 2], True),  # a distinct key: combed windows
+    ],
+)
+def test_range_pieces_resume_exactly_and_refuse_another_layout(
+    con: duckdb.DuckDBPyConnection, sql: str, window: Any, combed: bool
+) -> None:
     con.register("_incoming", _table())
     con.execute("CREATE TABLE t AS SELECT * FROM _incoming")
-    sql = "SELECT id, k, f, y FROM t ORDER BY k, id"
     options: dict[str, Any] = {
         "input_col": ["f"],
         "batch_size": 16,
         "shuffle": True,
         "seed": 4,
-        "window_size": 3,
+        "window_size": window,
     }
+    with DDBDataLoader(con, sql, "y", fetch_bytes=FETCH_BYTES, **options) as loader:
+        assert loader.plan.groups[0].combed_windows == combed
     assert_resumes_exactly(lambda: DDBDataLoader(con, sql, "y", fetch_bytes=FETCH_BYTES, **options), epochs=2)
     loader = DDBDataLoader(con, sql, "y", fetch_bytes=FETCH_BYTES, **options)
     next(iter(loader))
@@ -495,7 +460,7 @@ def test_without_shuffle_nothing_is_cut_by_ranges(con: duckdb.DuckDBPyConnection
         assert all(p.ranges is None for p in loader.plan.groups[0].partitions)
 
 
-def _update(engine: _Engine, sql: str) -> None:
+def _update(engine: TableEngine, sql: str) -> None:
     if engine.name == "duckdb":
         engine.source.execute(sql)
         return
@@ -507,7 +472,7 @@ def _update(engine: _Engine, sql: str) -> None:
 
 @pytest.mark.parametrize("engine", ["duckdb", "postgres"], indirect=True)
 @pytest.mark.parametrize("window_size", [None, 3], ids=["combed", "contiguous"])
-def test_verify_checks_each_range_piece(engine: _Engine, window_size: int | None) -> None:
+def test_verify_checks_each_range_piece(engine: TableEngine, window_size: int | None) -> None:
     """With verify=True every range piece carries its own fingerprint: a value changed in place
     (the same row count) is an error naming the piece's subquery, not a silent change."""
     sql = "SELECT id, k, f, y FROM t ORDER BY k, id"

@@ -36,7 +36,7 @@ from ddbloader._pipeline.arena import Arena
 from ddbloader._pipeline.batch import batch_count, gather
 from ddbloader._pipeline.pool import GroupPool
 from ddbloader._sql.block import Block
-from ddbloader._sql.plan import MIN_PIECE_ROWS, PartitionSpec, QueryPlan
+from ddbloader._sql.plan import MIN_PIECE_ROWS, GroupPlan, PartitionSpec, QueryPlan
 from ddbloader.backends import DuckDBBackend
 from ddbloader.stats import LoaderStats
 
@@ -199,6 +199,29 @@ def run_epoch(
             return batches, len(loader), loader.plan.partitions, backend, loader.stats()
     finally:
         con.close()
+
+
+def _series_rids(con: duckdb.DuckDBPyConnection, group: GroupPlan) -> np.ndarray[Any, Any]:
+    """``group``'s rids in the order its samples number its rows: its partitions' rows one after
+    another (the query's order, except across combed range pieces without windows, see
+    ddbloader._sql.pieces), or, for combed pieces of windows, each piece's runs where they lie in
+    the series (ddbloader._sql.window_pieces)."""
+    blocks = [
+        con.execute(p.sql, list(p.params))
+        .to_arrow_table()
+        .column("rid")
+        .to_numpy()[p.first_row : p.first_row + p.rows]
+        for p in group.partitions
+    ]
+    if not group.combed_windows:
+        return np.concatenate(blocks or [np.empty(0, np.int64)])
+    series = np.full(group.rows, -1, np.int64)
+    for partition, block in zip(group.partitions, blocks, strict=True):
+        assert partition.windows is not None
+        rows = np.concatenate([np.arange(first, first + n) for first, n in partition.windows.runs])
+        series[rows] = block
+    assert (series >= 0).all()
+    return series
 
 
 @settings(max_examples=60, deadline=None)
@@ -409,21 +432,7 @@ def test_the_pool_serves_the_schedule(case: Case, whole: bool | None, resume_at:
                 schedule = schedule_of(plan, config, case.epoch)
                 expected = list(schedule)  # the oracle: a pure function, iterated here first
                 pool = pool_of(plan, config, case.epoch, fetcher, stop, arena)
-                # each group's rids in plan order: its partitions' rows one after another (the
-                # query's order, except across combed range pieces, see ddbloader._sql.pieces)
-                rids_of = [
-                    np.concatenate(
-                        [
-                            con.execute(p.sql, list(p.params))
-                            .to_arrow_table()
-                            .column("rid")
-                            .to_numpy()[p.first_row : p.first_row + p.rows]
-                            for p in group.partitions
-                        ]
-                        or [np.empty(0, np.int64)]
-                    )
-                    for group in plan.groups
-                ]
+                rids_of = [_series_rids(con, group) for group in plan.groups]
                 served = claimed = 0
                 for pieces, batch in zip(pool.batches(skip), expected[skip:], strict=True):
                     x, _ = gather(pieces, plan.geometry, plan.layout, pin=False)

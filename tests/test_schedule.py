@@ -9,6 +9,7 @@ serves what the schedule says is checked against DuckDB in tests/test_pool.py.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ from ddbloader._epoch.shuffle import Purpose, SourceDraws, visit_order
 from ddbloader._epoch.visits import PartitionKey, touched_partitions
 from ddbloader._pipeline.batch import batch_count
 from ddbloader._sql.plan import GroupPlan, PartitionSpec, WorkUnit
+from ddbloader._sql.window_pieces import WindowTile, window_layout
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -87,12 +89,43 @@ def config(**options: object) -> LoaderConfig:
     return LoaderConfig(**{**base, **options})  # type: ignore[arg-type]
 
 
+def combed_group(index: int, rows: int, pieces: int, geometry: WindowGeometry) -> GroupPlan:
+    """A series of ``rows`` rows (its key: its row numbers) cut into ``pieces`` combed pieces of
+    windows, 4 stripes each, as the planner cuts one (see ddbloader/_sql/window_pieces.py)."""
+    edge, count = geometry.span - 1, pieces * 4
+    firsts = [r for r in range(rows) if r == 0 or r * count // rows != (r - 1) * count // rows]
+    tiles = [
+        WindowTile(
+            low, high - low, low + edge if low + edge < rows else None, low - edge if low >= edge else None
+        )
+        for low, high in itertools.pairwise([*firsts, rows])
+    ]
+    cut = window_layout(tiles, pieces, 64, geometry.span, descending=False)
+    specs = tuple(
+        PartitionSpec(index, position, index, 0, "", (), size, ranges=ranges)
+        for position, (ranges, size) in enumerate(cut)
+    )
+    return GroupPlan(index, index, specs, geometry.sample_count(rows))
+
+
 def plan_groups(
-    subqueries: Sequence[Sequence[Sequence[int]]], geometry: WindowGeometry
+    subqueries: Sequence[Sequence[Sequence[int]]], geometry: WindowGeometry, combed: Sequence[bool] = ()
 ) -> tuple[GroupPlan, ...]:
-    """Groups whose partitions are the non-empty pieces of their subqueries, in order."""
+    """Groups whose partitions are the non-empty pieces of their subqueries, in order; a group
+    whose ``combed`` flag is set is one subquery of all its rows, cut into combed pieces of
+    windows instead (when windows are longer than a row)."""
     groups = []
     for g, group in enumerate(subqueries):
+        rows = sum(sum(pieces) for pieces in group)
+        if (
+            g < len(combed)
+            and combed[g]
+            and len(group) == 1
+            and len(group[0]) > 1
+            and rows > 1 < geometry.span
+        ):
+            groups.append(combed_group(g, rows, len(group[0]), geometry))
+            continue
         specs: list[PartitionSpec] = []
         for r, pieces in enumerate(group):
             sizes = [rows for rows in pieces if rows] if len(pieces) > 1 else [sum(pieces)]
@@ -119,14 +152,16 @@ def epochs(draw: st.DrawFn) -> Epoch:
             subqueries[-1].append([rows])
         else:  # a new piece of the subquery
             subqueries[-1][-1].append(rows)
-    windowed = draw(st.booleans())
+    # combed pieces of windows (a shuffled series of one subquery), in about half the examples
+    combing = draw(st.booleans())
+    windowed = combing or draw(st.booleans())
     x_window, y_window = (draw(st.integers(1, 4)), draw(st.integers(1, 3))) if windowed else (1, 1)
-    offset = draw(st.integers(0, 5)) if windowed else 0
+    offset = draw(st.integers(1 if combing else 0, 5)) if windowed else 0
     stride = draw(st.integers(1, 4)) if windowed else 1
     geometry = WindowGeometry(x_window, y_window, stride, offset, windowed)
     options = config(
         batch_size=draw(st.integers(1, 9)),
-        shuffle=draw(st.booleans()),
+        shuffle=combing or draw(st.booleans()),
         windowed=windowed,
         x_window=x_window,
         y_window=y_window,
@@ -137,7 +172,8 @@ def epochs(draw: st.DrawFn) -> Epoch:
         prepartition_num=draw(st.integers(1, 3)),
         group_pool_size=draw(st.integers(1, 5)),
     )
-    return Epoch(plan_groups(subqueries, geometry), options, geometry, draw(st.integers(0, 3)))
+    combed = [combing and (g % 2 == 0 or draw(st.booleans())) for g in range(len(subqueries))]
+    return Epoch(plan_groups(subqueries, geometry, combed), options, geometry, draw(st.integers(0, 3)))
 
 
 def pairs(batches: Sequence[ScheduledBatch]) -> list[tuple[int, int]]:

@@ -118,28 +118,46 @@ def _spearman(values: np.ndarray[Any, Any]) -> float:
 
 class _Positions:
     """Where each partition's rows lie in the query's order, over the plan's groups laid end to end
-    (a sample's group and first row become one coordinate: one lookup for a whole batch)."""
+    (a sample's group and first row become one coordinate: one lookup for a whole batch).
+
+    One entry per partition, or per stripe of a combed piece of windows (its windows start at
+    their own rows of the series, whose coordinates are their positions)."""
 
     def __init__(self, plan: QueryPlan) -> None:
         groups = plan.groups
         counts = np.fromiter((len(g.partitions) for g in groups), np.int64, len(groups))
         sizes = np.fromiter((p.rows for g in groups for p in g.partitions), np.float64, int(counts.sum()))
-        self._firsts = np.concatenate([[0.0], np.cumsum([float(g.rows) for g in groups])[:-1]])
+        group_rows = np.fromiter((float(g.rows) for g in groups), np.float64, len(groups))
+        self._firsts = np.cumsum(group_rows) - group_rows
         ends = np.concatenate([[0.0], np.cumsum(sizes)])
-        first_partitions = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+        first_partitions = np.cumsum(counts) - counts  # (a plan of no groups: empty, not [0])
         # each partition's first row within its group, moved to where its group begins
-        self._starts = ends[:-1] - np.repeat(ends[first_partitions], counts) + np.repeat(self._firsts, counts)
-        self._bases = self._starts.copy()
-        self._scales = np.ones(len(sizes))
-        for group, first in zip(groups, first_partitions.tolist(), strict=True):
-            if any(p.ranges is not None and p.ranges.band is not None for p in group.partitions):
-                _comb(
-                    group,
-                    slice(first, first + len(group.partitions)),
-                    self._starts,
-                    self._bases,
-                    self._scales,
-                )
+        starts = ends[:-1] - np.repeat(ends[first_partitions], counts) + np.repeat(self._firsts, counts)
+        bases = starts.copy()
+        scales = np.ones(len(sizes))
+        kept = np.ones(len(sizes), bool)
+        stripes: list[tuple[float, int]] = []
+        for group, first, group_first in zip(groups, first_partitions.tolist(), self._firsts, strict=True):
+            members = slice(first, first + len(group.partitions))
+            if group.combed_windows:
+                kept[members] = False
+                stripes += [
+                    (group_first + low, first + position)
+                    for position, p in enumerate(group.partitions)
+                    if p.windows is not None
+                    for low, _ in p.windows.starts
+                ]
+            elif any(p.ranges is not None and p.ranges.band is not None for p in group.partitions):
+                _comb(group, members, starts, bases, scales)
+        stripe_starts = np.array([at for at, _ in stripes], np.float64)
+        entries = np.concatenate([starts[kept], stripe_starts])
+        order = np.argsort(entries, kind="stable")
+        self._starts = entries[order]
+        self._partitions = np.concatenate(
+            [np.flatnonzero(kept), np.array([at for _, at in stripes], np.int64)]
+        ).astype(np.int64)[order]
+        self._bases = np.concatenate([bases[kept], stripe_starts])[order]
+        self._scales = np.concatenate([scales[kept], np.ones(len(stripes))])[order]
 
     def of(
         self, groups: np.ndarray[Any, Any], rows: np.ndarray[Any, Any]
@@ -148,9 +166,9 @@ class _Positions:
         over the plan) and its position in the query's order."""
         at = self._firsts[groups] + rows
         # side="right": a partition of no rows starts where the next one does, and holds none
-        partition = np.searchsorted(self._starts, at, side="right") - 1
-        position = self._bases[partition] + (at - self._starts[partition]) * self._scales[partition]
-        return partition, position
+        entry = np.searchsorted(self._starts, at, side="right") - 1
+        position = self._bases[entry] + (at - self._starts[entry]) * self._scales[entry]
+        return self._partitions[entry], position
 
 
 def _comb(

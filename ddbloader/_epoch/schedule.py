@@ -17,7 +17,9 @@ The order it defines (the pool's, see :class:`~ddbloader._pipeline.pool.GroupPoo
 * A unit loads the partitions its samples touch in :func:`~ddbloader._epoch.visits.partition_visits`
   order, keeping the first and last ``span - 1`` rows of each; a loaded partition's *step* holds
   the unit's samples that it completes (those whose rows are now all at hand), permuted by the
-  next draw of :class:`~ddbloader._epoch.shuffle.SampleOrders` when it is loaded. A step is loaded
+  next draw of :class:`~ddbloader._epoch.shuffle.SampleOrders` when it is loaded. A combed piece
+  of windows (:mod:`ddbloader._sql.window_pieces`) holds every row its samples read: its step
+  holds the unit's samples that start in its stripes, and nothing is kept. A step is loaded
   when its unit is next asked for a sample after the one before it ran out.
 * Fetches are queued within a budget of ``group_pool_size x prepartition_num`` partitions held
   (queued, in flight or being served), at most ``prepartition_num`` per unit: the active units'
@@ -158,9 +160,17 @@ class _Unit:
 
     def _load(self, position: int, orders: SampleOrders) -> None:
         unit = self._unit
+        windows = unit.group.partitions[position].windows
+        samples = None
         if self._single:
             left = right = 0
             first, stop = unit.first, unit.stop
+        elif windows is not None:  # a combed piece of windows: its samples need no neighbour
+            samples = windows.samples(self._geometry.stride, unit.first, unit.stop)
+            left = right = 0
+            first, stop = unit.first, unit.first
+            if len(samples):
+                first, stop = int(samples[0]), int(samples[-1]) + 1
         else:
             if not self._bounds:
                 self._bounds = list(itertools.accumulate((p.rows for p in unit.group.partitions), initial=0))
@@ -176,7 +186,8 @@ class _Unit:
             stop = max(first, stop)
         self._step_number = self._log.load(self.index, (self.group, position), left, right, first, stop)
         self._step = position
-        self._order = keep_owed(unit, orders.order(first, stop))
+        order = orders.order(first, stop) if samples is None else samples[orders.order(0, len(samples))]
+        self._order = keep_owed(unit, order)
         self._served = 0
 
     def _kept_rows(self, position: int, direction: int, rows: int) -> int:

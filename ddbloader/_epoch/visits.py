@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
+
 from .._core.config import LoaderConfig
 from .._core.window import WindowGeometry
 from .._sql.plan import WorkUnit
@@ -37,6 +39,10 @@ def touched_partitions(unit: WorkUnit, geometry: WindowGeometry) -> Sequence[int
     """
     if len(unit.group.partitions) == 1 and unit.samples > 0:
         return _ONLY_PARTITION
+    if unit.group.combed_windows:  # a sample's rows are all in the piece its window starts in
+        samples = unit.owed if unit.owed is not None else np.arange(unit.first, unit.stop, dtype=np.int64)
+        touched: list[int] = np.unique(unit.group.starting_partitions(samples * geometry.stride)).tolist()
+        return touched
     if unit.owed is not None:  # an elastic resume's remainder: only the partitions it owes samples of
         return owed_partitions(unit, geometry)
     first_row = unit.first * geometry.stride

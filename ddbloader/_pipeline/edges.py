@@ -57,7 +57,8 @@ class KeptEdges:
         return bounds
 
     def _keeps(self, unit: int) -> bool:
-        return self._edge > 0 and len(self._units[unit].group.partitions) > 1
+        group = self._units[unit].group
+        return self._edge > 0 and len(group.partitions) > 1 and not group.combed_windows
 
     def keep(self, key: _Key, block: Block) -> None:
         """Keep the first and last ``span - 1`` rows of ``key``'s ``block`` (copies: the block may go)."""

@@ -5,7 +5,9 @@ dropped and released; the pool does it: it claims partitions from its
 :class:`~ddbloader._io.source.PartitionSource`, places each loaded step's rows (its partition with
 the kept edge rows of its neighbours, see :class:`~ddbloader._pipeline.edges.KeptEdges`) in the
 arena, and turns each batch's samples into arena rows with one ``samples * stride + shift`` per
-batch. It defines no order of its own. Owned by the assembler thread; not thread-safe.
+batch (per chunk for a combed piece of windows, whose rows are runs of its series: see
+:class:`~ddbloader._sql.window_rows.WindowRows`). It defines no order of its own. Owned by
+the assembler thread; not thread-safe.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from .._epoch.visits import PartitionKey
 from .._io.source import PartitionSource
 from .._io.threads import Pending
 from .._sql.block import Block
+from .._sql.window_rows import WindowRows
 from .arena import Arena, Piece, Segment
 from .edges import KeptEdges
 
@@ -95,9 +98,11 @@ class GroupPool:
         #: claimed partitions not loaded yet, by :func:`_number` (None while replaying: not claimed)
         self._pending: dict[int, Pending[Block] | None] = {}
         #: the loaded steps' segments by step number: sample ``s`` of step ``k`` starts at row
-        #: ``s * stride + shifts.get(k, 0)`` of ``segments[k]``
+        #: ``s * stride + shifts.get(k, 0)`` of ``segments[k]``, or, for a combed piece of windows,
+        #: at its row ``runs[k].block_rows(s * stride)``
         self._segments: dict[int, Segment] = {}
         self._shifts: dict[int, int] = {}
+        self._runs: dict[int, WindowRows] = {}
         self._dropped: list[int] = []
         self._replayed: dict[int, _Replayed] = {}
 
@@ -137,6 +142,7 @@ class GroupPool:
         for step in self._dropped:
             del self._segments[step]
             self._shifts.pop(step, None)
+            self._runs.pop(step, None)
         self._dropped.clear()
         return pieces
 
@@ -228,10 +234,26 @@ class GroupPool:
         return pending.wait(self._stop, self._timeout)
 
     def _place(self, event: Event, blocks: Sequence[Block]) -> None:
+        windows = self._units[event.unit].group.partitions[event.key[1]].windows
+        if windows is not None:
+            self._segments[event.step] = self._placed_runs(event, blocks[0], windows)
+            self._runs[event.step] = windows
+            return
         shift = event.left - self._edges.first_row(event.unit, event.key[1])
         self._segments[event.step] = self._placed(event, blocks, shift)
         if shift:
             self._shifts[event.step] = shift
+
+    def _placed_runs(self, event: Event, block: Block, windows: WindowRows) -> Segment:
+        """A combed piece of windows as one segment (its rows are all its windows read)."""
+        segment = self.arena.place((block,)) if self.arena is not None else Segment(block)
+        starts = windows.block_rows(windows.samples(self._stride, event.first, event.stop) * self._stride)
+        if len(starts) and (int(starts.min()) < 0 or int(starts.max()) + self._span > block.rows):
+            raise RuntimeError(
+                f"internal error: group {event.key[0]} step {event.step} has samples outside its "
+                f"{block.rows} rows"
+            )
+        return segment
 
     def _placed(self, event: Event, blocks: Sequence[Block], shift: int) -> Segment:
         """``event``'s step as one segment: ``blocks`` are its partition with ``event.left`` kept
@@ -259,6 +281,8 @@ class GroupPool:
         """``batch``'s samples as pieces: one when every step's segment is in the arena (one take
         for the batch), else one per chunk (a segment each)."""
         stride, chunks, steps, shifts = self._stride, batch.chunks, batch.steps, self._shifts
+        if self._runs:
+            return self._mapped_pieces(batch)
         whole = None if self.arena is None else self.arena.whole
         if whole is not None and len(steps) > 1:
             placed = [self._segments[step] for step in steps]
@@ -277,6 +301,17 @@ class GroupPool:
             pieces.append(
                 _new(Piece, (segments[step], chunk * stride + shift if stride != 1 or shift else chunk))
             )
+        return pieces
+
+    def _mapped_pieces(self, batch: ScheduledBatch) -> list[Piece]:
+        """``batch``'s samples as one piece per chunk, some of steps whose rows are mapped."""
+        stride, segments, shifts, runs = self._stride, self._segments, self._shifts, self._runs
+        pieces = []
+        for chunk, step in zip(batch.chunks, batch.steps, strict=True):
+            windows = runs.get(step)
+            starts = chunk * stride
+            rows = starts + shifts.get(step, 0) if windows is None else windows.block_rows(starts)
+            pieces.append(_new(Piece, (segments[step], rows)))
         return pieces
 
     # ---------------------------------------------------------------------------- resume
@@ -324,7 +359,14 @@ class GroupPool:
         rebuilt: list[tuple[Event, bool, bool, Pending[Block]]] = []
         stride, span = self._stride, self._span
         for event, drawn in self._replayed.values():
-            whole = keep_owed(self._units[event.unit], np.arange(event.first, event.stop))
+            unit = self._units[event.unit]
+            windows = unit.group.partitions[event.key[1]].windows
+            samples = (
+                np.arange(event.first, event.stop)
+                if windows is None
+                else windows.samples(stride, event.first, event.stop)
+            )
+            whole = keep_owed(unit, samples)
             rest = np.setdiff1d(whole, np.concatenate(drawn) if drawn else ())
             if not len(rest):
                 continue

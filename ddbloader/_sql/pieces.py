@@ -14,14 +14,16 @@ pieces are made of tiles.
 
 Two layouts (:func:`layout`):
 
-* *contiguous* (windows, ``span > 1``): each piece is one range of consecutive tiles, the pieces in
-  the query's order (descending keys for ``DESC``), so the rows of the pieces in plan order are
-  the subquery's rows in its order, and windows straddle pieces as they straddle partitions.
+* *contiguous* (windows, ``span > 1``, where they cannot be combed): each piece is one range of
+  consecutive tiles, the pieces in the query's order (descending keys for ``DESC``), so the rows
+  of the pieces in plan order are the subquery's rows in its order, and windows straddle pieces
+  as they straddle partitions.
 * *combed* (one row per sample): within a *band* of at most :data:`COMB_BAND` pieces' rows, tile
   ``j`` goes to piece ``j mod pieces``, so each piece holds :data:`COMB_STRIPES` thin ranges
   spread over the band: one piece's batches mix the whole band, where a contiguous piece would
   hold a few thousand neighbouring rows. The cost: each piece's query reads its band (the rows
-  of up to :data:`COMB_BAND` pieces) to find its stripes.
+  of up to :data:`COMB_BAND` pieces) to find its stripes. Windows are combed too where that is
+  exact, each stripe widened by the rows its windows run into (:mod:`ddbloader._sql.window_pieces`).
 
 Invariants (checked by the tests without an engine): the tiles' ranges are disjoint and cover
 every key, each tile is in exactly one piece, a piece's row count is the sum of its tiles',
@@ -40,11 +42,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from sqlglot import exp
 
+from .window_rows import WindowRows
+
 __all__ = [
     "COMB_BAND",
     "COMB_STRIPES",
     "CONTIGUOUS_TILES",
     "KeyRanges",
+    "band_members",
     "layout",
     "paren",
 ]
@@ -77,6 +82,9 @@ class KeyRanges:
     #: ``(result column, descending)`` when the piece's query has no ORDER BY and its reader puts
     #: the rows in the query's order by that column (see :meth:`in_order`); None: the engine sorts.
     sort: tuple[int, bool] | None = None
+    #: A combed piece of a windowed series: where its rows lie in the series and which start
+    #: windows (see :mod:`ddbloader._sql.window_pieces`); None for every other piece.
+    windows: WindowRows | None = None
 
     def in_order(self, table: pa.Table) -> pa.Table:
         """``table`` (this piece's rows, as its query returned them) in the query's order: as it
@@ -196,26 +204,7 @@ def layout(
         descending: the ORDER BY sorts the key descending (contiguous pieces come in that order).
         nulls_first: the ORDER BY puts NULL keys first (their piece comes first).
     """
-    total = sum(rows for _, rows in tiles)
-    count = max(min(pieces, len(tiles)), 1)
-    cut: list[tuple[list[int], int | None]] = []
-    if tiles and (band <= 1 or count == 1):
-        chunk = _chunks(tiles, total, count)
-        for index, piece in enumerate(chunk):
-            if not cut or piece != chunk[index - 1]:
-                cut.append(([], None))
-            cut[-1][0].append(index)
-    elif tiles:
-        bands = -(-count // band)
-        owner = _chunks(tiles, total, bands)
-        for b in range(bands):
-            members = [i for i, o in enumerate(owner) if o == b]
-            share = count // bands + (1 if b < count % bands else 0)
-            per_band = max(min(share, len(members)), 1)
-            combs: list[list[int]] = [[] for _ in range(per_band)]
-            for j, index in enumerate(members):
-                combs[j % per_band].append(index)
-            cut.extend((c, b) for c in combs if c)
+    cut = band_members(tiles, pieces, band) if tiles else []
     lows = [low for low, _ in tiles]
     result = [
         (KeyRanges(_merged(members, lows), band=owner), sum(tiles[i][1] for i in members))
@@ -227,6 +216,34 @@ def layout(
         nulls = (KeyRanges(nulls=True), null_rows)
         result = [nulls, *result] if nulls_first else [*result, nulls]
     return result
+
+
+def band_members(
+    tiles: Sequence[tuple[Any, int]], pieces: int, band: int
+) -> list[tuple[list[int], int | None]]:
+    """Which tiles (ascending indices) each piece holds, and its band (None: contiguous), in plan
+    order for an ascending key: :func:`layout`'s cut of non-empty ``tiles``. Pure."""
+    total = sum(rows for _, rows in tiles)
+    count = max(min(pieces, len(tiles)), 1)
+    cut: list[tuple[list[int], int | None]] = []
+    if band <= 1 or count == 1:
+        chunk = _chunks(tiles, total, count)
+        for index, piece in enumerate(chunk):
+            if not cut or piece != chunk[index - 1]:
+                cut.append(([], None))
+            cut[-1][0].append(index)
+        return cut
+    bands = -(-count // band)
+    owner = _chunks(tiles, total, bands)
+    for b in range(bands):
+        members = [i for i, o in enumerate(owner) if o == b]
+        share = count // bands + (1 if b < count % bands else 0)
+        per_band = max(min(share, len(members)), 1)
+        combs: list[list[int]] = [[] for _ in range(per_band)]
+        for j, index in enumerate(members):
+            combs[j % per_band].append(index)
+        cut.extend((c, b) for c in combs if c)
+    return cut
 
 
 def _chunks(tiles: Sequence[tuple[Any, int]], total: int, count: int) -> list[int]:

@@ -22,6 +22,7 @@ from .fingerprint import Fingerprint
 from .layout import ColumnLayout
 from .pieces import KeyRanges
 from .query import Query
+from .window_rows import WindowRows
 
 __all__ = ["MIN_PIECE_ROWS", "GroupPlan", "PartitionSpec", "QueryPlan", "WorkUnit"]
 
@@ -73,6 +74,11 @@ class PartitionSpec:
     def key(self) -> tuple[int, int]:
         """``(group, position)``: this partition's identity within its plan."""
         return self.group, self.position
+
+    @property
+    def windows(self) -> WindowRows | None:
+        """A combed piece of windows: where its rows lie in the series (else None)."""
+        return None if self.ranges is None else self.ranges.windows
 
     @property
     def streamed(self) -> bool:
@@ -134,7 +140,35 @@ class GroupPlan:
 
     @functools.cached_property  # read per group and epoch, thousands of times with small groups
     def rows(self) -> int:
+        """The series' rows (a combed windowed piece's context rows are another piece's)."""
+        if self.combed_windows:
+            return sum(p.windows.stripe_rows for p in self.partitions if p.windows is not None)
         return sum(p.rows for p in self.partitions)
+
+    @functools.cached_property
+    def combed_windows(self) -> bool:
+        """Whether the partitions are combed pieces of windows (see
+        :mod:`ddbloader._sql.window_pieces`): each serves the windows starting in its stripes,
+        with every row they read, so none needs a neighbour's rows."""
+        return any(p.windows is not None for p in self.partitions)
+
+    @functools.cached_property
+    def _stripe_index(self) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+        """Every stripe's first row, ascending, and the position of the partition holding it."""
+        stripes = sorted(
+            (low, position)
+            for position, p in enumerate(self.partitions)
+            if p.windows is not None
+            for low, _ in p.windows.starts
+        )
+        return np.array([low for low, _ in stripes], np.int64), np.array([at for _, at in stripes], np.int64)
+
+    def starting_partitions(self, rows: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+        """For a group of combed windowed pieces: the position of the partition whose windows
+        start at each of ``rows`` (rows of the series)."""
+        firsts, positions = self._stripe_index
+        found: np.ndarray[Any, Any] = positions[np.searchsorted(firsts, rows, side="right") - 1]
+        return found
 
     # The same object every epoch (for one rank and worker; shards cut their own): at thousands of
     # small groups, a new unit per group and epoch outlived enough collections to make the garbage

@@ -167,7 +167,9 @@ def build_plan(backend: Backend, sql: str, config: LoaderConfig, progress: bool 
                     )
                 ],
             )
-            for piece in _cut(rows, layout.row_bytes, config.fetch_bytes)
+            # a combed piece of windows is read whole: its stripes' contexts may take it past
+            # the budget by a few windows' rows, and its rows are runs a streamed part could split
+            for piece in _cut(rows, layout.row_bytes, 0 if ranges and ranges.windows else config.fetch_bytes)
         ]
         partitions = tuple(
             PartitionSpec(
@@ -193,7 +195,7 @@ def build_plan(backend: Backend, sql: str, config: LoaderConfig, progress: bool 
                 fingerprint,
             ) in enumerate(cut)
         )
-        total = sum(p.rows for p in partitions)
+        total = sum(p.windows.stripe_rows if p.windows else p.rows for p in partitions)
         groups.append(
             GroupPlan(
                 index,

@@ -20,6 +20,7 @@ from .binding import binds_exactly
 from .ordering import same_name
 from .pieces import COMB_BAND, COMB_STRIPES, CONTIGUOUS_TILES, KeyRanges, layout, paren
 from .query import Query, UserQuery
+from .window_pieces import WindowTile, window_layout
 
 __all__ = ["OrderKey", "RangeCutter"]
 
@@ -27,6 +28,9 @@ _KEY_ALIAS = "_ddb_k"
 _TILE_ALIAS = "_ddb_tile"
 _LOW_ALIAS = "_ddb_low"
 _ROWS_ALIAS = "_ddb_rows"
+_AHEAD_ALIAS = "_ddb_ahead"
+_BEHIND_ALIAS = "_ddb_behind"
+_DISTINCT_ALIAS = "_ddb_distinct"
 
 
 @dataclass(frozen=True)
@@ -48,6 +52,9 @@ class RangeCutter:
 
     Built once per plan; :attr:`reason` is None when range pieces are possible, else a sentence
     naming why (the caller warns and reads the big subqueries in consecutive pieces instead).
+    Samples of ``span`` rows: one row (``span == 1``) are combed; windows are combed where a
+    subquery is a whole series whose order key is distinct (see
+    :mod:`ddbloader._sql.window_pieces`), else cut into contiguous pieces.
     """
 
     def __init__(
@@ -56,12 +63,14 @@ class RangeCutter:
         keys: Sequence[exp.Expr],
         run: Run,
         *,
-        combed: bool,
+        span: int,
         schema: pa.Schema | None = None,
     ) -> None:
         self._query = query
         self._run = run
-        self._combed = combed
+        self._span = span
+        #: whether samples are windows (several rows each)
+        self.windowed = span > 1
         self.key: OrderKey | None = None
         self.reason: str | None = None
         #: Per (query, piece shape): the query (kept, so its id stays its own) and the piece's SQL,
@@ -88,26 +97,37 @@ class RangeCutter:
             bool(ordered.args.get("nulls_first")),
             term.sql(dialect=query.dialect),
         )
-        if combed and schema is not None:
+        if schema is not None:
             self.sort = _client_sort(query, keys, schema)
 
     def cut(
-        self, columns: Sequence[exp.Expr], params: tuple[Any, ...], rows: int, pieces: int
+        self,
+        columns: Sequence[exp.Expr],
+        params: tuple[Any, ...],
+        rows: int,
+        pieces: int,
+        *,
+        series: bool = False,
     ) -> list[tuple[KeyRanges, int]] | None:
         """The range pieces of the subquery of ``columns = params`` (``rows`` rows), in plan
         order; None when the key's type does not bind back exactly or the engine refused the
-        ranking query (then :attr:`reason` says which).
+        ranking query (then :attr:`reason` says which). ``series``: the subquery is its group's
+        only one, so windowed pieces may be combed.
 
         Raises:
             ValueError: the ranking query found more rows than counting the subquery did (the
                 data changed during planning).
         """
         assert isinstance(self._query, UserQuery) and self.key is not None
-        stripes = COMB_STRIPES if self._combed else CONTIGUOUS_TILES
-        sql = self._query.render(self._tiles_tree(columns, pieces * stripes))
+        combed = self._span == 1 or series
+        edge = self._span - 1 if series and self._span > 1 else 0
+        tile_count = pieces * (COMB_STRIPES if combed else CONTIGUOUS_TILES)
+        sql = self._query.render(self._tiles_tree(columns, tile_count, edge))
         try:
             table = self._run(sql, "ranking the rows of a big subquery by its order key", params)
         except Exception as error:  # the engine's refusal is a reason to fall back, not to fail
+            if edge:  # its window functions, maybe: cut contiguous pieces instead
+                return self.cut(columns, params, rows, pieces)
             self.reason = f"the engine could not rank the rows by {self.key.text!r} ({_first_line(error)})"
             return None
         if not binds_exactly(table.schema.field(_LOW_ALIAS)):
@@ -137,6 +157,16 @@ class RangeCutter:
                 f"so no key range would hold those rows"
             )
             return None
+        if edge:
+            distinct = sum(int(n) for n in table.column(_DISTINCT_ALIAS).to_pylist())
+            if distinct == keyed == rows:
+                ahead = table.column(_AHEAD_ALIAS).to_pylist()
+                behind = table.column(_BEHIND_ALIAS).to_pylist()
+                windowed = [WindowTile(*tile) for tile in zip(lows, counts, ahead, behind, strict=True)]
+                return window_layout(windowed, pieces, COMB_BAND, self._span, descending=self.key.descending)
+            # keys shared by several rows (whose order between queries is the engine's) or NULL
+            # keys (which windows cross into): contiguous pieces, which need neither
+            combed = False
         nulls_first = self.key.nulls_first
         if keyed and rows > keyed:
             nulls_first = self._nulls_come_first(columns, params)
@@ -144,7 +174,7 @@ class RangeCutter:
             tiles,
             rows - keyed,
             pieces,
-            COMB_BAND if self._combed else 1,
+            COMB_BAND if combed else 1,
             descending=self.key.descending,
             nulls_first=nulls_first,
         )
@@ -188,9 +218,13 @@ class RangeCutter:
             self._sql[shape] = (query, query.render(tree))
         return self._sql[shape][1]
 
-    def _tiles_tree(self, columns: Sequence[exp.Expr], tiles: int) -> exp.Expr:
+    def _tiles_tree(self, columns: Sequence[exp.Expr], tiles: int, edge: int = 0) -> exp.Expr:
         """``(tile, lowest key, rows)`` per non-empty tile of the subquery's non-NULL keys, by tile:
-        a row's tile is ``(rank - 1) * tiles // rows`` (equal keys share their rank)."""
+        a row's tile is ``(rank - 1) * tiles // rows`` (equal keys share their rank). With an
+        ``edge`` (windows' ``span - 1``), also its distinct keys and the keys ``edge`` rows after
+        and before its first row (as :class:`WindowTile` reads them: the keys grow with the rows,
+        so the least of a tile's is its first row's; before-keys of a tile that starts within
+        ``edge`` rows of the first are not used)."""
         assert isinstance(self._query, UserQuery) and self.key is not None
         key = self.key.expression
         filtered = self._query.filtered_where(
@@ -216,12 +250,20 @@ class RangeCutter:
             )
         )
         ranked = exp.select(column, tile.as_(_TILE_ALIAS)).from_(_subquery(keys, "_ddb_s"))
+        outputs: list[exp.Expr] = [
+            exp.column(_TILE_ALIAS),
+            exp.Min(this=column).as_(_LOW_ALIAS),
+            exp.Count(this=exp.Star()).as_(_ROWS_ALIAS),
+        ]
+        if edge:
+            order = exp.Order(expressions=[exp.Ordered(this=column.copy())])
+            for kind, alias in ((exp.Lead, _AHEAD_ALIAS), (exp.Lag, _BEHIND_ALIAS)):
+                shifted = kind(this=column.copy(), offset=exp.Literal.number(edge))
+                ranked = ranked.select(exp.Window(this=shifted, order=order.copy()).as_(alias))
+                outputs.append(exp.Min(this=exp.column(alias)).as_(alias))
+            outputs.append(exp.Count(this=exp.Distinct(expressions=[column.copy()])).as_(_DISTINCT_ALIAS))
         return (
-            exp.select(
-                exp.column(_TILE_ALIAS),
-                exp.Min(this=column).as_(_LOW_ALIAS),
-                exp.Count(this=exp.Star()).as_(_ROWS_ALIAS),
-            )
+            exp.select(*outputs)
             .from_(_subquery(ranked, "_ddb_t"))
             .group_by(exp.column(_TILE_ALIAS))
             .order_by(exp.column(_TILE_ALIAS))

@@ -50,14 +50,16 @@ def range_pieces(
     schema: pa.Schema | None = None,
 ) -> Ranged:
     """With shuffle, the subqueries larger than ``fetch_bytes`` cut into range pieces (see
-    :mod:`ddbloader._sql.pieces`): combed without windows, contiguous with them. Where they
+    :mod:`ddbloader._sql.pieces`): combed without windows, and with them where a subquery is its
+    group's only one and its order key is distinct (:mod:`ddbloader._sql.window_pieces`), else
+    contiguous. Where they
     cannot be cut, warns once naming why and what would fix it; those are read in consecutive
     pieces (front to back). With ``verify=True`` (``counted`` carries the row hash) each piece's
     rows are counted and hashed by one more query, so each piece is checked at its fetch. With
     the query's ``schema``, a combed piece read whole whose order the reader can restore (see
     :attr:`KeyRanges.sort`) is queried without an ORDER BY."""
     big = [
-        (index, position, params, rows, count)
+        (index, position, params, rows, count, sum(cell[2] > 0 for cell in row) == 1)
         for index, (_, row) in enumerate(cells)
         for position, (_, params, rows, _) in enumerate(row)
         if config.shuffle and (count := len(pieces(rows, row_bytes, config.fetch_bytes))) > 1
@@ -69,11 +71,13 @@ def range_pieces(
         return run_planning(cursor, sql, purpose, params)
 
     columns = [query.column(k.text, k.parameter) for k in keys]  # as written, not as compared
-    cutter = RangeCutter(query, columns, run, combed=geometry.span == 1, schema=schema)
+    cutter = RangeCutter(query, columns, run, span=geometry.span, schema=schema)
     expressions = [k.expression for k in keys]
     ranged: Ranged = {}
-    for index, position, params, rows, count in big:
-        layout = cutter.cut(expressions, params, rows, count) if cutter.reason is None else None
+    for index, position, params, rows, count, series in big:
+        if cutter.reason is not None:
+            break
+        layout = cutter.cut(expressions, params, rows, count, series=series)
         if layout is None:
             break
         ranged[index, position] = [
@@ -100,9 +104,13 @@ def _sorted_by_reader(
     cutter: RangeCutter, ranges: KeyRanges, rows: int, row_bytes: int, budget: int
 ) -> KeyRanges:
     """``ranges``, ordered by its reader (:attr:`KeyRanges.sort`) where the cutter found the
-    order key fit and the piece is read whole (one piece of the budget: a piece read in parts
-    needs the engine's order to cut them) and keyed (NULL keys all tie: nothing to order)."""
-    if cutter.sort is None or ranges.nulls or len(pieces(rows, row_bytes, budget)) != 1:
+    order key fit, the piece is combed (a contiguous piece of windows keeps the engine's order, as
+    its neighbours do: equal keys straddle no piece but the order of ties is the engine's) and
+    read whole (one piece of the budget, or a windowed one, which is never cut: a piece read in
+    parts needs the engine's order to cut them) and keyed (NULL keys all tie: nothing to order)."""
+    if cutter.sort is None or ranges.nulls:
+        return ranges
+    if ranges.windows is None and (cutter.windowed or len(pieces(rows, row_bytes, budget)) != 1):
         return ranges
     return dataclasses.replace(ranges, sort=cutter.sort)
 
