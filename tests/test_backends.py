@@ -578,6 +578,8 @@ def test_streamed_partitions_cover_every_window_once_and_resume_exactly(
     }
     with DDBDataLoader(engine.source(), SERIES_SQL, **options) as loader:
         assert [len(g.partitions) for g in loader.plan.groups] == [3 + 1 + 2, 5]
+        # the 450-row group is one subquery with a distinct key: its pieces are combed windows
+        assert [g.combed_windows for g in loader.plan.groups] == [False, shuffle]
         ranged = [p.ranges is not None for g in loader.plan.groups for p in g.partitions]
         got = list(loader)
         stats = loader.stats()
