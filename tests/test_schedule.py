@@ -100,7 +100,7 @@ def combed_group(index: int, rows: int, pieces: int, geometry: WindowGeometry) -
         )
         for low, high in itertools.pairwise([*firsts, rows])
     ]
-    cut = window_layout(tiles, pieces, 64, geometry.span, descending=False)
+    cut = window_layout(tiles, pieces, 64, geometry.span, geometry.stride, descending=False)
     specs = tuple(
         PartitionSpec(index, position, index, 0, "", (), size, ranges=ranges)
         for position, (ranges, size) in enumerate(cut)

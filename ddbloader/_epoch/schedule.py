@@ -166,7 +166,7 @@ class _Unit:
             left = right = 0
             first, stop = unit.first, unit.stop
         elif windows is not None:  # a combed piece of windows: its samples need no neighbour
-            samples = windows.samples(self._geometry.stride, unit.first, unit.stop)
+            samples = windows.samples(unit.first, unit.stop)
             left = right = 0
             first, stop = unit.first, unit.first
             if len(samples):

@@ -4,7 +4,10 @@ The groups, in the epoch's (shuffled) group order, are laid end to end as one se
 samples; that sequence is cut into ``world_size`` contiguous runs of equal length (±1), and a
 rank's run is cut again the same way for its workers. A run may start or end inside a group: a
 :class:`WorkUnit` is one group's contiguous range of samples, and serving it loads only the
-partitions that range touches (a cut group costs one extra partition fetch on each side).
+partitions that range touches (a cut group costs one extra partition fetch on each side). A group
+of combed pieces of windows is laid out piece by piece instead (its
+:attr:`~ddbloader._sql.plan.GroupPlan.piece_order`), since each of its pieces holds windows from
+all over the series: a share of it is the samples of a few pieces, served as owed samples.
 
 Every rank yields the same number of samples: with ``even_batches="pad"`` (the default, as
 ``DistributedSampler``) a shorter rank repeats the first sample(s) of its own shard; with
@@ -16,8 +19,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
+import numpy as np
 import torch
 
 from .._core.config import LoaderConfig
@@ -58,13 +62,30 @@ def _cut(units: Sequence[WorkUnit], begin: int, end: int) -> list[WorkUnit]:
     for unit in units:
         lo, hi = max(begin, position), min(end, position + unit.samples)
         if lo < hi:
-            if unit.owed is None:
+            sequence = _sequence(unit)
+            if sequence is None:
                 offset = unit.first - position
                 cut.append(WorkUnit(unit.group, lo + offset, hi + offset))
             else:
-                cut.append(owed_unit(unit.group, unit.owed[lo - position : hi - position]))
+                cut.append(owed_unit(unit.group, np.sort(sequence[lo - position : hi - position])))
         position += unit.samples
     return cut
+
+
+def _sequence(unit: WorkUnit) -> np.ndarray[Any, Any] | None:
+    """``unit``'s samples in the order shards cut them: its group's
+    :attr:`~ddbloader._sql.plan.GroupPlan.piece_order` (combed pieces of windows) restricted to
+    them, else its owed samples, else None (``[first, stop)`` in index order)."""
+    order = unit.group.piece_order
+    if order is None:
+        return unit.owed
+    if unit.owed is not None:
+        kept: np.ndarray[Any, Any] = order[np.isin(order, unit.owed)]
+        return kept
+    if unit.first == 0 and unit.stop == unit.group.samples:
+        return order
+    inside: np.ndarray[Any, Any] = order[(order >= unit.first) & (order < unit.stop)]
+    return inside
 
 
 def _share(units: Sequence[WorkUnit], parts: int, index: int, size: int, total: int) -> list[WorkUnit]:

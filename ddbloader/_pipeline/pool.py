@@ -247,7 +247,7 @@ class GroupPool:
     def _placed_runs(self, event: Event, block: Block, windows: WindowRows) -> Segment:
         """A combed piece of windows as one segment (its rows are all its windows read)."""
         segment = self.arena.place((block,)) if self.arena is not None else Segment(block)
-        starts = windows.block_rows(windows.samples(self._stride, event.first, event.stop) * self._stride)
+        starts = windows.block_rows(windows.samples(event.first, event.stop) * self._stride)
         if len(starts) and (int(starts.min()) < 0 or int(starts.max()) + self._span > block.rows):
             raise RuntimeError(
                 f"internal error: group {event.key[0]} step {event.step} has samples outside its "
@@ -364,7 +364,7 @@ class GroupPool:
             samples = (
                 np.arange(event.first, event.stop)
                 if windows is None
-                else windows.samples(stride, event.first, event.stop)
+                else windows.samples(event.first, event.stop)
             )
             whole = keep_owed(unit, samples)
             rest = np.setdiff1d(whole, np.concatenate(drawn) if drawn else ())

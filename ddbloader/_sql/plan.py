@@ -163,6 +163,18 @@ class GroupPlan:
         )
         return np.array([low for low, _ in stripes], np.int64), np.array([at for _, at in stripes], np.int64)
 
+    @functools.cached_property
+    def piece_order(self) -> np.ndarray[Any, Any] | None:
+        """For a group of combed windowed pieces: its samples piece by piece (plan order), each
+        piece's ascending, the sequence that shards cut (so a rank's share starts its windows in
+        a few pieces and reads only those, where a range of samples spans every piece); None for
+        any other group (its samples in index order)."""
+        if not self.combed_windows:
+            return None
+        return np.concatenate(
+            [p.windows.samples(0, self.samples) for p in self.partitions if p.windows is not None]
+        )
+
     def starting_partitions(self, rows: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
         """For a group of combed windowed pieces: the position of the partition whose windows
         start at each of ``rows`` (rows of the series)."""

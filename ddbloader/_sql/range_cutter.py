@@ -52,7 +52,7 @@ class RangeCutter:
 
     Built once per plan; :attr:`reason` is None when range pieces are possible, else a sentence
     naming why (the caller warns and reads the big subqueries in consecutive pieces instead).
-    Samples of ``span`` rows: one row (``span == 1``) are combed; windows are combed where a
+    Samples of ``span`` rows, ``stride`` apart: one row (``span == 1``) are combed; windows are combed where a
     subquery is a whole series whose order key is distinct (see
     :mod:`ddbloader._sql.window_pieces`), else cut into contiguous pieces.
     """
@@ -64,11 +64,13 @@ class RangeCutter:
         run: Run,
         *,
         span: int,
+        stride: int = 1,
         schema: pa.Schema | None = None,
     ) -> None:
         self._query = query
         self._run = run
         self._span = span
+        self._stride = stride
         #: whether samples are windows (several rows each)
         self.windowed = span > 1
         self.key: OrderKey | None = None
@@ -163,7 +165,9 @@ class RangeCutter:
                 ahead = table.column(_AHEAD_ALIAS).to_pylist()
                 behind = table.column(_BEHIND_ALIAS).to_pylist()
                 windowed = [WindowTile(*tile) for tile in zip(lows, counts, ahead, behind, strict=True)]
-                return window_layout(windowed, pieces, COMB_BAND, self._span, descending=self.key.descending)
+                return window_layout(
+                    windowed, pieces, COMB_BAND, self._span, self._stride, descending=self.key.descending
+                )
             # keys shared by several rows (whose order between queries is the engine's) or NULL
             # keys (which windows cross into): contiguous pieces, which need neither
             combed = False

@@ -71,7 +71,7 @@ def range_pieces(
         return run_planning(cursor, sql, purpose, params)
 
     columns = [query.column(k.text, k.parameter) for k in keys]  # as written, not as compared
-    cutter = RangeCutter(query, columns, run, span=geometry.span, schema=schema)
+    cutter = RangeCutter(query, columns, run, span=geometry.span, stride=geometry.stride, schema=schema)
     expressions = [k.expression for k in keys]
     ranged: Ranged = {}
     for index, position, params, rows, count, series in big:

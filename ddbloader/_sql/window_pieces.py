@@ -47,7 +47,7 @@ class WindowTile:
 
 
 def window_layout(
-    tiles: Sequence[WindowTile], pieces: int, band: int, span: int, *, descending: bool
+    tiles: Sequence[WindowTile], pieces: int, band: int, span: int, stride: int, *, descending: bool
 ) -> list[tuple[KeyRanges, int]]:
     """The combed pieces of a series whose order key is distinct, in plan order, each with the
     rows its query returns (stripes and contexts). Pure.
@@ -58,6 +58,7 @@ def window_layout(
         band: how many pieces to comb together at most.
         span: rows a window needs; each stripe carries the ``span - 1`` rows after it in the
             query's order (lower keys when ``descending``).
+        stride: rows between the starts of consecutive windows.
         descending: the query orders the key descending.
     """
     total = sum(tile.rows for tile in tiles)
@@ -84,7 +85,7 @@ def window_layout(
         if descending:  # the query's rows run from the highest key: row r is rank total - 1 - r
             runs = [(total - low - rows, rows) for low, rows in reversed(runs)]
             starts = [(total - high, total - low) for low, high in reversed(starts)]
-        windows = WindowRows(tuple(runs), tuple(starts))
+        windows = WindowRows(tuple(runs), tuple(starts), stride)
         ranges = tuple((low_key, high_key) for _, _, low_key, high_key in widened)
         result.append((KeyRanges(ranges, band=owner, windows=windows), sum(rows for _, rows in runs)))
     if descending:

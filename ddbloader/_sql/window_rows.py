@@ -26,10 +26,12 @@ class WindowRows:
 
     runs: tuple[tuple[int, int], ...]
     starts: tuple[tuple[int, int], ...]
+    #: the loader's window stride: sample ``i`` starts at series row ``i * stride``
+    stride: int
 
-    def samples(self, stride: int, first: int, stop: int) -> np.ndarray[Any, Any]:
-        """The samples among ``[first, stop)`` that start in this piece (sample ``i`` starts at
-        series row ``i * stride``), ascending int64."""
+    def samples(self, first: int, stop: int) -> np.ndarray[Any, Any]:
+        """The samples among ``[first, stop)`` that start in this piece, ascending int64."""
+        stride = self.stride
         found = [
             np.arange(max(-(-low // stride), first), min(-(-high // stride), stop), dtype=np.int64)
             for low, high in self.starts
