@@ -93,9 +93,9 @@ def test_every_window_is_read_whole_by_exactly_one_piece(
 
 # --- against the engines -----------------------------------------------------------------------
 
-ROWS = 900
-#: ``f`` and ``y`` are 16 bytes a row: 100 rows fit fetch_bytes, so the 900-row series is cut.
-FETCH_BYTES = 100 * 16
+ROWS = 3000
+#: ``f`` and ``y`` are 16 bytes a row: 300 rows fit fetch_bytes, so the 3,000-row series is cut.
+FETCH_BYTES = 300 * 16
 
 
 def _table() -> pa.Table:
@@ -188,8 +188,24 @@ def test_combed_windows_are_the_whole_querys_each_once(
     groups = loader.plan.groups
     assert all(g.combed_windows and len(g.partitions) > 2 for g in groups)
     assert all(p.ranges is not None and p.ranges.band is not None for g in groups for p in g.partitions)
-    if group is None:  # a batch mixes the series: most of its ten blocks of 90 ids
-        assert np.median([len({i // 90 for i in batch}) for batch in firsts]) >= 7
+    if group is None:  # a batch mixes the series: most of its ten blocks of 300 ids
+        assert np.median([len({i // 300 for i in batch}) for batch in firsts]) >= 7
+
+
+@pytest.mark.parametrize(("window", "stripes"), [(5, 15), (40, 1)])
+def test_stripes_thin_out_as_windows_grow_so_a_piece_stays_near_its_budget(
+    table: duckdb.DuckDBPyConnection, window: int, stripes: int
+) -> None:
+    """Each stripe reads the window's span - 1 rows after it: a piece of 300 rows takes at most
+    300 / (4 (span - 1)) stripes, so contexts add at most a quarter to it."""
+    sql = "SELECT id, u, f, y FROM t ORDER BY u"
+    options: dict[str, Any] = {"input_col": ["f"], "shuffle": True, "window_size": window}
+    with DDBDataLoader(table, sql, "y", fetch_bytes=FETCH_BYTES, **options) as loader:
+        partitions = loader.plan.groups[0].partitions
+        assert loader.plan.groups[0].combed_windows
+        assert max(len(p.windows.starts) for p in partitions if p.windows) == stripes
+        assert max(p.rows for p in partitions) <= 1.3 * ROWS / len(partitions)
+        assert sum(len(x) for x, _ in loader) == ROWS - window
 
 
 @pytest.mark.parametrize(

@@ -22,12 +22,15 @@ from .pieces import COMB_BAND, COMB_STRIPES, CONTIGUOUS_TILES, KeyRanges, layout
 from .query import Query, UserQuery
 from .window_pieces import WindowTile, window_layout
 
-__all__ = ["OrderKey", "RangeCutter"]
+__all__ = ["CONTEXT_SHARE", "OrderKey", "RangeCutter"]
 
 _KEY_ALIAS = "_ddb_k"
 _TILE_ALIAS = "_ddb_tile"
 _LOW_ALIAS = "_ddb_low"
 _ROWS_ALIAS = "_ddb_rows"
+#: A combed piece of windows has at most ``rows / CONTEXT_SHARE`` rows of context (its stripes'
+#: ``span - 1`` rows each), so it holds at most 1.25 pieces' rows: fewer stripes for long windows.
+CONTEXT_SHARE = 4
 _AHEAD_ALIAS = "_ddb_ahead"
 _BEHIND_ALIAS = "_ddb_behind"
 _DISTINCT_ALIAS = "_ddb_distinct"
@@ -123,7 +126,10 @@ class RangeCutter:
         assert isinstance(self._query, UserQuery) and self.key is not None
         combed = self._span == 1 or series
         edge = self._span - 1 if series and self._span > 1 else 0
-        tile_count = pieces * (COMB_STRIPES if combed else CONTIGUOUS_TILES)
+        stripes = COMB_STRIPES if combed else CONTIGUOUS_TILES
+        if edge:  # each stripe's context adds edge rows: at most 1/CONTEXT_SHARE of a piece's
+            stripes = max(min(stripes, rows // pieces // (CONTEXT_SHARE * edge)), 1)
+        tile_count = pieces * stripes
         sql = self._query.render(self._tiles_tree(columns, tile_count, edge))
         try:
             table = self._run(sql, "ranking the rows of a big subquery by its order key", params)
