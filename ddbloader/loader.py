@@ -104,8 +104,10 @@ class DDBDataLoader(LoaderCheckpoint, LoaderResources):
             budget is streamed: planned as consecutive pieces of at most ``fetch_bytes`` (or 64
             rows if more) read by one query as they are served (see ddbloader._io.streams);
             with ``shuffle``, cut instead into range pieces of its ORDER BY key, each read by
-            its own query and visited in a random order (see ddbloader._sql.pieces). 0
-            fetches every partition on its own and whole.
+            its own query and visited in a random order (see ddbloader._sql.pieces); two
+            neighbouring combed pieces the loader orders itself are read by one query, a unit
+            of up to twice the budget (see ddbloader._sql.piece_tags). 0 fetches every
+            partition on its own and whole.
         cache_bytes: keep the partitions fetched in the first epoch in memory and serve later
             epochs from there, without querying again, when the planned partitions (rows ×
             bytes per row of x and y) fit in this many bytes; else a warning, and no cache.

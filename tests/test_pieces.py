@@ -10,6 +10,7 @@ on the order key.
 
 from __future__ import annotations
 
+import itertools
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,6 +27,11 @@ from resume_check import assert_resumes_exactly
 from sqlglot import exp
 
 from ddbloader import DDBDataLoader
+from ddbloader._epoch.shard import epoch_units
+from ddbloader._epoch.unit_split import unit_blocks
+from ddbloader._epoch.units import fetch_units
+from ddbloader._epoch.visits import PIECES_PER_QUERY, neighbours
+from ddbloader._io.partition_fetch import fetch_partition
 from ddbloader._sql.pieces import KeyRanges, layout
 
 # --- the layout, pure --------------------------------------------------------------------------
@@ -364,6 +370,81 @@ def test_reader_ordered_pieces_resume_exactly_and_verify(con: duckdb.DuckDBPyCon
     assert_resumes_exactly(lambda: DDBDataLoader(con, sql, "y", fetch_bytes=FETCH_BYTES, **options), epochs=2)
 
 
+# --- tagged pieces: neighbouring combed pieces read by one query -------------------------------
+
+
+@pytest.mark.parametrize("order", ["u", "u DESC", "id"])
+def test_neighbouring_combed_pieces_share_a_query_split_exactly_as_read_alone(
+    engine: TableEngine, order: str
+) -> None:
+    """Each fetch unit of tagged pieces reads up to PIECES_PER_QUERY neighbours with one query; the
+    split gives every piece the very rows, in the very order, of its own query read alone (``u``:
+    stored out of its order, so the reader sorts each piece after the split)."""
+    sql = f"SELECT id, k, f, y, u FROM t ORDER BY {order}"
+    options: dict[str, Any] = {"input_col": ["f"], "batch_size": 64, "shuffle": True, "seed": 2}
+    with DDBDataLoader(engine.source, sql, "y", fetch_bytes=FETCH_BYTES, key_col=["id"], **options) as loader:
+        plan, config = loader.plan, loader.config
+        partitions = plan.groups[0].partitions
+        assert len(partitions) > 5 and all(p.tagged for p in partitions)
+        assert loader._backend is not None
+        cursor = loader._backend.cursor()
+        for epoch in range(2):
+            units = list(
+                fetch_units(plan, epoch_units(plan, config, epoch), config, epoch, config.fetch_bytes)
+            )
+            assert units and all(u.tagged and 2 <= len(u.cells) <= PIECES_PER_QUERY for u in units)
+            assert all(neighbours(a, b) for u in units for a, b in itertools.pairwise(u.cells))
+            for unit in units:
+                split = unit_blocks(cursor.fetch(unit.sql, unit.params), unit, plan.layout)
+                assert split is not None and split.specs == unit.cells
+                for n, spec in enumerate(split.specs):
+                    alone = fetch_partition(cursor, spec, plan.layout)
+                    got = split.block(n)
+                    assert got.keys is not None and alone.keys is not None
+                    assert got.keys["id"].tolist() == alone.keys["id"].tolist()
+                    assert np.array_equal(got.x, alone.x) and np.array_equal(got.y, alone.y)
+        cursor.close()
+        got_ids = sorted(int(v) for _, _, keys in loader for v in keys["id"].tolist())
+        stats = loader.stats()
+    assert got_ids == list(range(ROWS))
+    assert stats.partitions_fetched == len(partitions) and stats.queries < len(partitions)
+
+
+def test_a_tagged_piece_whose_rows_changed_is_refused_naming_it(con: duckdb.DuckDBPyConnection) -> None:
+    """A row added after planning: the unit does not split into the planned counts, its pieces
+    are fetched one by one, and the one that changed is refused by name, before it is served."""
+    con.register("_incoming", _table())
+    con.execute("CREATE TABLE t AS SELECT * FROM _incoming")
+    sql = "SELECT id, k, f, y, u FROM t ORDER BY u"
+    options: dict[str, Any] = {"input_col": ["f"], "batch_size": 16, "shuffle": True, "seed": 3}
+    with DDBDataLoader(con, sql, "y", fetch_bytes=FETCH_BYTES, **options) as loader:
+        assert all(p.tagged for p in loader.plan.groups[0].partitions)
+        con.execute("INSERT INTO t VALUES (900, 1, 900.0, 900.5, 450)")
+        with pytest.raises(
+            ValueError, match=r"order key in .* returned 101 rows, but planning counted 100"
+        ) as info:
+            for _ in loader:
+                pass
+    assert "up to the end of this piece" not in str(
+        info.value
+    )  # refused by the unit's fallback, not a stream
+
+
+def test_tagged_pieces_resume_exactly_and_shard_each_sample_once(con: duckdb.DuckDBPyConnection) -> None:
+    con.register("_incoming", _table())
+    con.execute("CREATE TABLE t AS SELECT * FROM _incoming")
+    sql = "SELECT id, k, f, y, u FROM t ORDER BY u"
+    options: dict[str, Any] = {"input_col": ["f"], "batch_size": 16, "shuffle": True, "seed": 4}
+    assert_resumes_exactly(lambda: DDBDataLoader(con, sql, "y", fetch_bytes=FETCH_BYTES, **options), epochs=2)
+    seen: list[int] = []
+    for rank in range(2):
+        with DDBDataLoader(
+            con, sql, "y", fetch_bytes=FETCH_BYTES, rank=rank, world_size=2, even_batches="drop", **options
+        ) as shard:
+            seen += [int(v) for x, _ in shard for v in x[:, 0].tolist()]
+    assert sorted(seen) == list(range(ROWS))
+
+
 def test_in_order_sorts_stably_and_leaves_sorted_rows_alone() -> None:
     table = pa.table({"k": [3, 1, 2, 1, 3], "v": [0, 1, 2, 3, 4]})
     ascending = KeyRanges(((None, None),), sort=(0, False)).in_order(table)
@@ -471,11 +552,16 @@ def _update(engine: TableEngine, sql: str) -> None:
 
 
 @pytest.mark.parametrize("engine", ["duckdb", "postgres"], indirect=True)
-@pytest.mark.parametrize("window_size", [None, 3], ids=["combed", "contiguous"])
-def test_verify_checks_each_range_piece(engine: TableEngine, window_size: int | None) -> None:
+@pytest.mark.parametrize(
+    ("window_size", "order"),
+    [(None, "k, id"), (3, "k, id"), (None, "u")],
+    ids=["combed", "contiguous", "tagged"],
+)
+def test_verify_checks_each_range_piece(engine: TableEngine, window_size: int | None, order: str) -> None:
     """With verify=True every range piece carries its own fingerprint: a value changed in place
-    (the same row count) is an error naming the piece's subquery, not a silent change."""
-    sql = "SELECT id, k, f, y FROM t ORDER BY k, id"
+    (the same row count) is an error naming the piece's subquery, not a silent change; tagged
+    pieces too, read two to a query (``ORDER BY u``)."""
+    sql = f"SELECT id, k, f, y, u FROM t ORDER BY {order}"
     options: dict[str, Any] = {"input_col": ["f"], "batch_size": 64, "shuffle": True, "seed": 5}
     with (
         DDBDataLoader(
@@ -487,6 +573,7 @@ def test_verify_checks_each_range_piece(engine: TableEngine, window_size: int | 
     ):
         pieces = [p for p in verified.plan.groups[0].partitions if p.ranges is not None]
         assert len(pieces) > 5 and all(p.fingerprint is not None for p in pieces)
+        assert all(p.tagged for p in pieces) == (order == "u")
         assert [(x.tolist(), y.tolist()) for x, y in verified] == [(x.tolist(), y.tolist()) for x, y in plain]
         _update(engine, "UPDATE t SET y = y + 1 WHERE id = 123")
         with pytest.raises(

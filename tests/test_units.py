@@ -24,7 +24,7 @@ from ddbloader import DDBDataLoader
 from ddbloader._epoch.shard import epoch_units
 from ddbloader._epoch.unit_split import split_by_key, unit_blocks
 from ddbloader._epoch.units import FIRST_UNIT_SHARE, MAX_VALUES, FetchUnit, fetch_units
-from ddbloader._epoch.visits import partition_visits
+from ddbloader._epoch.visits import PIECES_PER_QUERY, neighbours, partition_visits
 from ddbloader._sql.convert import to_block
 from ddbloader._sql.plan import PartitionSpec
 from ddbloader.backends import DuckDBBackend
@@ -294,6 +294,38 @@ def test_the_pieces_of_a_streamed_subquery_are_visited_together_in_order_and_joi
             units = list(fetch_units(plan, work, config, epoch, config.fetch_bytes))
             assert units and not any(c.streamed for u in units for c in u.cells)
         assert len(orders) > 1  # the subqueries themselves are still shuffled
+
+
+def test_neighbouring_tagged_pieces_are_visited_one_after_the_other_and_share_a_unit(
+    con: duckdb.DuckDBPyConnection,
+) -> None:
+    """Combed range pieces the reader orders (one integer ORDER BY column) are tagged: runs of up
+    to PIECES_PER_QUERY neighbours are visited one after the other, in a shuffled order of runs,
+    and each run is one fetch unit; no piece is in two units."""
+    # 7 pieces of 2,048 rows of 16 bytes: three units of two, the last piece read alone
+    con.execute("CREATE TABLE big AS SELECT i AS id, i * 0.5 AS f, i * 1.0 AS y FROM range(7 * 2048) r(i)")
+    options: dict[str, Any] = {"input_col": ["f"], "batch_size": 64, "shuffle": True, "seed": 1}
+    with DDBDataLoader(con, "SELECT * FROM big ORDER BY id", "y", fetch_bytes=2048 * 16, **options) as loader:
+        plan, config = loader.plan, loader.config
+        group = plan.groups[0]
+        count = len(group.partitions)
+        assert count == 7 and all(p.tagged for p in group.partitions)
+        paired = count // PIECES_PER_QUERY * PIECES_PER_QUERY  # the last one, if odd, is read alone
+        orders = set()
+        for epoch in range(4):
+            work = epoch_units(plan, config, epoch)
+            visits = list(partition_visits(work[0], config, plan.geometry, epoch))
+            assert sorted(visits) == list(range(count))
+            units = list(fetch_units(plan, work, config, epoch, config.fetch_bytes))
+            assert len(units) == count // PIECES_PER_QUERY
+            held = [c.position for u in units for c in u.cells]
+            assert sorted(held) == list(range(paired))
+            for unit in units:
+                at = visits.index(unit.cells[0].position)
+                assert visits[at : at + len(unit.cells)] == [c.position for c in unit.cells]
+                assert all(neighbours(a, b) for a, b in itertools.pairwise(unit.cells))
+            orders.add(tuple(visits))
+        assert len(orders) > 1
 
 
 # --- the fetch path -----------------------------------------------------------------------------

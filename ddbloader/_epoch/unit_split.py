@@ -72,9 +72,27 @@ def _codes_by_distinct(column: pa.ChunkedArray, values: Sequence[Any]) -> np.nda
     return codes
 
 
-def _cell_of_rows(table: pa.Table, cells: Sequence[PartitionSpec]) -> np.ndarray[Any, Any] | None:
-    """Per row of ``table``, the index of the cell whose key values its key columns hold, or -1
-    (a row outside the scheme: no subquery returns it); None if a value cannot be compared."""
+def _cell_of_tags(tags: pa.ChunkedArray, cells: int) -> np.ndarray[Any, Any] | None:
+    """Per row, its tag (see :mod:`ddbloader._sql.piece_tags`) where it names one of ``cells``,
+    else -1 (NULL, or out of range: counted as a row of no cell, so the split refuses it); None
+    when the engine returned tags that are not numbers."""
+    try:
+        values = arrow_values(tags.fill_null(-1), "piece tags", "error")
+    except (TypeError, ValueError):
+        return None
+    codes = np.array(values, dtype=np.int64)  # a copy: Arrow's own buffer is read-only
+    codes[(codes < 0) | (codes >= cells) | (codes != values)] = -1
+    return codes
+
+
+def _cell_of_rows(
+    table: pa.Table, cells: Sequence[PartitionSpec], tagged: bool
+) -> np.ndarray[Any, Any] | None:
+    """Per row of ``table``, the index of the cell whose key values its key columns hold (its
+    tag when ``tagged``), or -1 (a row outside the scheme: no subquery returns it); None if a
+    value cannot be compared."""
+    if tagged:
+        return _cell_of_tags(table.column(table.num_columns - 1), len(cells))
     keys = len(cells[0].params)
     first_key = table.num_columns - keys
     row_code = np.zeros(table.num_rows, dtype=np.int64)
@@ -102,37 +120,42 @@ def _cell_of_rows(table: pa.Table, cells: Sequence[PartitionSpec]) -> np.ndarray
     return cell
 
 
-def split_by_key(table: pa.Table, cells: Sequence[PartitionSpec]) -> list[pa.Table] | None:
+def split_by_key(
+    table: pa.Table, cells: Sequence[PartitionSpec], *, tagged: bool = False
+) -> list[pa.Table] | None:
     """Cut a unit's result into its cells' rows, each in the result's order.
 
-    ``table`` ends with one column per key (as ``filtered_many`` selects them); cell ``i``'s rows
-    are those whose key values equal ``cells[i].params``, compared as Arrow values of the key
-    column's type; rows that match no cell (outside the scheme) are dropped, as no subquery
-    returns them. The key columns are dropped.
+    ``table`` ends with one column per key (as ``filtered_many`` selects them), or with the tag
+    column when ``tagged``; cell ``i``'s rows are those whose key values equal
+    ``cells[i].params`` (whose tag is ``i``), compared as Arrow values of the key column's type;
+    rows that match no cell (outside the scheme) are dropped, as no subquery returns them. The
+    key columns are dropped.
 
     Returns None when the result does not split into exactly the planned rows: a key value that
     does not convert to the column's type, or a cell whose row count differs from planning (the
     client compared a value differently from the engine, or the data changed). The caller then
     fetches the cells one by one, with subqueries the engine compares itself.
     """
-    grouped = _grouped_by_cell(table, cells)
+    grouped = _grouped_by_cell(table, cells, tagged)
     if grouped is None:
         return None
     data, bounds = grouped
     return [data.slice(bounds[i], bounds[i + 1] - bounds[i]) for i in range(len(cells))]
 
 
-def _grouped_by_cell(table: pa.Table, cells: Sequence[PartitionSpec]) -> tuple[pa.Table, list[int]] | None:
+def _grouped_by_cell(
+    table: pa.Table, cells: Sequence[PartitionSpec], tagged: bool
+) -> tuple[pa.Table, list[int]] | None:
     """The rows of ``table`` without its key columns, grouped by cell in cell order (each cell's
     in the result's order, rows outside the scheme first), and where each cell's rows begin:
     cell ``i`` is rows ``[bounds[i], bounds[i + 1])``. None as in :func:`split_by_key`."""
-    cell_of_row = _cell_of_rows(table, cells)
+    cell_of_row = _cell_of_rows(table, cells, tagged)
     if cell_of_row is None:
         return None
     counts = np.bincount(cell_of_row + 1, minlength=len(cells) + 1)
     if counts[1:].tolist() != [c.rows for c in cells]:
         return None
-    data = table.select(range(table.num_columns - len(cells[0].params)))
+    data = table.select(range(table.num_columns - (1 if tagged else len(cells[0].params))))
     if len(cell_of_row) and (np.diff(cell_of_row) < 0).any():
         # a stable sort of 16-bit keys is a radix sort: O(rows), 7x faster than of 64-bit ones
         narrow = cell_of_row.astype(np.int16) if len(cells) < np.iinfo(np.int16).max else cell_of_row
@@ -140,6 +163,19 @@ def _grouped_by_cell(table: pa.Table, cells: Sequence[PartitionSpec]) -> tuple[p
         # from the buffer, as pa.array(order) would import pandas (see _codes)
         data = data.take(pa.Array.from_buffers(pa.int64(), len(order), [None, pa.py_buffer(order)]))
     return data, np.cumsum(counts).tolist()
+
+
+def _in_order(data: pa.Table, bounds: Sequence[int], cells: Sequence[PartitionSpec]) -> pa.Table:
+    """``data`` with each cell's rows (``[bounds[i], bounds[i + 1])``) put in the query's order by
+    :meth:`~ddbloader._sql.pieces.KeyRanges.in_order`, as for a piece read alone; ``data`` itself
+    when every cell's rows came in order (one pass over the key each)."""
+    parts = [data.slice(bounds[i], bounds[i + 1] - bounds[i]) for i in range(len(cells))]
+    ordered = [
+        part if c.ranges is None else c.ranges.in_order(part) for c, part in zip(cells, parts, strict=True)
+    ]
+    if all(a is b for a, b in zip(ordered, parts, strict=True)):
+        return data
+    return pa.concat_tables([data.slice(0, bounds[0]), *ordered])
 
 
 class UnitPartitions:
@@ -186,10 +222,12 @@ def unit_blocks(table: pa.Table, unit: FetchUnit, layout: ColumnLayout) -> UnitP
     cutting it into partitions and joining them again); a transform runs on each partition's
     rows, as for a partition fetched alone.
     """
-    grouped = _grouped_by_cell(table, unit.cells)
+    grouped = _grouped_by_cell(table, unit.cells, unit.tagged)
     if grouped is None:
         return None
     data, bounds = grouped
+    if unit.tagged:
+        data = _in_order(data, bounds, unit.cells)
     if layout.transform is None and len(unit.wanted) == len(unit.cells):
         outside = bounds[0]
         whole = to_block(data.slice(outside), layout)

@@ -28,7 +28,7 @@ import numpy as np
 
 from .._core.config import LoaderConfig
 from .._sql.plan import GroupPlan, PartitionSpec, QueryPlan, WorkUnit
-from .visits import PartitionKey, partition_visits
+from .visits import PIECES_PER_QUERY, PartitionKey, neighbours, partition_visits
 
 __all__ = ["FIRST_UNIT_SHARE", "MAX_VALUES", "FetchUnit", "fetch_units"]
 
@@ -52,12 +52,22 @@ class FetchUnit:
     None where the query does not restrict key ``i``.
 
     Invariants: ``wanted`` ⊆ keys of ``cells``; every cell's key values are among ``values``.
+
+    ``tagged``: the cells are tagged range pieces of one subquery (see
+    :mod:`ddbloader._sql.piece_tags`), and the query's last column is the index of each row's cell
+    instead of its key values.
     """
 
     sql: str
     params: tuple[Any, ...]
     cells: tuple[PartitionSpec, ...]
     wanted: frozenset[PartitionKey]
+    tagged: bool = False
+
+    @property
+    def key_columns(self) -> int:
+        """The columns after the rows' own (and the row hash) that tell a row's cell."""
+        return 1 if self.tagged else len(self.cells[0].params)
 
     @property
     def rows(self) -> int:
@@ -93,15 +103,19 @@ def fetch_units(
     one before) and its values within :data:`MAX_VALUES` (unbounded with ``lists``: the backend
     binds each key's values as one list parameter); a group larger than ``budget`` becomes runs
     of its partitions in visit order (the query restricts the group to one value and the
-    repartition key to the run's values); the pieces of a streamed subquery (see
-    :mod:`ddbloader._io.streams`) join no unit. A partition asked for twice (a padded shard) is in
-    the first unit only; a unit of one partition is left out (the partition's own subquery
-    fetches it). No units at all when ``budget <= 0``, when the plan has no keys, or when the
-    query cannot select its keys (see ``filtered_many``).
+    repartition key to the run's values); tagged range pieces (see
+    :attr:`~ddbloader._sql.plan.PartitionSpec.tagged`) visited one after the other that are
+    :func:`~ddbloader._epoch.visits.neighbours` join a unit of their own, up to
+    :data:`~ddbloader._epoch.visits.PIECES_PER_QUERY` of them (the visits keep such runs
+    together); the pieces of a streamed subquery (see :mod:`ddbloader._io.streams`) join no
+    unit. A partition asked for twice (a padded shard) is in the first unit only; a unit of one
+    partition is left out (the partition's own subquery, or its stream, fetches it). No units at
+    all when ``budget <= 0``, when the plan has neither keys nor range pieces, or when the query
+    cannot select its keys (see ``filtered_many``).
     """
-    if budget <= 0 or plan.query is None or not plan.keys:
+    if budget <= 0 or plan.query is None or not (plan.keys or plan.piece_key is not None):
         return
-    group_key = plan.keys[0][0] == "group_col"
+    group_key = bool(plan.keys) and plan.keys[0][0] == "group_col"
     row_bytes = max(plan.layout.row_bytes, 1)
     max_values = sys.maxsize if lists else MAX_VALUES
     cutter = _Cutter(plan, group_key, max_values, lists, budget)
@@ -126,18 +140,33 @@ def fetch_units(
         cutter.flush()
         run: list[int] = []
         run_bytes = 0
+        tagged: list[int] = []
         for position in visits:
-            if group.partitions[position].streamed:  # read by its own streaming query
+            partition = group.partitions[position]
+            if partition.tagged:
+                cutter.add_run(group, run)
+                run, run_bytes = [], 0
+                if tagged and (
+                    len(tagged) >= PIECES_PER_QUERY or not neighbours(group.partitions[tagged[-1]], partition)
+                ):
+                    cutter.add_tagged(group, tagged)
+                    tagged = []
+                tagged.append(position)
+                continue
+            cutter.add_tagged(group, tagged)
+            tagged = []
+            if partition.streamed:  # read by its own streaming query
                 cutter.add_run(group, run)
                 run, run_bytes = [], 0
                 continue
-            size = group.partitions[position].rows * row_bytes
+            size = partition.rows * row_bytes
             if run and (run_bytes + size > budget or len(run) >= max_values):
                 cutter.add_run(group, run)
                 run, run_bytes = [], 0
             run.append(position)
             run_bytes += size
         cutter.add_run(group, run)
+        cutter.add_tagged(group, tagged)
         yield from cutter.take()
     cutter.flush()
     yield from cutter.take()
@@ -204,6 +233,16 @@ class _Cutter:
             self._add([1, len(cells)], (cells[0].params[0], *repartition_values), cells, wanted)
         else:
             self._add([len(cells)], repartition_values, cells, wanted)
+
+    def add_tagged(self, group: GroupPlan, positions: Sequence[int]) -> None:
+        """A unit of the tagged pieces ``positions`` of ``group`` (none for fewer than two)."""
+        if len(positions) < 2:
+            return
+        cells = tuple(group.partitions[p] for p in sorted(positions))
+        found = self._plan.tagged_unit(cells)
+        if found is not None:
+            sql, params = found
+            self.units.append(FetchUnit(sql, params, cells, frozenset(c.key for c in cells), tagged=True))
 
     def _add(
         self,

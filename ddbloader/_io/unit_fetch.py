@@ -40,9 +40,10 @@ def _unit_contents(table: pa.Table, unit: FetchUnit) -> tuple[pa.Table, list[int
     """A verified unit's result without its hash column (before its key columns), and each cell's
     hash sum; None when the result does not split into the planned cells (then neither does the
     data, and the unit falls back to its partitions' own subqueries)."""
-    keys = len(unit.cells[0].params)
-    at = table.num_columns - keys - 1
-    parts = split_by_key(table.select([at, *range(at + 1, table.num_columns)]), unit.cells)
+    at = table.num_columns - unit.key_columns - 1
+    parts = split_by_key(
+        table.select([at, *range(at + 1, table.num_columns)]), unit.cells, tagged=unit.tagged
+    )
     sums = None if parts is None else [strip_hash(part, 0)[1] for part in parts]
     return table.remove_column(at), sums
 
@@ -245,7 +246,7 @@ class UnitJob:
             sums = None
             if unit.cells[0].fingerprint is not None:
                 table, sums = _unit_contents(table, unit)
-            data = table.select(range(table.num_columns - len(unit.cells[0].params)))
+            data = table.select(range(table.num_columns - unit.key_columns))
             check_result_schema(data.schema, self.layout, unit.describe)
             blocks = unit_blocks(table, unit, self.layout)
             if blocks is not None and sums is not None:

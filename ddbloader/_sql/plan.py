@@ -20,8 +20,9 @@ import numpy as np
 from .._core.window import WindowGeometry
 from .fingerprint import Fingerprint
 from .layout import ColumnLayout
+from .piece_tags import tag_regions, tagged_sql
 from .pieces import KeyRanges
-from .query import Query
+from .query import Query, UserQuery
 from .window_rows import WindowRows
 
 __all__ = ["MIN_PIECE_ROWS", "GroupPlan", "PartitionSpec", "QueryPlan", "WorkUnit"]
@@ -85,6 +86,21 @@ class PartitionSpec:
         """Whether this partition is read by a streaming query of its own, never by a fetch unit:
         a piece of a subquery read in pieces, or a range piece (a subquery of one piece)."""
         return self.pieces > 1 or self.ranges is not None
+
+    @property
+    def tagged(self) -> bool:
+        """Whether a fetch unit may read this range piece together with others of its subquery,
+        each row tagged with its piece (see :mod:`ddbloader._sql.piece_tags`): a combed piece
+        read whole, whose reader orders its rows. Else (and when no unit holds it) it is read
+        by a streaming query of its own."""
+        ranges = self.ranges
+        return (
+            self.pieces == 1
+            and ranges is not None
+            and ranges.band is not None
+            and ranges.sort is not None
+            and ranges.windows is None  # a windowed piece's stripes overlap the next piece's rows
+        )
 
     @property
     def head(self) -> int:
@@ -226,6 +242,9 @@ class QueryPlan:
     geometry: WindowGeometry
     query: Query | None = None
     keys: tuple[tuple[str, Any], ...] = ()
+    #: The order key range pieces are cut on (a sqlglot expression), when the plan has any: the
+    #: queries of fetch units of tagged pieces (:meth:`tagged_unit`) test it.
+    piece_key: Any = None
 
     # read every epoch: at thousands of groups a sum over them costs a millisecond each time
     @functools.cached_property
@@ -264,6 +283,30 @@ class QueryPlan:
                 [expression for _, expression in self.keys], counts, lists=lists
             )
         return sqls[lists, shape]
+
+    def tagged_unit(self, cells: Sequence[PartitionSpec]) -> tuple[str, tuple[Any, ...]] | None:
+        """The query reading the tagged range pieces ``cells`` (of one subquery, in plan order;
+        see :attr:`PartitionSpec.tagged`) together, each row tagged with its cell's index, and its
+        parameters; None when the plan's query cannot be filtered by key ranges.
+
+        The SQL is kept per shape of the pieces' regions, as :meth:`unit_sql` keeps its own: an
+        epoch's pairs of combed pieces have a few shapes, and rendering one costs ~20 ms.
+        """
+        if not isinstance(self.query, UserQuery) or self.piece_key is None:
+            return None
+        points, tags = tag_regions([cell.ranges for cell in cells if cell.ranges is not None])
+        sqls = self._tagged_sqls
+        if tags not in sqls:
+            if len(sqls) >= UNIT_SQL_SHAPES:
+                sqls.clear()
+            sqls[tags] = tagged_sql(
+                self.query, [expression for _, expression in self.keys], self.piece_key, tags
+            )
+        return sqls[tags], (*cells[0].key_params, *points)
+
+    @functools.cached_property
+    def _tagged_sqls(self) -> dict[tuple[int | None, ...], str]:
+        return {}
 
     @functools.cached_property
     def _unit_sqls(self) -> dict[tuple[bool, tuple[int | bool | None, ...]], str | None]:

@@ -136,7 +136,9 @@ def build_plan(backend: Backend, sql: str, config: LoaderConfig, progress: bool 
             rows, where = probe_partition(cursor, partition_sql, cells)
             planned = resolve_layout_on_rows(probe, rows, where, config, with_nulls, key_columns)
         layout = planned
-        ranged = range_pieces(cursor, query, counted, keys, cells, layout.row_bytes, config, geometry, schema)
+        ranged, piece_key = range_pieces(
+            cursor, query, counted, keys, cells, layout.row_bytes, config, geometry, schema
+        )
     except Exception as error:
         _name_the_key(error, keys, result_columns)
         raise
@@ -217,6 +219,7 @@ def build_plan(backend: Backend, sql: str, config: LoaderConfig, progress: bool 
         geometry,
         counted,  # its fetch units carry the row hash when the partitions do
         tuple((k.parameter, k.expression) for k in keys),
+        piece_key,
     )
     if geometry.windowed and not query.is_ordered():
         warn_caller(

@@ -48,7 +48,7 @@ def range_pieces(
     config: LoaderConfig,
     geometry: WindowGeometry,
     schema: pa.Schema | None = None,
-) -> Ranged:
+) -> tuple[Ranged, exp.Expr | None]:
     """With shuffle, the subqueries larger than ``fetch_bytes`` cut into range pieces (see
     :mod:`ddbloader._sql.pieces`): combed without windows, and with them where a subquery is its
     group's only one and its order key is distinct (:mod:`ddbloader._sql.window_pieces`), else
@@ -57,7 +57,8 @@ def range_pieces(
     pieces (front to back). With ``verify=True`` (``counted`` carries the row hash) each piece's
     rows are counted and hashed by one more query, so each piece is checked at its fetch. With
     the query's ``schema``, a combed piece read whole whose order the reader can restore (see
-    :attr:`KeyRanges.sort`) is queried without an ORDER BY."""
+    :attr:`KeyRanges.sort`) is queried without an ORDER BY. Returns the pieces and the order key
+    they are cut on (None when none are)."""
     big = [
         (index, position, params, rows, count, sum(cell[2] > 0 for cell in row) == 1)
         for index, (_, row) in enumerate(cells)
@@ -65,7 +66,7 @@ def range_pieces(
         if config.shuffle and (count := len(pieces(rows, row_bytes, config.fetch_bytes))) > 1
     ]
     if not big:
-        return {}
+        return {}, None
 
     def run(sql: str, purpose: str, params: Sequence[Any]) -> pa.Table:
         return run_planning(cursor, sql, purpose, params)
@@ -96,8 +97,9 @@ def range_pieces(
             f"(ORDER BY a column it selects, of an integer, float, text, date or timestamp type), split "
             f"it with a repartition_col, or set fetch_bytes=0 (each subquery read whole)"
         )
-        return {}
-    return ranged
+        return {}, None
+    assert cutter.key is not None
+    return ranged, cutter.key.expression
 
 
 def _sorted_by_reader(
