@@ -96,7 +96,7 @@ class Slots(Generic[U]):
         """
         self._admit()
         size = self._size
-        over = np.flatnonzero(counts > self._room[:size])
+        over = (counts > self._room[:size]).nonzero()[0]
         if not len(over):
             return self._run(counts, 0, size)
         given, first = 0, 0
@@ -122,15 +122,17 @@ class Slots(Generic[U]):
     def _run(self, counts: np.ndarray[Any, Any], first: int, stop: int) -> int:
         """Serve slots ``[first, stop)``, each within its room, as one run of chunks."""
         share = counts[first:stop]
-        chunks = np.flatnonzero(share)
+        # array methods rather than numpy's functions: a few microseconds less a batch
+        chunks = share.nonzero()[0]
         if not len(chunks):
             return 0
         taken = share[chunks]
-        slots = chunks + first
-        ends = np.cumsum(taken)
+        slots = chunks + first if first else chunks
+        ends = taken.cumsum()
         total = int(ends[-1])
         # chunk c's samples are buffer[cursor : cursor + taken[c]], at ends[c] - taken[c] of the run
-        picks = np.repeat(self._cursor[slots] - (ends - taken), taken) + self._ramp[:total]
+        picks = (self._cursor[slots] - ends + taken).repeat(taken)
+        picks += self._ramp[:total]
         self._cursor[first:stop] += share
         self._room[first:stop] -= share
         self._log.run(self._buffer[picks], self._step[slots], taken, self._group[slots], total)

@@ -298,8 +298,9 @@ class GroupPool:
         whole = None if self.arena is None else self.arena.whole
         steps = np.asarray(batch.steps)
         if whole is not None and (not self._apart or self._apart.isdisjoint(steps.tolist())):
-            offsets = np.repeat(self._firsts[steps], batch.counts)
-            return [Piece(whole, batch.samples * self._stride + offsets)]
+            starts = self._firsts[steps].repeat(batch.counts)
+            starts += batch.samples * self._stride if self._stride != 1 else batch.samples
+            return [Piece(whole, starts)]
         pieces = []
         for step, chunk in batch.drawn():
             shift = self._shifts.get(step, 0)
