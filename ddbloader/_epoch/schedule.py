@@ -23,8 +23,9 @@ The order it defines (the pool's, see :class:`~ddbloader._pipeline.pool.GroupPoo
   (queued, in flight or being served), at most ``prepartition_num`` per unit: the active units'
   next partitions first, then the first ones of the next waiting unit.
 
-The events and batches it yields are defined in :mod:`ddbloader._epoch.events`. Not thread-safe:
-one consumer iterates it.
+The events and batches it yields are defined in :mod:`ddbloader._epoch.events`. A shuffled pool
+of :data:`~ddbloader._epoch.slots.RUNS_FROM` slots or more draws the same batches in runs (see
+:class:`~ddbloader._epoch.slots.Slots`). Not thread-safe: one consumer iterates it.
 """
 
 from __future__ import annotations
