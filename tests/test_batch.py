@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from ddbloader._core.window import WindowGeometry
 from ddbloader._pipeline.arena import Piece, Segment
-from ddbloader._pipeline.batch import batch_count, gather
+from ddbloader._pipeline.batch import _window_copies, batch_count, gather
 from ddbloader._sql.block import Block
 from ddbloader._sql.layout import ColumnLayout
 
@@ -246,3 +246,12 @@ def test_gather_of_one_base_copies_each_window_as_a_block(x_dtype: Any, y_dtype:
     assert x.is_contiguous() and y.is_contiguous()
     with pytest.raises(IndexError):  # a window past the base's rows is refused, never clipped
         gather([piece(second, [9])], geometry, layout(2, 1, x_dtype, y_dtype), pin=False)
+
+
+def test_window_copies_of_rows_that_are_not_row_major() -> None:
+    rows = np.arange(60, dtype=np.float64).reshape(10, 6)[:, ::2]  # every other column: strided rows
+    assert not rows.flags.c_contiguous
+    copied = _window_copies(rows, 3, np.array([0, 7], np.int64))
+    assert copied.tolist() == [rows[0:3].tolist(), rows[7:10].tolist()]
+    with pytest.raises(IndexError):
+        _window_copies(rows, 3, np.array([8], np.int64))
