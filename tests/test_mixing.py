@@ -70,3 +70,16 @@ def test_measure_is_the_brute_force_of_the_schedule(
     assert (figures.batches, figures.samples) == (len(distinct), len(order))
     assert figures.partitions_per_batch == float(np.median(distinct))
     assert figures.rank_correlation == pytest.approx(expected, abs=1e-12)
+
+
+def test_a_plan_of_no_groups_measures_no_samples(con: duckdb.DuckDBPyConnection) -> None:
+    # a table with no rows: no group, no partition, no batch (the end of its shuffled epoch measures it)
+    con.execute("CREATE TABLE empty (g INTEGER, id INTEGER, f DOUBLE, y DOUBLE)")
+    with pytest.warns(UserWarning):
+        loader = DDBDataLoader(
+            con, "SELECT * FROM empty ORDER BY id", "y", input_col=["f"], group_col="g", shuffle=True
+        )
+    with loader:
+        assert not loader.plan.groups
+        figures = measure(loader.plan, [], loader.config, 0, 0)
+    assert (figures.batches, figures.samples) == (0, 0)

@@ -124,9 +124,11 @@ class _Positions:
         groups = plan.groups
         counts = np.fromiter((len(g.partitions) for g in groups), np.int64, len(groups))
         sizes = np.fromiter((p.rows for g in groups for p in g.partitions), np.float64, int(counts.sum()))
-        self._firsts = np.concatenate([[0.0], np.cumsum([float(g.rows) for g in groups])[:-1]])
+        # exclusive sums (a plan of no groups has none: no first entry to prepend)
+        rows = np.fromiter((g.rows for g in groups), np.float64, len(groups))
+        self._firsts = np.cumsum(rows) - rows
         ends = np.concatenate([[0.0], np.cumsum(sizes)])
-        first_partitions = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+        first_partitions = np.cumsum(counts) - counts
         # each partition's first row within its group, moved to where its group begins
         self._starts = ends[:-1] - np.repeat(ends[first_partitions], counts) + np.repeat(self._firsts, counts)
         self._bases = self._starts.copy()
