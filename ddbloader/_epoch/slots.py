@@ -61,12 +61,15 @@ U = TypeVar("U", bound=Drawable)
 class Slots(Generic[U]):
     """The active units (:attr:`units`, in slot order) of a shuffled pool of up to ``pool`` slots.
 
-    Invariants, for each slot ``s`` drawn from since its unit was last synced: the samples its
-    current step has not served are ``buffer[cursor[s]:stop[s]]``, in order; ``room[s]`` is how
-    many the slot serves without an event: ``min(stop[s] - cursor[s], remaining - 1)`` (0 without
-    a step), so a run never ends a step's samples past their end nor ends a unit; its unit's own
-    counts lag by ``cursor[s] - synced[s]`` samples served in runs, and are brought up to date
-    before the unit draws itself. A unit appended to :attr:`units` takes a slot at the next draw.
+    Invariants, for each slot ``s``: the samples its unit's current step has not served are
+    ``buffer[cursor[s]:stop[s]]``, in order; ``room[s]`` is how many the slot serves without an
+    event, ``min(stop[s] - cursor[s], remaining - 1)`` (0 without a step), so a run neither
+    serves past a step's samples nor ends a unit; the unit's own counts lag by ``cursor[s] -
+    synced[s]`` samples served in runs, and are brought up to date before the unit draws itself.
+    A unit appended to :attr:`units` takes a slot at the next draw.
+
+    Memory: the buffer copies the current steps' samples (8 bytes each, besides the units' own
+    orders) and is at most twice what it held at its last compaction plus the step that caused it.
     """
 
     def __init__(self, pool: int, batch_size: int, log: Recorder) -> None:
