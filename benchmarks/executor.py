@@ -3,10 +3,11 @@ it from partitions at hand, and the pool with each batch gathered (issue 27).
 
 Usage::
 
-    python benchmarks/executor.py [--groups 4000 --rows 100] [--repeat 5] [--compare DIR]
+    python benchmarks/executor.py [--groups 4000 --rows 100] [--pool N] [--repeat 5] [--compare DIR]
 
 The plan is the ``groups`` shape of ``benchmarks/scale.py`` (window 20, batch 256, shuffled, 8
-float64 factors and a target; 4,000 groups x 100 rows by default); each partition's block is
+float64 factors and a target; 4,000 groups x 100 rows by default; ``--pool`` a group_pool_size other
+than the default, e.g. every group); each partition's block is
 read once from DuckDB before the clock, and an in-memory source hands it over when claimed
 (a delivered result, as a fetch unit's partition usually is when a small group asks for it).
 Thread CPU seconds of the best of ``--repeat`` epochs, so a shared machine's load moves the
@@ -47,7 +48,7 @@ class _AtHand:
         pass
 
 
-def measure(groups: int, rows: int, repeat: int) -> dict[str, float]:
+def measure(groups: int, rows: int, repeat: int, pool: int | None = None) -> dict[str, float]:
     import threading
 
     import scale
@@ -58,7 +59,7 @@ def measure(groups: int, rows: int, repeat: int) -> dict[str, float]:
     from ddbloader._pipeline.batch import gather
     from ddbloader._pipeline.pool import GroupPool
 
-    loader = scale._groups_loader(str(path), "t")
+    loader = scale._groups_loader(str(path), "t", **({} if pool is None else {"group_pool_size": pool}))
     with loader:
         plan, config = loader.plan, loader.config
         units = loader._units(0, (), loader.sharding, 0, 1)
@@ -119,13 +120,14 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--groups", type=int, default=4000)
     parser.add_argument("--rows", type=int, default=100)
+    parser.add_argument("--pool", type=int, help="group_pool_size (default: the loader's)")
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=3, help="with --compare: interleaved rounds")
     parser.add_argument("--compare", type=Path)
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
-        print(MARKER + json.dumps(measure(args.groups, args.rows, args.repeat)), flush=True)
+        print(MARKER + json.dumps(measure(args.groups, args.rows, args.repeat, args.pool)), flush=True)
         return
     trees = [("this checkout", HERE.parent)] + ([(str(args.compare), args.compare)] if args.compare else [])
     results: dict[str, list[dict[str, float]]] = {label: [] for label, _ in trees}
@@ -141,12 +143,15 @@ def main(argv: list[str] | None = None) -> None:
                 "--rows",
                 str(args.rows),
             ]
-            command += ["--repeat", str(args.repeat)]
+            command += ["--repeat", str(args.repeat)] + (
+                [] if args.pool is None else ["--pool", str(args.pool)]
+            )
             done = subprocess.run(command, capture_output=True, text=True, env=env, check=True, timeout=1800)
             line = next(li for li in done.stdout.splitlines() if li.startswith(MARKER))
             results[label].append(json.loads(line[len(MARKER) :]))
     print(
-        f"{args.groups:,} groups x {args.rows} rows, thread CPU ms per epoch (best of {args.repeat}; "
+        f"{args.groups:,} groups x {args.rows} rows, group_pool_size {args.pool or 'default'}, "
+        f"thread CPU ms per epoch (best of {args.repeat}; "
         f"best round), load {os.getloadavg()[0]:.1f}\n"
     )
     stages = ("schedule", "pool", "pool + gather")

@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from ddbloader._core.window import WindowGeometry
 from ddbloader._pipeline.arena import Piece, Segment
-from ddbloader._pipeline.batch import batch_count, gather
+from ddbloader._pipeline.batch import _window_copies, batch_count, gather
 from ddbloader._sql.block import Block
 from ddbloader._sql.layout import ColumnLayout
 
@@ -224,3 +224,34 @@ def test_gather_one_run_with_tensor_columns() -> None:
     two_runs = [*one_run, piece(Segment(other), [])]
     split_x, split_y = gather(two_runs, geometry, tensor_layout, pin=False)
     assert torch.equal(x, split_x) and torch.equal(y, split_y)
+
+
+@pytest.mark.parametrize(("x_dtype", "y_dtype"), [(np.float32, np.float32), (np.int32, np.float64)])
+def test_gather_of_one_base_copies_each_window_as_a_block(x_dtype: Any, y_dtype: Any) -> None:
+    # two segments viewing one base (as an arena's do) are one run: its windows are copied as
+    # blocks from a window view of the base, and are the rows a row-wise gather would give
+    geometry = WindowGeometry(x_window=3, y_window=2, stride=1, offset=4, windowed=True)
+    base = block(20, 2, 1, x_dtype, y_dtype, 0)
+    first, second = Segment(base.view(0, 9)), Segment(base.view(9, 20))
+    assert first.base is second.base
+    x, y = gather(
+        [piece(first, [3, 0]), piece(second, [1, 5])], geometry, layout(2, 1, x_dtype, y_dtype), pin=False
+    )
+    expected_x = [base.x[3:6], base.x[0:3], base.x[10:13], base.x[14:17]]
+    expected_y = [base.y[7:9], base.y[4:6], base.y[14:16], base.y[18:20]]
+    assert x.shape == (4, 3, 2) and y.shape == (4, 2, 1)
+    for k in range(4):
+        assert np.array_equal(x[k].numpy(), expected_x[k])
+        assert np.array_equal(y[k].numpy(), expected_y[k])
+    assert x.is_contiguous() and y.is_contiguous()
+    with pytest.raises(IndexError):  # a window past the base's rows is refused, never clipped
+        gather([piece(second, [9])], geometry, layout(2, 1, x_dtype, y_dtype), pin=False)
+
+
+def test_window_copies_of_rows_that_are_not_row_major() -> None:
+    rows = np.arange(60, dtype=np.float64).reshape(10, 6)[:, ::2]  # every other column: strided rows
+    assert not rows.flags.c_contiguous
+    copied = _window_copies(rows, 3, np.array([0, 7], np.int64))
+    assert copied.tolist() == [rows[0:3].tolist(), rows[7:10].tolist()]
+    with pytest.raises(IndexError):
+        _window_copies(rows, 3, np.array([8], np.int64))

@@ -82,3 +82,5 @@ def test_a_shuffled_epoch_of_no_groups_is_empty_and_measured(con: duckdb.DuckDBP
         assert len(loader.plan.groups) == 0
         assert list(loader) == []
         assert np.isnan(loader.stats().rank_correlation)
+        figures = measure(loader.plan, [], loader.config, 0, 0)
+    assert (figures.batches, figures.samples) == (0, 0)

@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 
 from ddbloader import DDBDataLoader
 from ddbloader._core.config import LoaderConfig
+from ddbloader._epoch import schedule as schedule_module
 from ddbloader._epoch.schedule import BatchSchedule, EventKind
 from ddbloader._epoch.shard import epoch_units
 from ddbloader._epoch.units import fetch_units
@@ -403,18 +404,29 @@ class _KeyRecordingFetcher(Fetcher):
         return super().submit(spec)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=80, deadline=None)
 @given(
     case=cases() | streamed_cases(),
     whole=st.none() | st.booleans(),
     resume_at=st.none() | st.integers(1, 12),
+    runs=st.booleans(),
 )
-def test_the_pool_serves_the_schedule(case: Case, whole: bool | None, resume_at: int | None) -> None:
+def test_the_pool_serves_the_schedule(
+    case: Case, whole: bool | None, resume_at: int | None, runs: bool
+) -> None:
     # Batch by batch, the real pool over DuckDB hands out the samples of the schedule (the
     # oracle), claims partitions in its order, at its batches, and holds as many at most; with
     # and without an arena (whole=True: every step's segment in it, a batch is one piece).
     # Resumed after ``resume_at`` batches (replayed as bookkeeping, nothing fetched for them), it
     # hands out the schedule's batches from there on, and still hands every partition back.
+    # runs=True: a shuffled schedule draws in runs from a pool of one slot on (see Slots), and
+    # the pool turns a run into rows from its step index.
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(schedule_module, "RUNS_FROM", 1 if runs else 1 << 30)
+        check_the_pool_serves_the_schedule(case, whole, resume_at)
+
+
+def check_the_pool_serves_the_schedule(case: Case, whole: bool | None, resume_at: int | None) -> None:
     con = duckdb.connect()
     try:
         make_series(con, case.parts)

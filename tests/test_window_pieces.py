@@ -23,6 +23,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ddbloader import DDBDataLoader
+from ddbloader._epoch.slots import RUNS_FROM
 from ddbloader._sql.pieces import KeyRanges
 from ddbloader._sql.window_pieces import WindowTile, window_layout
 
@@ -190,6 +191,15 @@ def test_combed_windows_are_the_whole_querys_each_once(
     assert all(p.ranges is not None and p.ranges.band is not None for g in groups for p in g.partitions)
     if group is None:  # a batch mixes the series: most of its ten blocks of 300 ids
         assert np.median([len({i // 300 for i in batch}) for batch in firsts]) >= 7
+
+
+@pytest.mark.parametrize("cache", [None, 2**24])
+def test_a_pool_that_draws_in_runs_maps_combed_windows(engine: TableEngine, cache: int | None) -> None:
+    """A pool of 8 slots or more draws batches in runs (ddbloader/_epoch/slots.py) and turns them
+    into arena rows by one offset per step; a combed piece's rows need its runs' mapping."""
+    loader, _ = _check_windows(engine, "g, u", 7, group="g", group_pool_size=8, cache_bytes=cache)
+    assert loader.config.group_pool_size >= RUNS_FROM
+    assert all(g.combed_windows for g in loader.plan.groups)
 
 
 @pytest.mark.parametrize(("window", "stripes"), [(5, 15), (40, 1)])

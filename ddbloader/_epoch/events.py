@@ -6,6 +6,7 @@ Pure data: no engine, no I/O. Not thread-safe: one consumer iterates a schedule.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from enum import IntEnum
 from typing import Any, NamedTuple
@@ -14,7 +15,7 @@ import numpy as np
 
 from .visits import PartitionKey
 
-__all__ = ["NO_SAMPLES", "Event", "EventKind", "OneEvent", "Recorder", "ScheduledBatch"]
+__all__ = ["NO_SAMPLES", "ChunkInts", "Event", "EventKind", "OneEvent", "Recorder", "ScheduledBatch"]
 
 
 #: no samples (the order of a unit with no step loaded yet)
@@ -66,6 +67,11 @@ class Event(NamedTuple):
 OneEvent = tuple[EventKind, int, int, int, PartitionKey, int, int]
 
 
+#: A batch's per-chunk ints (steps, counts, groups): a tuple when its chunks were drawn one by one,
+#: an int64 array when some were drawn in a run (see :class:`ScheduledBatch`).
+ChunkInts = tuple[int, ...] | np.ndarray[Any, Any]
+
+
 def _expanded(event: OneEvent) -> Event:
     kind, unit, step, at, key, first, stop = event
     return _new(Event, (kind, key, at, 0, 0, unit, first, stop, step))
@@ -83,16 +89,20 @@ class ScheduledBatch:
     ``partition_events``; ``marks[i]`` is how many of ``ones`` come before
     ``partition_events[i]``. :attr:`events` is the one stream, in order, as :class:`Event`\\ s.
 
-    Chunk ``c`` is samples ``chunks[c]`` (an int64 array of ``counts[c]`` sample numbers) of group
-    ``chunk_groups[c]``, drawn from step number ``steps[c]``; so an executor turns a chunk into rows
-    with one ``chunk * stride + shift``. :attr:`samples` and :attr:`groups` are the whole batch's."""
+    Chunk ``c`` is ``counts[c]`` samples of group ``chunk_groups[c]``, drawn from step number
+    ``steps[c]``; so an executor turns a chunk into rows with one ``chunk * stride + shift``. Their
+    sample numbers (int64) are held in one of two forms: drawn one by one (a pool of few units),
+    ``chunks[c]`` is chunk ``c`` and the per-chunk ints are tuples; with some chunks drawn in a run
+    (a pool of many units, see :class:`~ddbloader._epoch.slots.Slots`), ``chunks`` is the one array of
+    the whole batch and the per-chunk ints are int64 arrays. :meth:`drawn` gives the chunks in
+    either form; :attr:`samples` and :attr:`groups` are the whole batch's."""
 
     index: int
     chunks: tuple[np.ndarray[Any, Any], ...]
     partition_events: tuple[Event, ...]
-    steps: tuple[int, ...]
-    counts: tuple[int, ...]
-    chunk_groups: tuple[int, ...]
+    steps: ChunkInts
+    counts: ChunkInts
+    chunk_groups: ChunkInts
     ones: tuple[OneEvent, ...] = ()
     marks: tuple[int, ...] = ()
 
@@ -122,10 +132,26 @@ class ScheduledBatch:
         groups: np.ndarray[Any, Any] = np.repeat(np.array(self.chunk_groups, np.int64), self.counts)
         return groups
 
+    def drawn(self) -> Iterator[tuple[int, np.ndarray[Any, Any]]]:
+        """Each chunk's step number and samples, in order."""
+        steps = self.steps
+        if isinstance(steps, tuple):
+            yield from zip(steps, self.chunks, strict=True)
+            return
+        samples, at = self.samples, 0
+        for step, count in zip(steps.tolist(), np.asarray(self.counts).tolist(), strict=True):
+            yield step, samples[at : at + count]
+            at += count
+
 
 #: makes a tuple subclass from a tuple, without the NamedTuple's Python-level ``__new__`` (a few
 #: events per small group)
 _new = tuple.__new__
+
+
+#: A run of chunks drawn at once (see :meth:`Recorder.run`): how many chunks drawn one by one come
+#: before it, then its samples, steps, counts and groups (int64 arrays).
+_Run = tuple[int, np.ndarray[Any, Any], np.ndarray[Any, Any], np.ndarray[Any, Any], np.ndarray[Any, Any]]
 
 
 class Recorder:
@@ -146,6 +172,8 @@ class Recorder:
         #: and how many of them come before each of :attr:`events` (see :class:`ScheduledBatch`)
         self.ones: list[OneEvent] = []
         self.marks: list[int] = []
+        #: the batch's runs of chunks drawn at once, among those of :attr:`samples`
+        self.runs: list[_Run] = []
 
     def fetch(self, unit: int, key: PartitionKey) -> None:
         self.held += 1
@@ -177,16 +205,32 @@ class Recorder:
         self.samples.append(samples)
         self.drawn += count
 
+    def run(
+        self,
+        samples: np.ndarray[Any, Any],
+        steps: np.ndarray[Any, Any],
+        counts: np.ndarray[Any, Any],
+        groups: np.ndarray[Any, Any],
+        total: int,
+    ) -> None:
+        """Chunks drawn at once: ``counts[c]`` samples of group ``groups[c]`` from step ``steps[c]``,
+        ``samples`` all of them in order (``total`` samples)."""
+        self.runs.append((len(self.samples), samples, steps, counts, groups))
+        self.drawn += total
+
     def batch(self, index: int) -> ScheduledBatch:
+        chunks: tuple[np.ndarray[Any, Any], ...]
+        steps: ChunkInts
+        counts: ChunkInts
+        groups: ChunkInts
+        if self.runs:
+            chunks, steps, counts, groups = self._merged()
+            self.runs.clear()
+        else:
+            chunks, steps = tuple(self.samples), tuple(self.steps)
+            counts, groups = tuple(self.counts), tuple(self.groups)
         batch = ScheduledBatch(
-            index,
-            tuple(self.samples),
-            tuple(self.events),
-            tuple(self.steps),
-            tuple(self.counts),
-            tuple(self.groups),
-            tuple(self.ones),
-            tuple(self.marks),
+            index, chunks, tuple(self.events), steps, counts, groups, tuple(self.ones), tuple(self.marks)
         )
         self.ones.clear()
         self.marks.clear()
@@ -197,3 +241,29 @@ class Recorder:
         self.events.clear()
         self.drawn = 0
         return batch
+
+    def _merged(
+        self,
+    ) -> tuple[tuple[np.ndarray[Any, Any]], np.ndarray[Any, Any], np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+        """The batch's chunks, runs among them: all samples in one array, the per-chunk ints as arrays."""
+        runs = self.runs
+        if len(runs) == 1 and not self.samples:  # the usual batch of a pool of many units
+            _, samples, steps, counts, groups = runs[0]
+            return (samples,), steps, counts, groups
+        parts: tuple[list[np.ndarray[Any, Any]], ...] = ([], [], [], [])
+        done = 0
+        for mark, *run in runs:
+            self._one_by_one(parts, done, mark)
+            done = mark
+            for part, array in zip(parts, run, strict=True):
+                part.append(array)
+        self._one_by_one(parts, done, len(self.samples))
+        samples, steps, counts, groups = (np.concatenate(part) for part in parts)
+        return (samples,), steps, counts, groups
+
+    def _one_by_one(self, parts: tuple[list[np.ndarray[Any, Any]], ...], first: int, stop: int) -> None:
+        """Append chunks ``[first, stop)`` of those drawn one by one to ``parts`` (as :meth:`_merged`'s)."""
+        if first < stop:
+            parts[0].extend(self.samples[first:stop])
+            for part, ints in zip(parts[1:], (self.steps, self.counts, self.groups), strict=True):
+                part.append(np.array(ints[first:stop], np.int64))

@@ -25,8 +25,9 @@ The order it defines (the pool's, see :class:`~ddbloader._pipeline.pool.GroupPoo
   (queued, in flight or being served), at most ``prepartition_num`` per unit: the active units'
   next partitions first, then the first ones of the next waiting unit.
 
-The events and batches it yields are defined in :mod:`ddbloader._epoch.events`. Not thread-safe:
-one consumer iterates it.
+The events and batches it yields are defined in :mod:`ddbloader._epoch.events`. A shuffled pool
+of :data:`~ddbloader._epoch.slots.RUNS_FROM` slots or more draws the same batches in runs (see
+:class:`~ddbloader._epoch.slots.Slots`). Not thread-safe: one consumer iterates it.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from .._sql.plan import WorkUnit
 from .events import NO_SAMPLES, Event, EventKind, Recorder, ScheduledBatch
 from .owed import keep_owed
 from .shuffle import SampleOrders, SourceDraws
+from .slots import RUNS_FROM, Slots
 from .visits import partition_visits
 
 _FETCH, _LOAD, _DROP = EventKind.FETCH, EventKind.LOAD, EventKind.DROP
@@ -142,6 +144,16 @@ class _Unit:
             count -= given
         if self.remaining == 0:
             self._finish()
+
+    def serving(self) -> tuple[int, np.ndarray[Any, Any], int]:
+        """See :class:`~ddbloader._epoch.slots.Drawable`."""
+        if self._step is None:
+            return -1, NO_SAMPLES, 0
+        return self._step_number, self._order, self._served
+
+    def drawn_in_run(self, count: int) -> None:
+        self._served += count
+        self.remaining -= count
 
     def _advance(self, orders: SampleOrders) -> None:
         while True:
@@ -283,6 +295,15 @@ class _One:
             log.held -= 1
             log.ones.append((_DROP, self.index, self._step, log.drawn, self._key, 0, 0))
 
+    def serving(self) -> tuple[int, np.ndarray[Any, Any], int]:
+        """See :class:`~ddbloader._epoch.slots.Drawable`."""
+        order = self._order
+        return (-1, NO_SAMPLES, 0) if order is None else (self._step, order, self._served)
+
+    def drawn_in_run(self, count: int) -> None:
+        self._served += count
+        self.remaining -= count
+
 
 class BatchSchedule:
     """The batches of one (rank, worker)'s epoch: ``units`` in its group order (see
@@ -308,6 +329,8 @@ class BatchSchedule:
         self._epoch = epoch
         self.batches = batches
         self._log = Recorder()
+        #: whether some batches are drawn in runs (see :class:`~ddbloader._epoch.slots.Slots`)
+        self.in_runs = config.shuffle and config.group_pool_size >= RUNS_FROM
 
     @property
     def high_water(self) -> int:
@@ -321,7 +344,9 @@ class BatchSchedule:
         budget = pool * config.prepartition_num
         units = self.units
         waiting = deque(i for i, u in enumerate(units) if u.samples > 0)
-        active: list[_One | _Unit] = []
+        # a shuffled pool of many units draws in runs (see Slots), its active units in slots.units
+        slots = Slots[_One | _Unit](pool, config.batch_size, log) if self.in_runs else None
+        active: list[_One | _Unit] = [] if slots is None else slots.units
         ahead: list[_One | _Unit] = []
         draws = SourceDraws(config.seed, self._epoch, pool=pool)
         orders = SampleOrders(shuffle, config.seed, self._epoch)
@@ -367,6 +392,9 @@ class BatchSchedule:
                     count -= give
                     if active[0].remaining == 0:
                         del active[0]
+                    continue
+                if slots is not None:
+                    count -= slots.draw(draws.counts(len(active), count), orders, following)
                     continue
                 for slot, share in enumerate(draws.counts(len(active), count).tolist()):
                     owed = share

@@ -96,18 +96,28 @@ def gather(
     compete with the engine's threads and the training loop. ``mode="clip"`` because the rows
     are in range by construction, and ``"raise"`` would buffer the result before writing ``out``.
     The copies write through numpy views (a torch call costs microseconds of dispatch, which at
-    thousands of batches per second is a visible share of the assembler's time).
+    thousands of batches per second is a visible share of the assembler's time). A windowed batch
+    of one run, unpinned, is instead one indexing of a view of windows per tensor (see
+    :func:`_window_copies`), whose result is the batch: a block copy per window, about twice a
+    row-wise take's speed when the rows are spread over many groups.
     """
     size = sum(len(p.starts) for p in pieces)
     x_window, y_window = _windows(geometry)
     x_shape, y_shape = _batch_shapes(size, geometry, layout)
+    offset = geometry.offset
+    runs = list(_runs(pieces))
+    if len(runs) == 1 and not pin and geometry.windowed:
+        base, starts = runs[0]
+        if base.x.dtype == layout.x_dtype and base.y.dtype == layout.y_dtype:
+            x_array = _window_copies(base.x, x_window, starts)
+            y_array = _window_copies(base.y, y_window, starts + offset)
+            return torch.from_numpy(x_array.reshape(x_shape)), torch.from_numpy(y_array.reshape(y_shape))
     x, x_array = _host_buffer(x_shape, layout.x_dtype, pin)
     y, y_array = _host_buffer(y_shape, layout.y_dtype, pin)
     x_rows = x_array.reshape(size * x_window, layout.x_features)
     y_rows = y_array.reshape(size * y_window, layout.y_features)
-    offset = geometry.offset
     filled = 0
-    for base, starts in _runs(pieces):
+    for base, starts in runs:
         stop = filled + len(starts)
         base.x.take(_row_numbers(starts, x_window), 0, x_rows[filled * x_window : stop * x_window], "clip")
         base.y.take(
@@ -115,6 +125,32 @@ def gather(
         )
         filled = stop
     return x, y
+
+
+def _window_copies(
+    rows: np.ndarray[Any, Any], length: int, starts: np.ndarray[Any, Any]
+) -> np.ndarray[Any, Any]:
+    """The windows of ``length`` rows of ``rows`` (``[R, F]``) that start at ``starts``, copied into
+    a fresh ``[len(starts), length, F]`` array by one indexing of a view whose items are the
+    windows: about twice a row-wise take's speed when the rows are spread over many groups; numpy
+    checks the bounds (a window past the rows raises) and releases the GIL for the copy.
+
+    Row-major rows: an item is a window's bytes (one ``memcpy`` each); otherwise a window view."""
+    count, features = rows.shape
+    windows = max(count - length + 1, 0)
+    if rows.flags.c_contiguous and windows and features:
+        item = np.dtype((np.void, length * features * rows.itemsize))
+        blocks = np.ndarray((windows,), item, rows, 0, (rows.strides[0],))
+        copied: np.ndarray[Any, Any] = blocks[starts].view(rows.dtype).reshape(len(starts), length, features)
+        return copied
+    view = np.lib.stride_tricks.as_strided(
+        rows,
+        (windows, length, features),
+        (rows.strides[0], rows.strides[0], rows.strides[1]),
+        writeable=False,
+    )
+    copies: np.ndarray[Any, Any] = view[starts]
+    return copies
 
 
 def _runs(pieces: Sequence[Piece]) -> Iterator[tuple[Block, np.ndarray[Any, Any]]]:

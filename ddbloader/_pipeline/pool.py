@@ -105,6 +105,13 @@ class GroupPool:
         self._runs: dict[int, WindowRows] = {}
         self._dropped: list[int] = []
         self._replayed: dict[int, _Replayed] = {}
+        #: with a schedule that draws in runs: for each step number, the row of ``arena.whole``
+        #: where its sample 0 starts (``firsts[k]``, set for the steps loaded until the last
+        #: batch, see :meth:`_index`), and the loaded steps whose segments lie elsewhere
+        self._indexed = schedule.in_runs
+        self._firsts = np.zeros(64 if self._indexed else 0, np.int64)
+        self._fresh: list[int] = []
+        self._apart: set[int] = set()
 
     def batches(self, skip: int = 0) -> Iterator[list[Piece]]:
         """The pieces of the schedule's batches from batch ``skip`` on.
@@ -138,11 +145,12 @@ class GroupPool:
             self._partition_events(batch.partition_events, ones, batch.marks)
         elif ones:
             self._ones(ones)
-        pieces = self._pieces(batch)
+        pieces = self._pieces(batch) if isinstance(batch.steps, tuple) else self._run_pieces(batch)
         for step in self._dropped:
             del self._segments[step]
             self._shifts.pop(step, None)
             self._runs.pop(step, None)
+            self._apart.discard(step)
         self._dropped.clear()
         return pieces
 
@@ -194,6 +202,8 @@ class GroupPool:
                 block = claimed.wait(self._stop, self._timeout)
                 segment = segments[step] = arena.place((block,)) if arena is not None else Segment(block)
                 self._check_rows(segment, key, step, first, stop, 0)
+                if self._indexed:
+                    self._fresh.append(step)
             elif kind is _FETCH:
                 held = gauge.held = gauge.held + 1
                 gauge.high_water = max(gauge.high_water, held)
@@ -235,14 +245,16 @@ class GroupPool:
 
     def _place(self, event: Event, blocks: Sequence[Block]) -> None:
         windows = self._units[event.unit].group.partitions[event.key[1]].windows
-        if windows is not None:
+        if windows is not None:  # its rows are runs of its series: no one shift (see _index)
             self._segments[event.step] = self._placed_runs(event, blocks[0], windows)
             self._runs[event.step] = windows
-            return
-        shift = event.left - self._edges.first_row(event.unit, event.key[1])
-        self._segments[event.step] = self._placed(event, blocks, shift)
-        if shift:
-            self._shifts[event.step] = shift
+        else:
+            shift = event.left - self._edges.first_row(event.unit, event.key[1])
+            self._segments[event.step] = self._placed(event, blocks, shift)
+            if shift:
+                self._shifts[event.step] = shift
+        if self._indexed:
+            self._fresh.append(event.step)
 
     def _placed_runs(self, event: Event, block: Block, windows: WindowRows) -> Segment:
         """A combed piece of windows as one segment (its rows are all its windows read)."""
@@ -304,15 +316,45 @@ class GroupPool:
         return pieces
 
     def _mapped_pieces(self, batch: ScheduledBatch) -> list[Piece]:
-        """``batch``'s samples as one piece per chunk, some of steps whose rows are mapped."""
+        """``batch``'s samples as one piece per chunk, some of steps whose rows are mapped (a
+        combed piece of windows: see :class:`~ddbloader._sql.window_rows.WindowRows`)."""
         stride, segments, shifts, runs = self._stride, self._segments, self._shifts, self._runs
         pieces = []
-        for chunk, step in zip(batch.chunks, batch.steps, strict=True):
+        for step, chunk in batch.drawn():
             windows = runs.get(step)
             starts = chunk * stride
             rows = starts + shifts.get(step, 0) if windows is None else windows.block_rows(starts)
             pieces.append(_new(Piece, (segments[step], rows)))
         return pieces
+
+    def _run_pieces(self, batch: ScheduledBatch) -> list[Piece]:
+        """The pieces of a batch drawn in runs: one when its steps' segments are all in the arena
+        (row numbers from the step index in a few array operations), else one per chunk."""
+        self._index()
+        whole = None if self.arena is None else self.arena.whole
+        steps = np.asarray(batch.steps)
+        if whole is not None and (not self._apart or self._apart.isdisjoint(steps.tolist())):
+            starts = self._firsts[steps].repeat(batch.counts)
+            starts += batch.samples * self._stride if self._stride != 1 else batch.samples
+            return [Piece(whole, starts)]
+        return self._mapped_pieces(batch)
+
+    def _index(self) -> None:
+        """Where the steps loaded since the last batch start in ``arena.whole`` (see ``_firsts``)."""
+        whole = None if self.arena is None else self.arena.whole
+        for step in self._fresh:
+            segment = self._segments.get(step)
+            if segment is None:  # loaded and dropped by the batches of a pool of few units
+                continue
+            if whole is None or segment.base is not whole.base or step in self._runs:
+                self._apart.add(step)
+                continue
+            if step >= len(self._firsts):
+                self._firsts = np.concatenate(
+                    [self._firsts, np.zeros(max(step + 1, len(self._firsts)), np.int64)]
+                )
+            self._firsts[step] = segment.first + self._shifts.get(step, 0)
+        self._fresh.clear()
 
     # ---------------------------------------------------------------------------- resume
 
@@ -346,7 +388,7 @@ class GroupPool:
                 releases.append(key)
         if releases:
             self._release(releases)
-        for chunk, step in zip(batch.chunks, batch.steps, strict=True):
+        for step, chunk in batch.drawn():
             replayed = self._replayed.get(step)
             if replayed is not None:
                 replayed.drawn.append(chunk)

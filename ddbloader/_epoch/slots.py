@@ -1,0 +1,216 @@
+"""Slots: the active units of a pool of many as arrays, so that a batch's draw is a few array operations.
+
+A shuffled pool gives each sample of a batch's draw to a slot (see
+:class:`~ddbloader._epoch.shuffle.SourceDraws`), and each slot serves its share from its unit's
+current step in slot order. With many units active a batch holds about one chunk per unit, and
+drawing those chunks one unit at a time costs more than the samples (a few microseconds of Python
+a chunk, ~150 chunks a batch with 200 units). :class:`Slots` keeps what a draw reads of every
+active unit in arrays, every current step's samples not served yet in one buffer, so that the
+slots whose share their step holds without an event (no load, no end of a step or of the unit)
+are served together in one run: a few array operations give the run's samples, steps, counts
+and groups. The other slots are served by their unit as before, in slot order among the runs, so
+the batches, their events and the order of every random draw are exactly those of a draw one
+unit at a time.
+
+Owned by one :class:`~ddbloader._epoch.schedule.BatchSchedule` iteration; not thread-safe.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Generic, Protocol, TypeVar
+
+import numpy as np
+
+from .events import Recorder
+from .shuffle import SampleOrders
+
+__all__ = ["RUNS_FROM", "Drawable", "Slots"]
+
+#: A shuffled pool of at least this many slots draws in runs; a smaller one draws one unit at a
+#: time, which costs less than a run's array operations for a few chunks a batch.
+RUNS_FROM = 8
+
+#: The buffer's least size, in samples.
+_LEAST_BUFFER = 1 << 14
+
+
+class Drawable(Protocol):
+    """What :class:`Slots` reads and moves of a unit of the schedule."""
+
+    group: int
+    #: samples it has not served, up to the samples served in runs since it was last synced
+    remaining: int
+
+    def take(self, count: int, orders: SampleOrders) -> None:
+        """Serve the next ``count`` samples (``0 < count <= remaining``), with their events."""
+        ...
+
+    def serving(self) -> tuple[int, np.ndarray[Any, Any], int]:
+        """The current step's number (-1 for none), its samples in order, and how many it served."""
+        ...
+
+    def drawn_in_run(self, count: int) -> None:
+        """``count`` more samples of the current step were served in a run (no event among them)."""
+        ...
+
+
+U = TypeVar("U", bound=Drawable)
+
+
+class Slots(Generic[U]):
+    """The active units (:attr:`units`, in slot order) of a shuffled pool of up to ``pool`` slots.
+
+    Invariants, for each slot ``s``: the samples its unit's current step has not served are
+    ``buffer[cursor[s]:stop[s]]``, in order; ``room[s]`` is how many the slot serves without an
+    event, ``min(stop[s] - cursor[s], remaining - 1)`` (0 without a step), so a run neither
+    serves past a step's samples nor ends a unit; the unit's own counts lag by ``cursor[s] -
+    synced[s]`` samples served in runs, and are brought up to date before the unit draws itself.
+    A unit appended to :attr:`units` takes a slot at the next draw.
+
+    Memory: the buffer copies the current steps' samples (8 bytes each, besides the units' own
+    orders) and is at most twice what it held at its last compaction plus the step that caused it.
+    """
+
+    def __init__(self, pool: int, batch_size: int, log: Recorder) -> None:
+        self.units: list[U] = []
+        self._log = log
+        #: slots with arrays (units admitted)
+        self._size = 0
+        self._cursor = np.zeros(pool, np.int64)
+        self._stop = np.zeros(pool, np.int64)
+        self._synced = np.zeros(pool, np.int64)
+        self._room = np.zeros(pool, np.int64)
+        self._step = np.full(pool, -1, np.int64)
+        self._group = np.zeros(pool, np.int64)
+        self._buffer = np.empty(_LEAST_BUFFER, np.int64)
+        self._end = 0
+        self._ramp = np.arange(batch_size, dtype=np.int64)
+        self._closed: list[int] = []
+
+    def draw(
+        self, counts: np.ndarray[Any, Any], orders: SampleOrders, following: Callable[[], U | None]
+    ) -> int:
+        """Serve ``counts[s]`` samples from each slot ``s``, in slot order; how many were served.
+
+        A unit that runs out hands its slot, and the rest of its share, to ``following()``; a slot
+        it returns None for closes, the rest of its share unserved, and leaves :attr:`units`
+        (after this draw, the later slots moving up).
+        """
+        self._admit()
+        size = self._size
+        over = (counts > self._room[:size]).nonzero()[0]
+        if not len(over):
+            return self._run(counts, 0, size)
+        given, first = 0, 0
+        for slot in over.tolist():
+            if slot > first:
+                given += self._run(counts, first, slot)
+            given += self._serve(slot, int(counts[slot]), orders, following)
+            first = slot + 1
+        if first < size:
+            given += self._run(counts, first, size)
+        if self._closed:
+            self._close()
+        return given
+
+    def _admit(self) -> None:
+        """Slots for the units appended since the last draw: no step yet."""
+        for slot in range(self._size, len(self.units)):
+            self._cursor[slot] = self._stop[slot] = self._synced[slot] = self._room[slot] = 0
+            self._step[slot] = -1
+            self._group[slot] = self.units[slot].group
+        self._size = len(self.units)
+
+    def _run(self, counts: np.ndarray[Any, Any], first: int, stop: int) -> int:
+        """Serve slots ``[first, stop)``, each within its room, as one run of chunks."""
+        share = counts[first:stop]
+        # array methods rather than numpy's functions: a few microseconds less a batch
+        chunks = share.nonzero()[0]
+        if not len(chunks):
+            return 0
+        taken = share[chunks]
+        slots = chunks + first if first else chunks
+        ends = taken.cumsum()
+        total = int(ends[-1])
+        # chunk c's samples are buffer[cursor : cursor + taken[c]], at ends[c] - taken[c] of the run
+        picks = (self._cursor[slots] - ends + taken).repeat(taken)
+        picks += self._ramp[:total]
+        self._cursor[first:stop] += share
+        self._room[first:stop] -= share
+        self._log.run(self._buffer[picks], self._step[slots], taken, self._group[slots], total)
+        return total
+
+    def _serve(self, slot: int, share: int, orders: SampleOrders, following: Callable[[], U | None]) -> int:
+        """Serve ``share`` samples of ``slot`` through its units, one at a time (events and hand-offs)."""
+        units = self.units
+        drawn = int(self._cursor[slot] - self._synced[slot])
+        if drawn:
+            units[slot].drawn_in_run(drawn)
+        given = 0
+        while share:
+            unit = units[slot]
+            give = min(share, unit.remaining)
+            unit.take(give, orders)
+            share -= give
+            given += give
+            if unit.remaining == 0:
+                passed = following()
+                if passed is None:
+                    self._closed.append(slot)
+                    break
+                units[slot] = passed
+        self._refresh(slot)
+        return given
+
+    def _refresh(self, slot: int) -> None:
+        """The arrays of ``slot`` from its unit (just synced): a new step's samples into the buffer."""
+        unit = self.units[slot]
+        number, order, served = unit.serving()
+        if number != self._step[slot]:
+            # a new step, or a new unit: the samples left of the old one are not kept
+            self._cursor[slot] = self._stop[slot]
+            if number >= 0:
+                self._stop[slot] = self._place(order)
+            self._step[slot] = number
+            self._group[slot] = unit.group
+        left = len(order) - served
+        self._cursor[slot] = self._synced[slot] = self._stop[slot] - left
+        self._room[slot] = max(0, min(left, unit.remaining - 1))
+
+    def _place(self, order: np.ndarray[Any, Any]) -> int:
+        """Append ``order`` to the buffer; where it stops."""
+        if self._end + len(order) > len(self._buffer):
+            self._compact(len(order))
+        end = self._end + len(order)
+        self._buffer[self._end : end] = order
+        self._end = end
+        return end
+
+    def _compact(self, extra: int) -> None:
+        """A new buffer holding the samples not served yet of every slot and room for ``extra``
+        more, at least twice what it holds (so appends cost O(1) each, amortised)."""
+        size, cursor, stop = self._size, self._cursor, self._stop
+        live = int((stop[:size] - cursor[:size]).sum())
+        buffer = np.empty(max(2 * (live + extra), _LEAST_BUFFER), np.int64)
+        at = 0
+        for slot in range(size):
+            first, end = int(cursor[slot]), int(stop[slot])
+            buffer[at : at + end - first] = self._buffer[first:end]
+            shift = at - first
+            cursor[slot] += shift
+            stop[slot] += shift
+            self._synced[slot] += shift
+            at += end - first
+        self._buffer, self._end = buffer, at
+
+    def _close(self) -> None:
+        """Drop the closed slots (their units ran out with none waiting); the later ones move up."""
+        closed = set(self._closed)
+        self._closed.clear()
+        kept = [slot for slot in range(self._size) if slot not in closed]
+        self.units[:] = [self.units[slot] for slot in kept]
+        at = np.array(kept, np.int64)
+        for array in (self._cursor, self._stop, self._synced, self._room, self._step, self._group):
+            array[: len(kept)] = array[at]
+        self._size = len(kept)
