@@ -361,8 +361,8 @@ def test_one_partition_groups_are_scheduled_as_any_group_would_be(epoch: Epoch) 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(
             schedule_module,
-            "_One",
-            lambda index, unit, log: schedule_module._Unit(
+            "OneStep",
+            lambda index, unit, log: schedule_module.UnitSteps(
                 index, unit, epoch.config, epoch.geometry, epoch.epoch, log
             ),
         )

@@ -168,8 +168,9 @@ class Recorder:
         self.steps: list[int] = []
         self.counts: list[int] = []
         self.events: list[Event] = []
-        #: the events of units of one-partition groups (appended to by the schedule's ``_One``),
-        #: and how many of them come before each of :attr:`events` (see :class:`ScheduledBatch`)
+        #: the events of units of one-partition groups (appended to by
+        #: :class:`~ddbloader._epoch.unit_steps.OneStep`), and how many of them come before each of
+        #: :attr:`events` (see :class:`ScheduledBatch`)
         self.ones: list[OneEvent] = []
         self.marks: list[int] = []
         #: the batch's runs of chunks drawn at once, among those of :attr:`samples`

@@ -32,277 +32,18 @@ of :data:`~ddbloader._epoch.slots.RUNS_FROM` slots or more draws the same batche
 
 from __future__ import annotations
 
-import itertools
 from collections import deque
 from collections.abc import Iterator, Sequence
-from typing import Any
-
-import numpy as np
 
 from .._core.config import LoaderConfig
 from .._core.window import WindowGeometry
 from .._sql.plan import WorkUnit
-from .events import NO_SAMPLES, Event, EventKind, Recorder, ScheduledBatch
-from .owed import keep_owed
+from .events import Event, EventKind, Recorder, ScheduledBatch
 from .shuffle import SampleOrders, SourceDraws
 from .slots import RUNS_FROM, Slots
-from .visits import partition_visits
-
-_FETCH, _LOAD, _DROP = EventKind.FETCH, EventKind.LOAD, EventKind.DROP
+from .unit_steps import OneStep, UnitSteps
 
 __all__ = ["BatchSchedule", "Event", "EventKind", "ScheduledBatch"]
-
-
-class _Unit:
-    """One work unit's steps, from row counts alone (what the pool holds of it)."""
-
-    __slots__ = (
-        "_bounds",
-        "_geometry",
-        "_kept",
-        "_log",
-        "_needed",
-        "_order",
-        "_pending",
-        "_prepartitions",
-        "_served",
-        "_single",
-        "_step",
-        "_step_number",
-        "_to_submit",
-        "_unit",
-        "group",
-        "index",
-        "queued",
-        "remaining",
-    )
-
-    def __init__(
-        self,
-        index: int,
-        unit: WorkUnit,
-        config: LoaderConfig,
-        geometry: WindowGeometry,
-        epoch: int,
-        log: Recorder,
-    ) -> None:
-        group = unit.group
-        self.index = index
-        self.group = group.index
-        self.remaining = unit.samples
-        self._unit = unit
-        self._geometry = geometry
-        self._prepartitions = config.prepartition_num
-        self._log = log
-        #: a group of one partition: one fetch, one step, nothing to release (its claim took it)
-        self._single = len(group.partitions) == 1
-        self._needed = partition_visits(unit, config, geometry, epoch)
-        self._bounds: list[int] = []
-        self._to_submit: deque[int] = deque(self._needed)
-        #: whether every partition it needs is queued (topping it up does nothing)
-        self.queued = not self._to_submit
-        self._pending: deque[int] = deque()
-        self._kept: dict[int, int] = {}
-        self._step: int | None = None
-        self._step_number = -1
-        self._order: np.ndarray[Any, Any] = NO_SAMPLES
-        self._served = 0
-
-    @property
-    def held(self) -> int:
-        return len(self._pending) + (self._step is not None)
-
-    def top_up(self, room: int) -> None:
-        """Queue up to ``room`` more fetches, never holding more than ``prepartition_num``."""
-        if self._single:
-            if room > 0 and self._to_submit:
-                self._submit_next()
-            return
-        for _ in range(room):
-            if self.held >= self._prepartitions or not self._to_submit:
-                return
-            self._submit_next()
-
-    def _submit_next(self) -> None:
-        if self._to_submit:
-            position = self._to_submit.popleft()
-            self._pending.append(position)
-            self._log.fetch(self.index, (self.group, position))
-            self.queued = not self._to_submit
-
-    def take(self, count: int, orders: SampleOrders) -> None:
-        """Draw the next ``count`` samples (``0 < count <= remaining``), loading steps as needed."""
-        while count > 0:
-            if self._step is None or self._served == len(self._order):
-                self._advance(orders)
-            given = min(count, len(self._order) - self._served)
-            self._log.draw(
-                self.group, self._step_number, self._order[self._served : self._served + given], given
-            )
-            self._served += given
-            self.remaining -= given
-            count -= given
-        if self.remaining == 0:
-            self._finish()
-
-    def serving(self) -> tuple[int, np.ndarray[Any, Any], int]:
-        """See :class:`~ddbloader._epoch.slots.Drawable`."""
-        if self._step is None:
-            return -1, NO_SAMPLES, 0
-        return self._step_number, self._order, self._served
-
-    def drawn_in_run(self, count: int) -> None:
-        self._served += count
-        self.remaining -= count
-
-    def _advance(self, orders: SampleOrders) -> None:
-        while True:
-            if self._step is not None:
-                self._log.drop(self.index, (self.group, self._step), self._step_number)
-                self._step = None
-                if not self._single:
-                    self._submit_next()
-            if not self._pending:
-                self._submit_next()
-            if not self._pending:
-                raise RuntimeError(f"group {self.group} ran out of partitions with {self.remaining} owed")
-            self._load(self._pending.popleft(), orders)
-            if len(self._order):
-                return
-
-    def _load(self, position: int, orders: SampleOrders) -> None:
-        unit = self._unit
-        windows = unit.group.partitions[position].windows
-        samples = None
-        if self._single:
-            left = right = 0
-            first, stop = unit.first, unit.stop
-        elif windows is not None:  # a combed piece of windows: its samples need no neighbour
-            samples = windows.samples(unit.first, unit.stop)
-            left = right = 0
-            first, stop = unit.first, unit.first
-            if len(samples):
-                first, stop = int(samples[0]), int(samples[-1]) + 1
-        else:
-            if not self._bounds:
-                self._bounds = list(itertools.accumulate((p.rows for p in unit.group.partitions), initial=0))
-            rows_first, rows_stop = self._bounds[position], self._bounds[position + 1]
-            edge = self._geometry.span - 1
-            left = self._kept_rows(position, -1, edge)
-            right = self._kept_rows(position, +1, edge)
-            self._kept[position] = min(edge, rows_stop - rows_first)
-            completed = self._geometry.samples_completed_by(
-                rows_first, rows_stop, rows_first - left, rows_stop + right, unit.group.samples
-            )
-            first, stop = max(completed.start, unit.first), min(completed.stop, unit.stop)
-            stop = max(first, stop)
-        self._step_number = self._log.load(self.index, (self.group, position), left, right, first, stop)
-        self._step = position
-        order = orders.order(first, stop) if samples is None else samples[orders.order(0, len(samples))]
-        self._order = keep_owed(unit, order)
-        self._served = 0
-
-    def _kept_rows(self, position: int, direction: int, rows: int) -> int:
-        """How many kept rows of the loaded neighbours on one side a step joins (up to ``rows``)."""
-        joined = 0
-        neighbour = position + direction
-        while rows > joined and neighbour in self._kept:
-            joined += min(rows - joined, self._kept[neighbour])
-            neighbour += direction
-        return joined
-
-    def _finish(self) -> None:
-        key = self.group
-        if self._step is not None:
-            self._log.drop(self.index, (key, self._step), self._step_number)
-            self._step = None
-        for position in self._pending:
-            self._log.drop(self.index, (key, position))
-        self._pending.clear()
-        self._to_submit.clear()
-        self.queued = True
-        if not self._single:
-            for position in self._needed:
-                self._log.release(self.index, (key, position))
-
-
-class _One:
-    """A unit of a group of one partition (most small groups): what :class:`_Unit` does for it
-    (the same events), without the bookkeeping of many partitions: one fetch, one step, no kept
-    rows, nothing to release (its one claim took its rows). Its events are recorded inline, as
-    :data:`~ddbloader._epoch.events.OneEvent` tuples (three per small group)."""
-
-    __slots__ = (
-        "_key",
-        "_log",
-        "_order",
-        "_served",
-        "_step",
-        "_unit",
-        "group",
-        "index",
-        "queued",
-        "remaining",
-    )
-
-    def __init__(self, index: int, unit: WorkUnit, log: Recorder) -> None:
-        self.index = index
-        self.group = unit.group.index
-        self.remaining = unit.stop - unit.first if unit.owed is None else len(unit.owed)
-        self.queued = False
-        self._unit = unit
-        self._log = log
-        self._key = unit.group.partitions[0].key
-        self._order: np.ndarray[Any, Any] | None = None
-        self._served = 0
-        self._step = -1
-
-    def top_up(self, room: int) -> None:
-        if room > 0 and not self.queued:
-            self._fetch()
-
-    def _fetch(self) -> None:
-        # Recorder.fetch, inline
-        self.queued = True
-        log = self._log
-        held = log.held = log.held + 1
-        log.high_water = max(log.high_water, held)
-        log.ones.append((_FETCH, self.index, -1, log.drawn, self._key, 0, 0))
-
-    def take(self, count: int, orders: SampleOrders) -> None:
-        """As :meth:`_Unit.take`."""
-        order = self._order
-        log = self._log
-        if order is None:
-            if not self.queued:
-                self._fetch()
-            unit = self._unit
-            first, stop = unit.first, unit.stop
-            step = self._step = log.loads
-            log.loads = step + 1
-            log.ones.append((_LOAD, self.index, step, log.drawn, self._key, first, stop))
-            order = self._order = keep_owed(unit, orders.order(first, stop))
-        served = self._served
-        # Recorder.draw, inline: a chunk or two per small group
-        log.groups.append(self.group)
-        log.steps.append(self._step)
-        log.counts.append(count)
-        log.samples.append(order[served : served + count])
-        log.drawn += count
-        self._served = served + count
-        self.remaining -= count
-        if not self.remaining:
-            log.held -= 1
-            log.ones.append((_DROP, self.index, self._step, log.drawn, self._key, 0, 0))
-
-    def serving(self) -> tuple[int, np.ndarray[Any, Any], int]:
-        """See :class:`~ddbloader._epoch.slots.Drawable`."""
-        order = self._order
-        return (-1, NO_SAMPLES, 0) if order is None else (self._step, order, self._served)
-
-    def drawn_in_run(self, count: int) -> None:
-        self._served += count
-        self.remaining -= count
 
 
 class BatchSchedule:
@@ -345,20 +86,20 @@ class BatchSchedule:
         units = self.units
         waiting = deque(i for i, u in enumerate(units) if u.samples > 0)
         # a shuffled pool of many units draws in runs (see Slots), its active units in slots.units
-        slots = Slots[_One | _Unit](pool, config.batch_size, log) if self.in_runs else None
-        active: list[_One | _Unit] = [] if slots is None else slots.units
-        ahead: list[_One | _Unit] = []
+        slots = Slots[OneStep | UnitSteps](pool, config.batch_size, log) if self.in_runs else None
+        active: list[OneStep | UnitSteps] = [] if slots is None else slots.units
+        ahead: list[OneStep | UnitSteps] = []
         draws = SourceDraws(config.seed, self._epoch, pool=pool)
         orders = SampleOrders(shuffle, config.seed, self._epoch)
         topped_up_at = -1
 
-        def make(index: int) -> _One | _Unit:
+        def make(index: int) -> OneStep | UnitSteps:
             unit = units[index]
             if len(unit.group.partitions) == 1:
-                return _One(index, unit, log)
-            return _Unit(index, unit, config, self.geometry, self._epoch, log)
+                return OneStep(index, unit, log)
+            return UnitSteps(index, unit, config, self.geometry, self._epoch, log)
 
-        def following() -> _One | _Unit | None:
+        def following() -> OneStep | UnitSteps | None:
             if ahead:
                 return ahead.pop()
             return make(waiting.popleft()) if waiting else None
