@@ -6,7 +6,7 @@ rank's run is cut again the same way for its workers. A run may start or end ins
 :class:`WorkUnit` is one group's contiguous range of samples, and serving it loads only the
 partitions that range touches (a cut group costs one extra partition fetch on each side). A group
 of combed pieces of windows is laid out piece by piece instead (its
-:attr:`~ddbloader._sql.plan.GroupPlan.piece_order`), since each of its pieces holds windows from
+:meth:`~ddbloader._sql.plan.GroupPlan.piece_order`), since each of its pieces holds windows from
 all over the series: a share of it is the samples of a few pieces, served as owed samples.
 
 Every rank yields the same number of samples: with ``even_batches="pad"`` (the default, as
@@ -74,9 +74,9 @@ def _cut(units: Sequence[WorkUnit], begin: int, end: int) -> list[WorkUnit]:
 
 def _sequence(unit: WorkUnit) -> np.ndarray[Any, Any] | None:
     """``unit``'s samples in the order shards cut them: its group's
-    :attr:`~ddbloader._sql.plan.GroupPlan.piece_order` (combed pieces of windows) restricted to
+    :meth:`~ddbloader._sql.plan.GroupPlan.piece_order` (combed pieces of windows) restricted to
     them, else its owed samples, else None (``[first, stop)`` in index order)."""
-    order = unit.group.piece_order
+    order = unit.group.piece_order() if unit.group.combed_windows else None
     if order is None:
         return unit.owed
     if unit.owed is not None:

@@ -179,12 +179,12 @@ class GroupPlan:
         )
         return np.array([low for low, _ in stripes], np.int64), np.array([at for _, at in stripes], np.int64)
 
-    @functools.cached_property
     def piece_order(self) -> np.ndarray[Any, Any] | None:
         """For a group of combed windowed pieces: its samples piece by piece (plan order), each
         piece's ascending, the sequence that shards cut (so a rank's share starts its windows in
         a few pieces and reads only those, where a range of samples spans every piece); None for
-        any other group (its samples in index order)."""
+        any other group (its samples in index order). Computed on each call, not kept: 8 bytes a
+        sample of the series, wanted once an epoch when shards are cut."""
         if not self.combed_windows:
             return None
         return np.concatenate(
