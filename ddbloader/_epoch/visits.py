@@ -49,8 +49,9 @@ def touched_partitions(unit: WorkUnit, geometry: WindowGeometry) -> Sequence[int
     if len(unit.group.partitions) == 1 and unit.samples > 0:
         return _ONLY_PARTITION
     if unit.group.combed_windows:  # a sample's rows are all in the piece its window starts in
-        samples = unit.owed if unit.owed is not None else np.arange(unit.first, unit.stop, dtype=np.int64)
-        touched: list[int] = np.unique(unit.group.starting_partitions(samples * geometry.stride)).tolist()
+        if unit.owed is None:
+            return unit.group.partitions_starting(unit.first, unit.stop, geometry.stride)
+        touched: list[int] = np.unique(unit.group.starting_partitions(unit.owed * geometry.stride)).tolist()
         return touched
     if unit.owed is not None:  # an elastic resume's remainder: only the partitions it owes samples of
         return owed_partitions(unit, geometry)

@@ -25,7 +25,7 @@ from .pieces import KeyRanges
 from .query import Query, UserQuery
 from .window_rows import WindowRows
 
-__all__ = ["MIN_PIECE_ROWS", "GroupPlan", "PartitionSpec", "QueryPlan", "WorkUnit"]
+__all__ = ["MIN_PIECE_ROWS", "GroupPlan", "PartitionSpec", "QueryPlan", "WorkUnit", "series_rows"]
 
 #: The fewest rows ``fetch_bytes`` counts as when a subquery is cut into pieces (see
 #: :func:`pieces`): however small it is, a subquery is never cut into more than
@@ -145,6 +145,12 @@ def pieces(rows: int, row_bytes: int, budget: int) -> list[tuple[int, int]]:
     return list(zip(firsts, sizes, strict=True))
 
 
+def series_rows(partitions: Sequence[PartitionSpec]) -> int:
+    """The rows of a group whose partitions are ``partitions`` (a combed windowed piece counts
+    its stripes: its context rows are another piece's)."""
+    return sum(p.rows if p.windows is None else p.windows.stripe_rows for p in partitions)
+
+
 @dataclass(frozen=True)
 class GroupPlan:
     """One time series: its non-empty partitions in repartition order."""
@@ -156,10 +162,7 @@ class GroupPlan:
 
     @functools.cached_property  # read per group and epoch, thousands of times with small groups
     def rows(self) -> int:
-        """The series' rows (a combed windowed piece's context rows are another piece's)."""
-        if self.combed_windows:
-            return sum(p.windows.stripe_rows for p in self.partitions if p.windows is not None)
-        return sum(p.rows for p in self.partitions)
+        return series_rows(self.partitions)
 
     @functools.cached_property
     def combed_windows(self) -> bool:
@@ -169,15 +172,27 @@ class GroupPlan:
         return any(p.windows is not None for p in self.partitions)
 
     @functools.cached_property
-    def _stripe_index(self) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
-        """Every stripe's first row, ascending, and the position of the partition holding it."""
+    def _stripe_index(self) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+        """Every stripe's first row, ascending, its stop, and the position of the partition holding it."""
         stripes = sorted(
-            (low, position)
+            (low, high, position)
             for position, p in enumerate(self.partitions)
             if p.windows is not None
-            for low, _ in p.windows.starts
+            for low, high in p.windows.starts
         )
-        return np.array([low for low, _ in stripes], np.int64), np.array([at for _, at in stripes], np.int64)
+        columns = list(zip(*stripes, strict=True)) if stripes else [(), (), ()]
+        low, high, at = (np.array(column, np.int64) for column in columns)
+        return low, high, at
+
+    def partitions_starting(self, first: int, stop: int, stride: int) -> list[int]:
+        """For a group of combed windowed pieces: the positions (ascending) of the partitions in
+        whose stripes some of samples ``[first, stop)`` start (sample ``i`` at row ``i * stride``)."""
+        low, high, at = self._stripe_index
+        begin = np.maximum(low, first * stride)
+        end = np.minimum(high, (stop - 1) * stride + 1)  # rows [begin, end) of each stripe
+        holds = -(-begin // stride) * stride < end  # a multiple of stride among them
+        found: list[int] = np.unique(at[holds]).tolist()
+        return found
 
     def piece_order(self) -> np.ndarray[Any, Any] | None:
         """For a group of combed windowed pieces: its samples piece by piece (plan order), each
@@ -194,7 +209,7 @@ class GroupPlan:
     def starting_partitions(self, rows: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
         """For a group of combed windowed pieces: the position of the partition whose windows
         start at each of ``rows`` (rows of the series)."""
-        firsts, positions = self._stripe_index
+        firsts, _, positions = self._stripe_index
         found: np.ndarray[Any, Any] = positions[np.searchsorted(firsts, rows, side="right") - 1]
         return found
 

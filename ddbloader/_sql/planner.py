@@ -33,7 +33,7 @@ from .cells import (
 )
 from .columns import nullable_candidates, resolve_layout, resolve_layout_on_rows
 from .fingerprint import Fingerprint, row_hash
-from .plan import GroupPlan, PartitionSpec, QueryPlan, pieces
+from .plan import GroupPlan, PartitionSpec, QueryPlan, pieces, series_rows
 from .query import Query, UserQuery
 from .ranges import range_pieces
 
@@ -197,7 +197,7 @@ def build_plan(backend: Backend, sql: str, config: LoaderConfig, progress: bool 
                 fingerprint,
             ) in enumerate(cut)
         )
-        total = sum(p.windows.stripe_rows if p.windows else p.rows for p in partitions)
+        total = series_rows(partitions)
         groups.append(
             GroupPlan(
                 index,
