@@ -283,6 +283,30 @@ def faulty() -> Callable[..., FaultyBackend]:
     return make
 
 
+def assert_units_split_as_read_alone(loader: DDBDataLoader, units: Sequence[Any]) -> None:
+    """Each fetch unit's result, split, gives every cell the very rows (``key_col`` ``id``, x, y),
+    in the very order, of the cell's own query read alone."""
+    import numpy as np
+
+    from ddbloader._epoch.unit_split import unit_blocks
+    from ddbloader._io.partition_fetch import fetch_partition
+
+    assert loader._backend is not None
+    cursor = loader._backend.cursor()
+    try:
+        for unit in units:
+            split = unit_blocks(cursor.fetch(unit.sql, unit.params), unit, loader.plan.layout)
+            assert split is not None and split.specs == unit.cells
+            for n, spec in enumerate(split.specs):
+                alone = fetch_partition(cursor, spec, loader.plan.layout)
+                got = split.block(n)
+                assert got.keys is not None and alone.keys is not None
+                assert got.keys["id"].tolist() == alone.keys["id"].tolist()
+                assert np.array_equal(got.x, alone.x) and np.array_equal(got.y, alone.y)
+    finally:
+        cursor.close()
+
+
 def wait_until(condition: Callable[[], bool], seconds: float = 5.0, poll: float = 0.005) -> bool:
     """True once ``condition()`` holds, False if it still does not after ``seconds``."""
     deadline = time.monotonic() + seconds

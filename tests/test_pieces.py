@@ -20,7 +20,7 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 import pytest
-from conftest import ENGINES, TableEngine, table_engine
+from conftest import ENGINES, TableEngine, assert_units_split_as_read_alone, table_engine
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from resume_check import assert_resumes_exactly
@@ -28,10 +28,8 @@ from sqlglot import exp
 
 from ddbloader import DDBDataLoader
 from ddbloader._epoch.shard import epoch_units
-from ddbloader._epoch.unit_split import unit_blocks
 from ddbloader._epoch.units import fetch_units
 from ddbloader._epoch.visits import PIECES_PER_QUERY, neighbours
-from ddbloader._io.partition_fetch import fetch_partition
 from ddbloader._sql.pieces import KeyRanges, layout
 
 # --- the layout, pure --------------------------------------------------------------------------
@@ -386,24 +384,13 @@ def test_neighbouring_combed_pieces_share_a_query_split_exactly_as_read_alone(
         plan, config = loader.plan, loader.config
         partitions = plan.groups[0].partitions
         assert len(partitions) > 5 and all(p.tagged for p in partitions)
-        assert loader._backend is not None
-        cursor = loader._backend.cursor()
         for epoch in range(2):
             units = list(
                 fetch_units(plan, epoch_units(plan, config, epoch), config, epoch, config.fetch_bytes)
             )
             assert units and all(u.tagged and 2 <= len(u.cells) <= PIECES_PER_QUERY for u in units)
             assert all(neighbours(a, b) for u in units for a, b in itertools.pairwise(u.cells))
-            for unit in units:
-                split = unit_blocks(cursor.fetch(unit.sql, unit.params), unit, plan.layout)
-                assert split is not None and split.specs == unit.cells
-                for n, spec in enumerate(split.specs):
-                    alone = fetch_partition(cursor, spec, plan.layout)
-                    got = split.block(n)
-                    assert got.keys is not None and alone.keys is not None
-                    assert got.keys["id"].tolist() == alone.keys["id"].tolist()
-                    assert np.array_equal(got.x, alone.x) and np.array_equal(got.y, alone.y)
-        cursor.close()
+            assert_units_split_as_read_alone(loader, units)
         got_ids = sorted(int(v) for _, _, keys in loader for v in keys["id"].tolist())
         stats = loader.stats()
     assert got_ids == list(range(ROWS))
@@ -554,13 +541,14 @@ def _update(engine: TableEngine, sql: str) -> None:
 @pytest.mark.parametrize("engine", ["duckdb", "postgres"], indirect=True)
 @pytest.mark.parametrize(
     ("window_size", "order"),
-    [(None, "k, id"), (3, "k, id"), (None, "u")],
-    ids=["combed", "contiguous", "tagged"],
+    [(None, "k, id"), (3, "k, id"), (None, "u"), (3, "u")],
+    ids=["combed", "contiguous", "tagged", "tagged windows"],
 )
 def test_verify_checks_each_range_piece(engine: TableEngine, window_size: int | None, order: str) -> None:
     """With verify=True every range piece carries its own fingerprint: a value changed in place
     (the same row count) is an error naming the piece's subquery, not a silent change; tagged
-    pieces too, read two to a query (``ORDER BY u``)."""
+    pieces too, read two to a query (``ORDER BY u``), and combed pieces of windows, which share
+    rows, read two to a query."""
     sql = f"SELECT id, k, f, y, u FROM t ORDER BY {order}"
     options: dict[str, Any] = {"input_col": ["f"], "batch_size": 64, "shuffle": True, "seed": 5}
     with (
@@ -575,6 +563,8 @@ def test_verify_checks_each_range_piece(engine: TableEngine, window_size: int | 
         assert len(pieces) > 5 and all(p.fingerprint is not None for p in pieces)
         assert all(p.tagged for p in pieces) == (order == "u")
         assert [(x.tolist(), y.tolist()) for x, y in verified] == [(x.tolist(), y.tolist()) for x, y in plain]
+        if order == "u":  # tagged: read two to a query
+            assert verified.stats().queries <= len(pieces) // PIECES_PER_QUERY + 1
         _update(engine, "UPDATE t SET y = y + 1 WHERE id = 123")
         with pytest.raises(
             ValueError, match=r"returned the \d+ rows planning counted, but their content differs"

@@ -23,7 +23,7 @@ from .._sql.layout import ColumnLayout
 from .._sql.plan import PartitionSpec
 from .units import FetchUnit
 
-__all__ = ["UnitPartitions", "split_by_key", "unit_blocks"]
+__all__ = ["UnitPartitions", "split_by_key", "unit_blocks", "windowed_parts"]
 
 
 def _codes(column: pa.ChunkedArray, values: Sequence[Any]) -> np.ndarray[Any, Any] | None:
@@ -178,6 +178,41 @@ def _in_order(data: pa.Table, bounds: Sequence[int], cells: Sequence[PartitionSp
     return pa.concat_tables([data.slice(0, bounds[0]), *ordered])
 
 
+def windowed_parts(table: pa.Table, cells: Sequence[PartitionSpec]) -> list[pa.Table] | None:
+    """Each cell's rows of a unit of combed pieces of windows (one series; the query's last
+    column a tag, 0 on every row), in the query's order, without the tag.
+
+    The pieces' runs (:class:`~ddbloader._sql.window_rows.WindowRows`) overlap where a stripe's
+    context is another piece's stripe, and the query returns such a row once: the result, put in
+    the query's order, is the union of the cells' runs, ascending, and each cell takes its runs'
+    rows from it (a row of two cells is in both parts). None when the result holds another
+    number of rows than that union (the caller then fetches the cells one by one).
+    """
+    union: list[list[int]] = []  # [first series row, stop] of each run of the union, ascending
+    for first, rows in sorted(run for cell in cells if cell.windows for run in cell.windows.runs):
+        if union and first <= union[-1][1]:
+            union[-1][1] = max(union[-1][1], first + rows)
+        else:
+            union.append([first, first + rows])
+    if table.num_rows != sum(stop - first for first, stop in union):
+        return None
+    starts = np.array([first for first, _ in union], np.int64)
+    # per run of the union: its first row in the result minus its first series row
+    shifts = np.cumsum([0] + [stop - first for first, stop in union[:-1]], dtype=np.int64) - starts
+    ranges = cells[0].ranges
+    assert ranges is not None
+    data = ranges.in_order(table.select(range(table.num_columns - 1)))
+    parts = []
+    for cell in cells:
+        assert cell.windows is not None
+        series_rows = np.concatenate(
+            [np.arange(first, first + rows, dtype=np.int64) for first, rows in cell.windows.runs]
+        )
+        rows = series_rows + shifts[np.searchsorted(starts, series_rows, side="right") - 1]
+        parts.append(data.take(pa.Array.from_buffers(pa.int64(), len(rows), [None, pa.py_buffer(rows)])))
+    return parts
+
+
 class UnitPartitions:
     """The wanted partitions of a fetch unit, in cell order: ``specs[i]``'s rows are
     :meth:`block` ``(i)``, made when asked for. Read-only, so thread-safe.
@@ -219,24 +254,27 @@ def unit_blocks(table: pa.Table, unit: FetchUnit, layout: ColumnLayout) -> UnitP
 
     Without a transform the rows are converted once and each partition's block is a view of
     that conversion (of the grouped result itself when every partition is wanted, without
-    cutting it into partitions and joining them again); a transform runs on each partition's
-    rows, as for a partition fetched alone.
+    cutting it into partitions and joining them again; combed pieces of windows, which share
+    rows, are joined again); a transform runs on each partition's rows, as for a partition
+    fetched alone.
     """
-    grouped = _grouped_by_cell(table, unit.cells, unit.tagged)
-    if grouped is None:
-        return None
-    data, bounds = grouped
-    if unit.tagged:
-        data = _in_order(data, bounds, unit.cells)
-    if layout.transform is None and len(unit.wanted) == len(unit.cells):
-        outside = bounds[0]
-        whole = to_block(data.slice(outside), layout)
-        return UnitPartitions(unit.cells, whole=whole, bounds=[b - outside for b in bounds])
-    wanted = [
-        (spec, data.slice(bounds[i], bounds[i + 1] - bounds[i]))
-        for i, spec in enumerate(unit.cells)
-        if spec.key in unit.wanted
-    ]
+    if unit.windowed:
+        parts = windowed_parts(table, unit.cells)
+        if parts is None:
+            return None
+    else:
+        grouped = _grouped_by_cell(table, unit.cells, unit.tagged)
+        if grouped is None:
+            return None
+        data, bounds = grouped
+        if unit.tagged:
+            data = _in_order(data, bounds, unit.cells)
+        if layout.transform is None and len(unit.wanted) == len(unit.cells):
+            outside = bounds[0]
+            whole = to_block(data.slice(outside), layout)
+            return UnitPartitions(unit.cells, whole=whole, bounds=[b - outside for b in bounds])
+        parts = [data.slice(bounds[i], bounds[i + 1] - bounds[i]) for i in range(len(unit.cells))]
+    wanted = [(spec, part) for spec, part in zip(unit.cells, parts, strict=True) if spec.key in unit.wanted]
     specs = [spec for spec, _ in wanted]
     if layout.transform is not None:
         return UnitPartitions(specs, blocks=[to_block(part, layout) for _, part in wanted])

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 
 from .._core.engine import Backend, Cursor, redact_uri
-from .._epoch.unit_split import UnitPartitions, split_by_key, unit_blocks
+from .._epoch.unit_split import UnitPartitions, split_by_key, unit_blocks, windowed_parts
 from .._epoch.units import FetchUnit
 from .._epoch.visits import PartitionKey
 from .._sql.block import Block
@@ -41,10 +41,14 @@ def _unit_contents(table: pa.Table, unit: FetchUnit) -> tuple[pa.Table, list[int
     hash sum; None when the result does not split into the planned cells (then neither does the
     data, and the unit falls back to its partitions' own subqueries)."""
     at = table.num_columns - unit.key_columns - 1
-    parts = split_by_key(
-        table.select([at, *range(at + 1, table.num_columns)]), unit.cells, tagged=unit.tagged
-    )
-    sums = None if parts is None else [strip_hash(part, 0)[1] for part in parts]
+    if unit.windowed:  # split whole: the split puts the rows in order by their key
+        parts = windowed_parts(table, unit.cells)
+        sums = None if parts is None else [strip_hash(part, at)[1] for part in parts]
+    else:
+        hashed = split_by_key(
+            table.select([at, *range(at + 1, table.num_columns)]), unit.cells, tagged=unit.tagged
+        )
+        sums = None if hashed is None else [strip_hash(part, 0)[1] for part in hashed]
     return table.remove_column(at), sums
 
 

@@ -15,6 +15,11 @@ twice the blocks (0.94 of their two queries, measured); two *neighbours* (comb `
 ``j + 1``, whose stripes touch) read about one piece's (0.67). So a fetch unit reads neighbours,
 visited one after the other (see :mod:`ddbloader._epoch.visits`).
 
+Combed pieces of windows share rows (a stripe's context is the next piece's stripe), so their
+query reads the union of their ranges (:func:`union_regions`), each shared row once, and the
+client splits it by the pieces' runs (:func:`ddbloader._epoch.unit_split.windowed_parts`); on
+DuckDB the 9 pieces of a 2M-row series cost 0.67 of their CPU read two to a query.
+
 Only pieces the reader orders (:attr:`~ddbloader._sql.pieces.KeyRanges.sort`: the order key is
 one integer, date or timestamp column, never NULL in a ranged piece) are tagged: their ranges
 are merged by comparing the bounds in Python, whose order is then the engine's, and the query
@@ -31,7 +36,7 @@ from sqlglot import exp
 from .pieces import KeyRanges, paren
 from .rewrites import WrappedQuery
 
-__all__ = ["TAG_ALIAS", "TagRegions", "tag_regions", "tagged_sql"]
+__all__ = ["TAG_ALIAS", "TagRegions", "tag_regions", "tagged_sql", "union_regions"]
 
 #: The column a tagged query selects last: the index of the row's piece among the query's pieces.
 TAG_ALIAS = "_ddb_piece"
@@ -69,6 +74,28 @@ def tag_regions(pieces: Sequence[KeyRanges]) -> TagRegions:
     return tuple(points), tuple(tags)
 
 
+def union_regions(pieces: Sequence[KeyRanges]) -> TagRegions:
+    """The regions of the union of ``pieces``' ranges, every one inside tagged 0. Pure.
+
+    For combed pieces of windows, whose ranges overlap (a stripe's context is the next piece's
+    stripe): a row may belong to two pieces, so the client splits such a unit's rows by the
+    pieces' runs (:func:`ddbloader._epoch.unit_split.windowed_parts`), not by a tag. Requires
+    bounds that Python orders as the engine does, as :func:`tag_regions` does.
+    """
+    merged: list[list[Any]] = []
+    spans = sorted(
+        (list(span) for piece in pieces for span in piece.ranges),
+        key=lambda span: (span[0] is not None, span[0]),
+    )
+    for low, high in spans:
+        last = merged[-1] if merged else None
+        if last is not None and (last[1] is None or low is None or low <= last[1]):
+            last[1] = None if high is None or last[1] is None else max(last[1], high)
+        else:
+            merged.append([low, high])
+    return tag_regions([KeyRanges(tuple((low, high) for low, high in merged))])
+
+
 def tagged_sql(
     query: WrappedQuery, columns: Sequence[exp.Expr], key: exp.Expr, tags: Sequence[int | None]
 ) -> str:
@@ -96,7 +123,10 @@ def tagged_sql(
     sides.append(exp.Not(this=exp.Is(this=exp.Paren(this=tree.copy()), expression=exp.Null())))
     select = query.filtered_where(columns, exp.and_(*sides), ordered=False)
     assert isinstance(select, exp.Select)
-    return query.render(select.select(tree.as_(TAG_ALIAS), copy=False))
+    # regions of one piece (a union, see union_regions): every row's tag is 0, found again for
+    # nothing in the select
+    tag = exp.Literal.number(0) if set(tags) <= {0, None} else tree
+    return query.render(select.select(tag.as_(TAG_ALIAS), copy=False))
 
 
 def _search(key: exp.Expr, first: int, tags: Sequence[int | None], start: int, stop: int) -> exp.Expr:

@@ -33,7 +33,7 @@ _ROWS_ALIAS = "_ddb_rows"
 CONTEXT_SHARE = 4
 _AHEAD_ALIAS = "_ddb_ahead"
 _BEHIND_ALIAS = "_ddb_behind"
-_DISTINCT_ALIAS = "_ddb_distinct"
+_TIES_ALIAS = "_ddb_ties"
 
 
 @dataclass(frozen=True)
@@ -166,8 +166,8 @@ class RangeCutter:
             )
             return None
         if edge:
-            distinct = sum(int(n) for n in table.column(_DISTINCT_ALIAS).to_pylist())
-            if distinct == keyed == rows:
+            tied = any(int(n) for n in table.column(_TIES_ALIAS).to_pylist())
+            if not tied and keyed == rows:
                 ahead = table.column(_AHEAD_ALIAS).to_pylist()
                 behind = table.column(_BEHIND_ALIAS).to_pylist()
                 windowed = [WindowTile(*tile) for tile in zip(lows, counts, ahead, behind, strict=True)]
@@ -231,10 +231,12 @@ class RangeCutter:
     def _tiles_tree(self, columns: Sequence[exp.Expr], tiles: int, edge: int = 0) -> exp.Expr:
         """``(tile, lowest key, rows)`` per non-empty tile of the subquery's non-NULL keys, by tile:
         a row's tile is ``(rank - 1) * tiles // rows`` (equal keys share their rank). With an
-        ``edge`` (windows' ``span - 1``), also its distinct keys and the keys ``edge`` rows after
-        and before its first row (as :class:`WindowTile` reads them: the keys grow with the rows,
-        so the least of a tile's is its first row's; before-keys of a tile that starts within
-        ``edge`` rows of the first are not used)."""
+        ``edge`` (windows' ``span - 1``), also whether a key of it is shared (the most any row's
+        ``ROW_NUMBER() - RANK()`` reaches: 0 only where no row ties with an earlier one; a third of
+        the cost of counting distinct keys on DuckDB) and the keys ``edge`` rows after and before
+        its first row (as :class:`WindowTile` reads them: the keys grow with the rows, so the
+        least of a tile's is its first row's; before-keys of a tile that starts within ``edge``
+        rows of the first are not used)."""
         assert isinstance(self._query, UserQuery) and self.key is not None
         key = self.key.expression
         filtered = self._query.filtered_where(
@@ -271,7 +273,9 @@ class RangeCutter:
                 shifted = kind(this=column.copy(), offset=exp.Literal.number(edge))
                 ranked = ranked.select(exp.Window(this=shifted, order=order.copy()).as_(alias))
                 outputs.append(exp.Min(this=exp.column(alias)).as_(alias))
-            outputs.append(exp.Count(this=exp.Distinct(expressions=[column.copy()])).as_(_DISTINCT_ALIAS))
+            number = exp.Window(this=exp.Anonymous(this="ROW_NUMBER"), order=order.copy())
+            ranked = ranked.select(exp.Sub(this=number, expression=rank.copy()).as_(_TIES_ALIAS))
+            outputs.append(exp.Max(this=exp.column(_TIES_ALIAS)).as_(_TIES_ALIAS))
         return (
             exp.select(*outputs)
             .from_(_subquery(ranked, "_ddb_t"))
