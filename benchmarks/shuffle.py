@@ -28,8 +28,8 @@ and its mean id (the issue's figure: +0.99 front to back, 0 for no trace of orde
 correlation between a sample's position and its id. Time: the constructor plus the first epoch
 (cold: a fresh loader in a fresh process) and the second epoch (warm), in wall and in CPU
 seconds of the process (all threads, DuckDB's included: steadier than wall time when other jobs
-compete for the cores). The machine is shared and noisy: the table gives the median and the
-range over the rounds.
+compete for the cores); warm is the median of ``--warm-epochs`` epochs after the first. The
+machine is shared and noisy: the table gives the median and the range over the rounds.
 """
 
 from __future__ import annotations
@@ -73,8 +73,9 @@ def ensure_data(workload: str, rows: int) -> Path:
     return path
 
 
-def child(workload: str, config: str, path: str) -> dict[str, Any]:
-    """One loader in this process: the first (cold) and second (warm) epoch, and the mixing."""
+def child(workload: str, config: str, path: str, warm_epochs: int) -> dict[str, Any]:
+    """One loader in this process: the first (cold) epoch, the median of ``warm_epochs`` later
+    (warm) ones, and the mixing."""
     import warnings
 
     import numpy as np
@@ -100,10 +101,14 @@ def child(workload: str, config: str, path: str) -> dict[str, Any]:
     for batch in loader:
         ids.append(np.asarray(batch[2]["id"]))
     cold, cold_cpu = time.perf_counter() - started, _cpu() - cpu
-    started, cpu = time.perf_counter(), _cpu()
-    for _ in loader:
-        pass
-    warm, warm_cpu = time.perf_counter() - started, _cpu() - cpu
+    walls, cpus = [], []
+    for _ in range(warm_epochs):
+        started, cpu = time.perf_counter(), _cpu()
+        for _ in loader:
+            pass
+        walls.append(time.perf_counter() - started)
+        cpus.append(_cpu() - cpu)
+    warm, warm_cpu = statistics.median(walls), statistics.median(cpus)
     ranged = (
         sum(p.ranges is not None for g in loader.plan.groups for p in g.partitions) if config != "main" else 0
     )
@@ -134,10 +139,10 @@ def _cpu() -> float:
     return times.user + times.system
 
 
-def run_child(workload: str, config: str, path: Path, main: str) -> dict[str, Any]:
+def run_child(workload: str, config: str, path: Path, main: str, warm_epochs: int) -> dict[str, Any]:
     env = dict(os.environ)
     env["PYTHONPATH"] = main if config == "main" else str(HERE.parent)
-    command = [sys.executable, __file__, "--child", workload, config, str(path)]
+    command = [sys.executable, __file__, "--child", workload, config, str(path), str(warm_epochs)]
     done = subprocess.run(command, capture_output=True, text=True, timeout=900, check=False, env=env)
     for line in done.stdout.splitlines():
         if line.startswith(MARKER):
@@ -157,7 +162,8 @@ def render(results: dict[tuple[str, str], list[dict[str, Any]]], args: argparse.
     lines = [
         "# Shuffle benchmark (issue 26)",
         "",
-        f"Produced by `python benchmarks/shuffle.py --rounds {args.rounds} --write`. Machine: 2 cores shared "
+        f"Produced by `python benchmarks/shuffle.py --rounds {args.rounds} --warm-epochs {args.warm_epochs} "
+        "--write`. Machine: 2 cores shared "
         "with other jobs and noisy: each figure is the median of the rounds, the range in parentheses; the "
         "configurations run interleaved, one fresh process each. `main` is the code before range pieces "
         f"({args.main}).",
@@ -175,7 +181,8 @@ def render(results: dict[tuple[str, str], list[dict[str, Any]]], args: argparse.
             "",
             "| configuration | range pieces | 100k-id blocks per batch (median) "
             "| rank corr. batch position vs mean id | rank corr. sample position vs id "
-            "| cold s (constructor + epoch 1) | warm s (epoch 2) | cold CPU s | warm CPU s | peak RSS MB |",
+            "| cold s (constructor + epoch 1) | warm s (later epochs, median) | cold CPU s | warm CPU s "
+            "| peak RSS MB |",
             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         ]
         for config in CONFIGS:
@@ -216,7 +223,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--child", nargs=3, metavar=("WORKLOAD", "CONFIG", "PATH"), help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--child", nargs=4, metavar=("WORKLOAD", "CONFIG", "PATH", "WARM"), help=argparse.SUPPRESS
+    )
+    parser.add_argument("--warm-epochs", type=int, default=3, help="warm epochs per process (their median)")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--series-rows", type=int, default=2_000_000)
     parser.add_argument("--workload", choices=WORKLOADS, action="append")
@@ -224,8 +234,8 @@ def main() -> None:
     parser.add_argument("--write", action="store_true", help=f"write the table to {RESULTS.name}")
     args = parser.parse_args()
     if args.child:
-        workload, config, path = args.child
-        print(MARKER + json.dumps(child(workload, config, path)), flush=True)
+        workload, config, path, warm_epochs = args.child
+        print(MARKER + json.dumps(child(workload, config, path, int(warm_epochs))), flush=True)
         return
     results: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for workload in args.workload or WORKLOADS:
@@ -233,7 +243,7 @@ def main() -> None:
         path = ensure_data(workload, rows)
         for round_ in range(args.rounds):
             for config in CONFIGS:
-                result = run_child(workload, config, path, args.main)
+                result = run_child(workload, config, path, args.main, args.warm_epochs)
                 results.setdefault((workload, config), []).append(result)
                 print(f"round {round_ + 1} {workload} {config}: {result}", file=sys.stderr, flush=True)
     table = render(results, args)
