@@ -23,7 +23,7 @@ from .._sql.layout import ColumnLayout
 from .._sql.plan import PartitionSpec
 from .units import FetchUnit
 
-__all__ = ["UnitPartitions", "split_by_key", "unit_blocks", "windowed_parts"]
+__all__ = ["UnitPartitions", "split_by_key", "take_rows", "unit_blocks", "windowed_rows"]
 
 
 def _codes(column: pa.ChunkedArray, values: Sequence[Any]) -> np.ndarray[Any, Any] | None:
@@ -160,8 +160,7 @@ def _grouped_by_cell(
         # a stable sort of 16-bit keys is a radix sort: O(rows), 7x faster than of 64-bit ones
         narrow = cell_of_row.astype(np.int16) if len(cells) < np.iinfo(np.int16).max else cell_of_row
         order = np.argsort(narrow, kind="stable").astype(np.int64, copy=False)
-        # from the buffer, as pa.array(order) would import pandas (see _codes)
-        data = data.take(pa.Array.from_buffers(pa.int64(), len(order), [None, pa.py_buffer(order)]))
+        data = take_rows(data, order)
     return data, np.cumsum(counts).tolist()
 
 
@@ -178,14 +177,23 @@ def _in_order(data: pa.Table, bounds: Sequence[int], cells: Sequence[PartitionSp
     return pa.concat_tables([data.slice(0, bounds[0]), *ordered])
 
 
-def windowed_parts(table: pa.Table, cells: Sequence[PartitionSpec]) -> list[pa.Table] | None:
-    """Each cell's rows of a unit of combed pieces of windows (one series; the query's last
-    column a tag, 0 on every row), in the query's order, without the tag.
+def take_rows(data: pa.Table, rows: np.ndarray[Any, Any]) -> pa.Table:
+    """Rows ``rows`` (int64) of ``data``, in that order: one gather of every column."""
+    # from the buffer, as pa.array(rows) would import pandas (see _codes)
+    return data.take(pa.Array.from_buffers(pa.int64(), len(rows), [None, pa.py_buffer(rows)]))
+
+
+def windowed_rows(
+    table: pa.Table, cells: Sequence[PartitionSpec]
+) -> tuple[pa.Table, list[np.ndarray[Any, Any]]] | None:
+    """A unit of combed pieces of windows (one series; the query's last column a tag, 0 on every
+    row): its rows in the query's order without the tag, and per cell the indices of its rows
+    among them, in its order.
 
     The pieces' runs (:class:`~ddbloader._sql.window_rows.WindowRows`) overlap where a stripe's
     context is another piece's stripe, and the query returns such a row once: the result, put in
     the query's order, is the union of the cells' runs, ascending, and each cell takes its runs'
-    rows from it (a row of two cells is in both parts). None when the result holds another
+    rows from it (a row of two cells is indexed by both). None when the result holds another
     number of rows than that union (the caller then fetches the cells one by one).
     """
     union: list[list[int]] = []  # [first series row, stop] of each run of the union, ascending
@@ -202,15 +210,20 @@ def windowed_parts(table: pa.Table, cells: Sequence[PartitionSpec]) -> list[pa.T
     ranges = cells[0].ranges
     assert ranges is not None
     data = ranges.in_order(table.select(range(table.num_columns - 1)))
-    parts = []
+    indices = []
     for cell in cells:
         assert cell.windows is not None
-        series_rows = np.concatenate(
-            [np.arange(first, first + rows, dtype=np.int64) for first, rows in cell.windows.runs]
+        firsts = np.array([first for first, _ in cell.windows.runs], np.int64)
+        at = firsts + shifts[np.searchsorted(starts, firsts, side="right") - 1]
+        indices.append(
+            np.concatenate(
+                [
+                    np.arange(a, a + n, dtype=np.int64)
+                    for a, (_, n) in zip(at.tolist(), cell.windows.runs, strict=True)
+                ]
+            )
         )
-        rows = series_rows + shifts[np.searchsorted(starts, series_rows, side="right") - 1]
-        parts.append(data.take(pa.Array.from_buffers(pa.int64(), len(rows), [None, pa.py_buffer(rows)])))
-    return parts
+    return data, indices
 
 
 class UnitPartitions:
@@ -254,27 +267,26 @@ def unit_blocks(table: pa.Table, unit: FetchUnit, layout: ColumnLayout) -> UnitP
 
     Without a transform the rows are converted once and each partition's block is a view of
     that conversion (of the grouped result itself when every partition is wanted, without
-    cutting it into partitions and joining them again; combed pieces of windows, which share
-    rows, are joined again); a transform runs on each partition's rows, as for a partition
-    fetched alone.
+    cutting it into partitions and joining them again); a transform runs on each partition's
+    rows, as for a partition fetched alone.
     """
     if unit.windowed:
-        parts = windowed_parts(table, unit.cells)
-        if parts is None:
-            return None
-    else:
-        grouped = _grouped_by_cell(table, unit.cells, unit.tagged)
-        if grouped is None:
-            return None
-        data, bounds = grouped
-        if unit.tagged:
-            data = _in_order(data, bounds, unit.cells)
-        if layout.transform is None and len(unit.wanted) == len(unit.cells):
-            outside = bounds[0]
-            whole = to_block(data.slice(outside), layout)
-            return UnitPartitions(unit.cells, whole=whole, bounds=[b - outside for b in bounds])
-        parts = [data.slice(bounds[i], bounds[i + 1] - bounds[i]) for i in range(len(unit.cells))]
-    wanted = [(spec, part) for spec, part in zip(unit.cells, parts, strict=True) if spec.key in unit.wanted]
+        return _windowed_blocks(table, unit, layout)
+    grouped = _grouped_by_cell(table, unit.cells, unit.tagged)
+    if grouped is None:
+        return None
+    data, bounds = grouped
+    if unit.tagged:
+        data = _in_order(data, bounds, unit.cells)
+    if layout.transform is None and len(unit.wanted) == len(unit.cells):
+        outside = bounds[0]
+        whole = to_block(data.slice(outside), layout)
+        return UnitPartitions(unit.cells, whole=whole, bounds=[b - outside for b in bounds])
+    wanted = [
+        (spec, data.slice(bounds[i], bounds[i + 1] - bounds[i]))
+        for i, spec in enumerate(unit.cells)
+        if spec.key in unit.wanted
+    ]
     specs = [spec for spec, _ in wanted]
     if layout.transform is not None:
         return UnitPartitions(specs, blocks=[to_block(part, layout) for _, part in wanted])
@@ -283,3 +295,21 @@ def unit_blocks(table: pa.Table, unit: FetchUnit, layout: ColumnLayout) -> UnitP
     whole = to_block(pa.concat_tables([part for _, part in wanted]).combine_chunks(), layout)
     bounds = list(itertools.accumulate((part.num_rows for _, part in wanted), initial=0))
     return UnitPartitions(specs, whole=whole, bounds=bounds)
+
+
+def _windowed_blocks(table: pa.Table, unit: FetchUnit, layout: ColumnLayout) -> UnitPartitions | None:
+    """:func:`unit_blocks` of a unit of combed pieces of windows: the wanted cells' rows (a shared
+    row once per cell) gathered by one take, converted once, each block a view of it."""
+    found = windowed_rows(table, unit.cells)
+    if found is None:
+        return None
+    data, indices = found
+    wanted = [(spec, rows) for spec, rows in zip(unit.cells, indices, strict=True) if spec.key in unit.wanted]
+    joined = take_rows(data, np.concatenate([rows for _, rows in wanted]))
+    bounds = list(itertools.accumulate((len(rows) for _, rows in wanted), initial=0))
+    specs = [spec for spec, _ in wanted]
+    if layout.transform is not None:
+        return UnitPartitions(
+            specs, blocks=[to_block(joined.slice(a, b - a), layout) for a, b in itertools.pairwise(bounds)]
+        )
+    return UnitPartitions(specs, whole=to_block(joined, layout), bounds=bounds)

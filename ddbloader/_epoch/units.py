@@ -67,7 +67,7 @@ class FetchUnit:
     @property
     def windowed(self) -> bool:
         """The cells are combed pieces of windows of one series, which share rows: split by their
-        runs (see :func:`~ddbloader._epoch.unit_split.windowed_parts`), not by the tag."""
+        runs (see :func:`~ddbloader._epoch.unit_split.windowed_rows`), not by the tag."""
         return self.tagged and self.cells[0].windows is not None
 
     @property

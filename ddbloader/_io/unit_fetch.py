@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 
 from .._core.engine import Backend, Cursor, redact_uri
-from .._epoch.unit_split import UnitPartitions, split_by_key, unit_blocks, windowed_parts
+from .._epoch.unit_split import UnitPartitions, split_by_key, take_rows, unit_blocks, windowed_rows
 from .._epoch.units import FetchUnit
 from .._epoch.visits import PartitionKey
 from .._sql.block import Block
@@ -42,8 +42,11 @@ def _unit_contents(table: pa.Table, unit: FetchUnit) -> tuple[pa.Table, list[int
     data, and the unit falls back to its partitions' own subqueries)."""
     at = table.num_columns - unit.key_columns - 1
     if unit.windowed:  # split whole: the split puts the rows in order by their key
-        parts = windowed_parts(table, unit.cells)
-        sums = None if parts is None else [strip_hash(part, at)[1] for part in parts]
+        found = windowed_rows(table, unit.cells)
+        sums = None
+        if found is not None:
+            hashes = found[0].select([at])
+            sums = [strip_hash(take_rows(hashes, rows), 0)[1] for rows in found[1]]
     else:
         hashed = split_by_key(
             table.select([at, *range(at + 1, table.num_columns)]), unit.cells, tagged=unit.tagged

@@ -17,7 +17,7 @@ visited one after the other (see :mod:`ddbloader._epoch.visits`).
 
 Combed pieces of windows share rows (a stripe's context is the next piece's stripe), so their
 query reads the union of their ranges (:func:`union_regions`), each shared row once, and the
-client splits it by the pieces' runs (:func:`ddbloader._epoch.unit_split.windowed_parts`); on
+client splits it by the pieces' runs (:func:`ddbloader._epoch.unit_split.windowed_rows`); on
 DuckDB, one thread, the 9 pieces of a 2M-row series read two to a query cost 0.7 of their
 CPU read one by one.
 
@@ -80,7 +80,7 @@ def union_regions(pieces: Sequence[KeyRanges]) -> TagRegions:
 
     For combed pieces of windows, whose ranges overlap (a stripe's context is the next piece's
     stripe): a row may belong to two pieces, so the client splits such a unit's rows by the
-    pieces' runs (:func:`ddbloader._epoch.unit_split.windowed_parts`), not by a tag. Requires
+    pieces' runs (:func:`ddbloader._epoch.unit_split.windowed_rows`), not by a tag. Requires
     bounds that Python orders as the engine does, as :func:`tag_regions` does.
     """
     merged: list[list[Any]] = []
