@@ -85,10 +85,19 @@ def spark_server() -> Iterator[sparkserver.SparkServer]:
 
 
 @pytest.fixture(scope="session")
-def chdb_uri(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """The one chDB database of the run: chDB opens one storage path per process."""
+def chdb_uri(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The one chDB database of the run: chDB opens one storage path per process.
+
+    A connection held for the whole run keeps chDB's embedded server up between tests (it stops
+    when its last connection closes), so the run starts it once, as a user's process would.
+    """
     _require("adbc_driver_chdb", "chdb is not installed (pip install 'ddbloader[clickhouse]')", "ClickHouse")
-    return f"chdb://{tmp_path_factory.mktemp('chdb')}"
+    from adbc_driver_chdb import dbapi
+
+    uri = f"chdb://{tmp_path_factory.mktemp('chdb')}"
+    keeper = dbapi.connect(uri)
+    yield uri
+    keeper.close()
 
 
 @pytest.fixture(scope="session")

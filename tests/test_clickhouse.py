@@ -6,6 +6,9 @@ holds one database per process, so every test here uses the run's one (``chdb_ur
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
 from collections.abc import Iterator
 
 import pyarrow as pa
@@ -38,6 +41,32 @@ def test_connect_takes_a_chdb_uri_or_an_adbc_connection(clickhouse: ClickHouseEn
     assert clickhouse.rows("SELECT 1 AS one") == [(1,)]  # the user's connection is left open
     with pytest.raises(ValueError, match="chdb://"):
         ClickHouseBackend("postgresql://u:pw@h/db")
+
+
+def test_a_uri_backend_keeps_chdb_s_server_up_between_its_cursors() -> None:
+    # chDB stops its server when the process's last connection closes: an in-memory table made
+    # through one connection is gone by the next unless the backend holds one of its own. In a
+    # fresh process, since this one's chDB is bound to the run's database path.
+    probe = textwrap.dedent(
+        """
+        from ddbloader.backends import ClickHouseBackend
+        backend = ClickHouseBackend("chdb://")
+        writer = backend.open()
+        with writer.cursor() as cursor:
+            cursor.execute("CREATE TABLE kept (v Int32) ENGINE = Memory")
+            cursor.execute("INSERT INTO kept VALUES (1), (2), (3)")
+        writer.close()
+        reader = backend.cursor()
+        print(reader.fetch("SELECT count() AS n FROM kept", []).column("n").to_pylist())
+        reader.close()
+        backend.close()
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], check=False, capture_output=True, text=True, timeout=100
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[3]"
 
 
 @pytest.mark.parametrize("passed", [False, True], ids=["uri", "connection"])

@@ -9,7 +9,11 @@ a later ``SET`` nor a query's ``SETTINGS readonly = 0`` lifts it (2, not 1, so t
 ``SETTINGS`` clause still works).
 
 chDB holds one database per process: every ``chdb://`` URI (and connection) of a process must
-name the same path, or chDB refuses the connection.
+name the same path, or chDB refuses the connection. chDB stops its embedded server when the
+process's last connection to it closes and starts it again at the next (about 25 ms here, and
+a restart while other threads connect is a path chDB has crashed on): a backend made from a URI
+holds one connection of its own from construction to :meth:`ClickHouseBackend.close`, so the
+server stays up between the cursors of a loader.
 
 The SQL is ClickHouse's (sqlglot's ``clickhouse`` dialect); parameters are bound by the driver
 (``?``), one per key value in a fetch unit. Rows come through the driver's Arrow record batch
@@ -23,6 +27,7 @@ where ``cityHash64(a, b)`` is NULL as soon as one of them is.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import Callable
 from typing import Any
@@ -57,13 +62,28 @@ class ClickHouseBackend(ADBCBackend):
     """
 
     def __init__(self, source: Any) -> None:
+        self._keeper: Any = None
         if isinstance(source, str):
             if not source.startswith(CHDB_SCHEME):
                 raise ValueError(f"ClickHouseBackend takes chdb:// URIs, got {redact_uri(source)!r}")
-            super().__init__(_chdb_connect(source), dialect="clickhouse")
+            connect = _chdb_connect(source)
+            self._keeper = connect()
+            try:
+                super().__init__(connect, dialect="clickhouse")
+            except BaseException:
+                self._keeper.close()
+                raise
             self.engine = f"chdb ({source.removeprefix(CHDB_SCHEME) or 'in-memory'})"
         else:
             super().__init__(source, dialect="clickhouse")
+
+    def close(self) -> None:
+        """Close the spare connection, then the one that keeps chDB's server up."""
+        super().close()
+        keeper, self._keeper = self._keeper, None
+        if keeper is not None:
+            with contextlib.suppress(Exception):
+                keeper.close()
 
     @staticmethod
     def is_transient(error: BaseException) -> bool:
