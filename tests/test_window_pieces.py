@@ -64,7 +64,7 @@ def _selects(ranges: KeyRanges, key: int) -> bool:
     pieces=st.integers(1, 12),
     stripes=st.integers(1, 6),
     band=st.sampled_from([2, 3, 64]),
-    span=st.integers(2, 12),
+    span=st.integers(1, 12),
     stride=st.integers(1, 4),
     descending=st.booleans(),
 )
@@ -135,6 +135,9 @@ SHAPES = [
     ("u", [4, 2], 3, 6, None),
     ("u DESC", [4, 2], 2, 1, None),
     ("g, u", 7, None, None, "g"),
+    # one-row samples every other row: combed by their series rows, with no context
+    ("u", [1, 1], 2, 0, None),
+    ("k, u", [1, 1], 3, 0, None),  # ties on the cut key do not matter without a context
 ]
 
 #: The key with one NULL: ``v``.
@@ -255,18 +258,20 @@ def test_stripes_thin_out_as_windows_grow_so_a_piece_stays_near_its_budget(
 
 
 @pytest.mark.parametrize(
-    ("order", "repartition", "why"),
+    ("order", "window", "stride", "repartition", "why"),
     [
-        ("k, u", None, "ties on the leading key"),
-        ("v", None, "a NULL key"),
-        ("v DESC NULLS FIRST", None, "a NULL key"),
-        ("g, u", "g", "a series of two subqueries"),
+        ("k, u", 5, None, None, "ties on the leading key"),
+        ("v", 5, None, None, "a NULL key"),
+        ("v DESC NULLS FIRST", 5, None, None, "a NULL key"),
+        ("g, u", 5, None, "g", "a series of two subqueries"),
+        ("g, u", [1, 1], 2, "g", "one-row samples every other row of a series of two subqueries"),
     ],
 )
 def test_where_combing_would_not_be_exact_pieces_stay_contiguous(
-    engine: TableEngine, order: str, repartition: str | None, why: str
+    engine: TableEngine, order: str, window: Any, stride: int | None, repartition: str | None, why: str
 ) -> None:
-    loader, _ = _check_windows(engine, order, 5, repartition_col=repartition)
+    offset = 0 if stride else None
+    loader, _ = _check_windows(engine, order, window, stride, offset, repartition_col=repartition)
     partitions = [p for g in loader.plan.groups for p in g.partitions]
     assert not any(g.combed_windows for g in loader.plan.groups), why
     assert sum(p.ranges is not None for p in partitions) > 2, "still cut into range pieces"

@@ -124,8 +124,13 @@ class RangeCutter:
                 data changed during planning).
         """
         assert isinstance(self._query, UserQuery) and self.key is not None
-        combed = self._span == 1 or series
-        edge = self._span - 1 if series and self._span > 1 else 0
+        # Rows combed across pieces are numbered piece after piece, which is the series' sample
+        # numbering only where every row is a sample; otherwise a sample is placed by its series
+        # row (``i * stride``), which only a series' combed pieces of windows map back.
+        rows_are_samples = self._span == 1 and self._stride == 1
+        windows = series and not rows_are_samples
+        combed = rows_are_samples or windows
+        edge = self._span - 1 if windows else 0
         stripes = COMB_STRIPES if combed else CONTIGUOUS_TILES
         if edge:  # each stripe's context adds edge rows: at most 1/CONTEXT_SHARE of a piece's
             stripes = max(min(stripes, rows // pieces // (CONTEXT_SHARE * edge)), 1)
@@ -165,11 +170,12 @@ class RangeCutter:
                 f"so no key range would hold those rows"
             )
             return None
-        if edge:
-            tied = any(int(n) for n in table.column(_TIES_ALIAS).to_pylist())
+        if windows:
+            # a window of one row has no context to cut by key, so its ties do not matter
+            tied = bool(edge) and any(int(n) for n in table.column(_TIES_ALIAS).to_pylist())
             if not tied and keyed == rows:
-                ahead = table.column(_AHEAD_ALIAS).to_pylist()
-                behind = table.column(_BEHIND_ALIAS).to_pylist()
+                ahead = table.column(_AHEAD_ALIAS).to_pylist() if edge else lows
+                behind = table.column(_BEHIND_ALIAS).to_pylist() if edge else lows
                 windowed = [WindowTile(*tile) for tile in zip(lows, counts, ahead, behind, strict=True)]
                 return window_layout(
                     windowed, pieces, COMB_BAND, self._span, self._stride, descending=self.key.descending

@@ -15,6 +15,9 @@ series, and :class:`WindowRows` says where each run starts in the series and whi
 windows. Exact only when the order key alone orders the series (no two rows share a key): the
 context is cut by key, and a key shared by rows on both sides of a context's end would make the
 rows a window reads depend on the engine's order of ties. The cutter checks that before combing.
+Samples of one row taken every ``stride > 1`` rows are combed this way too, with no context (so
+ties do not matter): rows combed as rows are numbered piece after piece, which is the series'
+numbering only when every row is a sample.
 """
 
 from __future__ import annotations
@@ -53,7 +56,8 @@ def window_layout(
     rows its query returns (stripes and contexts). Pure.
 
     Args:
-        tiles: the series' tiles, ascending by key, every row's key distinct and not NULL.
+        tiles: the series' tiles, ascending by key, no key NULL, and every row's key distinct
+            when ``span > 1`` (with ``span == 1`` a tile's ``ahead`` and ``behind`` are its ``low``).
         pieces: how many pieces to cut the rows into (at most one per tile).
         band: how many pieces to comb together at most.
         span: rows a window needs; each stripe carries the ``span - 1`` rows after it in the
