@@ -6,10 +6,12 @@ holds one database per process, so every test here uses the run's one (``chdb_ur
 
 from __future__ import annotations
 
+import multiprocessing
 import subprocess
 import sys
 import textwrap
 from collections.abc import Iterator
+from typing import Any
 
 import pyarrow as pa
 import pytest
@@ -67,6 +69,28 @@ def test_a_uri_backend_keeps_chdb_s_server_up_between_its_cursors() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[3]"
+
+
+def _open_in_child(uri: str, report: Any) -> None:
+    try:
+        ClickHouseBackend(uri).close()
+        report.put("opened")
+    except Exception as error:
+        report.put(f"{type(error).__name__}: {error}")
+
+
+def test_a_process_forked_after_chdb_opened_is_refused_not_hung(clickhouse: ClickHouseEngine) -> None:
+    # a DataLoader worker under fork: chDB's state without its threads hangs at the first query
+    backend = connect(clickhouse.uri)
+    fork = multiprocessing.get_context("fork")
+    report = fork.Queue()
+    child = fork.Process(target=_open_in_child, args=(clickhouse.uri, report))
+    child.start()
+    message = report.get(timeout=60)
+    child.join(timeout=60)
+    backend.close()
+    assert message.startswith("RuntimeError: this process was forked from one that opened chDB")
+    assert "num_workers=0" in message
 
 
 @pytest.mark.parametrize("passed", [False, True], ids=["uri", "connection"])

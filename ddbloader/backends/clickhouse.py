@@ -15,6 +15,11 @@ a restart while other threads connect is a path chDB has crashed on): a backend 
 holds one connection of its own from construction to :meth:`ClickHouseBackend.close`, so the
 server stays up between the cursors of a loader.
 
+For the same reason chDB serves one process: a process forked from one that opened chDB inherits
+its state but none of its threads, and would hang at its first query (a DataLoader worker under
+``fork``), so a backend refuses to open chDB there; a spawned process finds the database locked
+by the first. The loader fetches in threads: keep ``num_workers=0`` with chDB.
+
 The SQL is ClickHouse's (sqlglot's ``clickhouse`` dialect); parameters are bound by the driver
 (``?``), one per key value in a fetch unit. Rows come through the driver's Arrow record batch
 reader. Not supported by chDB 4.4 (so not by the loader): ``interrupt()`` reaches the driver,
@@ -29,10 +34,12 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 from collections.abc import Callable
 from typing import Any
 
 from .._core.engine import redact_uri
+from .._core.errors import add_note
 from .adbc import ADBCBackend
 
 __all__ = ["CHDB_SCHEME", "ClickHouseBackend"]
@@ -40,6 +47,11 @@ __all__ = ["CHDB_SCHEME", "ClickHouseBackend"]
 CHDB_SCHEME = "chdb://"
 
 _INSTALL_HINT = "ClickHouse (chDB) needs the chdb package: pip install 'ddbloader[clickhouse]'"
+
+_ONE_PROCESS = "chDB serves one process; keep DataLoader's num_workers=0 (the loader fetches in threads)"
+
+#: The processes in which a backend here opened chDB (a forked child inherits the set).
+_OPENED_IN: set[int] = set()
 
 
 def _chdb_connect(uri: str) -> Callable[[], Any]:
@@ -59,6 +71,7 @@ class ClickHouseBackend(ADBCBackend):
     Raises:
         ImportError: chdb is not installed.
         ValueError: a URI that is not ``chdb://``.
+        RuntimeError: this process was forked from one that opened chDB.
     """
 
     def __init__(self, source: Any) -> None:
@@ -66,8 +79,18 @@ class ClickHouseBackend(ADBCBackend):
         if isinstance(source, str):
             if not source.startswith(CHDB_SCHEME):
                 raise ValueError(f"ClickHouseBackend takes chdb:// URIs, got {redact_uri(source)!r}")
+            if _OPENED_IN and os.getpid() not in _OPENED_IN:
+                raise RuntimeError(
+                    f"this process was forked from one that opened chDB: a forked chDB has none of its "
+                    f"threads and would hang at the first query; {_ONE_PROCESS}"
+                )
             connect = _chdb_connect(source)
-            self._keeper = connect()
+            try:
+                self._keeper = connect()
+            except Exception as error:
+                add_note(error, f"ddbloader: if another process holds this database, {_ONE_PROCESS}")
+                raise
+            _OPENED_IN.add(os.getpid())
             try:
                 super().__init__(connect, dialect="clickhouse")
             except BaseException:
