@@ -11,14 +11,14 @@ a later ``SET`` nor a query's ``SETTINGS readonly = 0`` lifts it (2, not 1, so t
 chDB holds one database per process: every ``chdb://`` URI (and connection) of a process must
 name the same path, or chDB refuses the connection. chDB stops its embedded server when the
 process's last connection to it closes and starts it again at the next (about 25 ms here, and
-a restart while other threads connect is a path chDB has crashed on): a backend made from a URI
-holds one connection of its own from construction to :meth:`ClickHouseBackend.close`, so the
-server stays up between the cursors of a loader.
+each restart leaves threads and file descriptors behind): a backend made from a URI holds one
+connection of its own from construction to :meth:`ClickHouseBackend.close`, so the server stays
+up between the cursors of a loader.
 
-For the same reason chDB serves one process: a process forked from one that opened chDB inherits
-its state but none of its threads, and would hang at its first query (a DataLoader worker under
-``fork``), so a backend refuses to open chDB there; a spawned process finds the database locked
-by the first. The loader fetches in threads: keep ``num_workers=0`` with chDB.
+chDB serves one process: a process forked from one that opened chDB inherits its state but none
+of its threads, and would hang at its first query (a DataLoader worker under ``fork``), so a
+backend refuses to open chDB there; a spawned process finds the database locked by the first.
+The loader fetches in threads: keep ``num_workers=0`` with chDB.
 
 The SQL is ClickHouse's (sqlglot's ``clickhouse`` dialect); parameters are bound by the driver
 (``?``), one per key value in a fetch unit. Rows come through the driver's Arrow record batch
