@@ -15,7 +15,9 @@ It builds an in-memory DuckDB table (groups × days × rows, float32 features), 
    model step of ``--step-ms`` runs on the GPU (the step reads the batch and ends in a sync, like
    ``loss.item()``), for: a host loader with the copy in the loop (the usual pattern), the
    device path, and the device path with ``window_on_device``;
-5. **windows/s** of each, with no model step.
+5. **windows/s** of each, with no model step;
+6. **host → device bandwidth** of a plain copy of 256 MB from pinned and from pageable memory, the
+   ceiling the host path's copies meet.
 
 Without a CUDA device it says so, exits with status 2 and runs nothing, unless ``--smoke``: then
 it runs the same code on ``cpu`` and ``meta`` at a tiny size, to show that the script works
@@ -156,6 +158,24 @@ def check_pinned(connection: duckdb.DuckDBPyConnection, args: argparse.Namespace
     return {"batches": len(flags), "all_pinned": all(flags), "host_allocations": allocations}
 
 
+def host_to_device_bandwidth(megabytes: int = 256, repeats: int = 5) -> dict[str, float]:
+    """GB/s of the best of ``repeats`` copies of ``megabytes`` to the GPU, pinned and pageable."""
+    results: dict[str, float] = {}
+    for pinned in (True, False):
+        source = torch.ones(megabytes * 2**20, dtype=torch.uint8, pin_memory=pinned)
+        target = torch.empty_like(source, device="cuda")
+        best = float("inf")
+        for _ in range(repeats):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            target.copy_(source, non_blocking=pinned)
+            end.record()
+            torch.cuda.synchronize()
+            best = min(best, start.elapsed_time(end) / 1000)
+        results["pinned" if pinned else "pageable"] = source.numel() / best / 1e9
+    return results
+
+
 def first_sums(loader: DDBDataLoader, limit: int, before_read: Callable[[], Any]) -> torch.Tensor:
     """``[limit, 2]``: the float64 sums of x and y of the first ``limit`` batches, on the host."""
     sums = []
@@ -218,6 +238,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"pinned: {report['pinned']}")
         report["equal"] = check_equal(connection, args, limit=60)
         print(f"device batches equal host batches: {report['equal']}")
+        report["h2d_gb_per_s"] = host_to_device_bandwidth()
+        print(f"host → device GB/s (256 MB copy, best of 5): {report['h2d_gb_per_s']}")
     step = gpu_step(args.step_ms) if cuda else cpu_step(args.step_ms)
     modes: list[tuple[str, dict[str, Any], str | None]] = [
         ("host loader, copy in the loop", {"device": "cpu"}, device),

@@ -159,7 +159,19 @@ class EpochClaims:
         batches = batch_count(sum(u.samples for u in units), config.batch_size, config.drop_last)
         skip = min(saved, batches)
         self._recorder = StatsRecorder(epoch, self._mixing.epoch(units, epoch, batches))
-        stage = DeviceStage(config.device, config.pin_memory, config.window_on_device, config.collate)
+        in_worker = get_worker_info() is not None
+        if in_worker and config.device.type != "cpu":
+            raise ValueError(
+                f"device={str(config.device)!r} in a DataLoader worker process: a worker cannot deliver "
+                f"batches on a device; keep device='cpu' and move each batch in the training loop (give "
+                f"the DataLoader pin_memory=True), or serve the loader with num_workers=0"
+            )
+        # A worker never pins: torch sends its batches to the main process through shared memory,
+        # where the pinning is lost (DataLoader(pin_memory=True) pins there), and workers forked
+        # from a process that used CUDA inherit its pinned host allocator and hand out the same
+        # pinned memory in every worker, each writing over another's batches.
+        pin = config.pin_memory and not in_worker
+        stage = DeviceStage(config.device, pin, config.window_on_device, config.collate)
         # an arena is taken by one epoch at a time and shelved when its last batch is gathered
         arena, self._arena = (
             (None, self._arena)

@@ -35,6 +35,9 @@ class DDBIterableDataset(IterableDataset[Delivered]):
     equals the batches an epoch delivers, and a DataLoader with another count is refused.
     Without it, ``len()`` counts the batches of one worker.
 
+    Workers deliver host batches, unpinned (give the DataLoader ``pin_memory=True`` to pin them
+    in the main process); a ``device`` other than ``"cpu"`` is refused in a worker.
+
     Workers iterate copies of the dataset; they count epochs in memory shared with this process
     (one slot per worker id), so successive epochs differ without :meth:`set_epoch` calls, with or
     without persistent workers; ``set_epoch(e)`` here pins the next epoch every worker starts.

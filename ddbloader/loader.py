@@ -81,7 +81,8 @@ class DDBDataLoader(LoaderCheckpoint, LoaderResources):
         prepartition_num: partitions per active group held at once (the one being served too).
         group_pool_size: groups active at once.
         dtype: dtype of x and y, or a pair ``(x_dtype, y_dtype)``; default: numpy promotion.
-        pin_memory: ``"auto"`` pins host batches when CUDA is available.
+        pin_memory: ``"auto"`` pins host batches when CUDA is available; never in a DataLoader
+            worker process (give the DataLoader ``pin_memory=True``: it pins in the main process).
         fetch_threads: partition fetch threads, each with its own cursor.
         timeout: seconds any single wait (a fetch, a batch) may take before TimeoutError.
         retries: further attempts of a partition fetch that failed on a transient error (a

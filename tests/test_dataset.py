@@ -142,6 +142,12 @@ def _iterate_in_child(data: DDBIterableDataset, report: Any) -> None:
         report.put(f"{type(error).__name__}: {error}")
 
 
+def test_a_worker_refuses_to_deliver_batches_on_a_device(db_path: str) -> None:
+    data = dataset(db_path, device="meta", num_workers=1)
+    with pytest.raises(ValueError, match=r"device='meta' in a DataLoader worker process: .*device='cpu'"):
+        next(iter(DataLoader(data, batch_size=None, num_workers=1)))
+
+
 def test_a_connection_object_cannot_serve_workers(db_path: str) -> None:
     """The error names the fix, whether the worker is forked or the dataset pickled (spawn).
 
