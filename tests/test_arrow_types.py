@@ -71,6 +71,17 @@ def test_an_unhashable_extension_column_beside_x_and_y_is_left_alone(con: duckdb
     assert arrow_column_type(_Label()).dtype is None
 
 
+NUMERIC_TYPES = [pa.bool_(), pa.float16(), pa.float32(), pa.float64()] + [
+    getattr(pa, f"{sign}int{bits}")() for sign in ("", "u") for bits in (8, 16, 32, 64)
+]
+
+
+@pytest.mark.parametrize("data_type", NUMERIC_TYPES, ids=str)
+def test_numeric_columns_get_pyarrows_numpy_dtype(data_type: pa.DataType) -> None:
+    # named from the width: pyarrow < 26 imports pandas in to_pandas_dtype
+    assert arrow_column_type(data_type).dtype == np.dtype(data_type.to_pandas_dtype())
+
+
 def test_an_epoch_does_not_import_pandas() -> None:
     # pyarrow's to_numpy imports pandas on first use: seconds in a fetch thread, once per process
     # (fetch units, fetch_bytes > 0, still convert Python values with pa.array, which imports it)

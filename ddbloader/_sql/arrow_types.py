@@ -57,7 +57,7 @@ def _column_type(data_type: pa.DataType) -> ColumnType:
     if pa.types.is_decimal(data_type):
         return ColumnType(np.dtype(np.float64), (), text, decimal=True)
     if pa.types.is_integer(data_type) or pa.types.is_floating(data_type) or pa.types.is_boolean(data_type):
-        return ColumnType(np.dtype(data_type.to_pandas_dtype()), (), text)
+        return ColumnType(_fixed_width_dtype(data_type), (), text)
     if isinstance(data_type, pa.FixedShapeTensorType):
         inner = arrow_column_type(data_type.value_type)
         return ColumnType(inner.dtype, tuple(data_type.shape), text)
@@ -117,6 +117,15 @@ def arrow_values(column: pa.ChunkedArray, name: str, nulls: Literal["nan", "erro
     return _numpy([flat], flat.type).reshape(rows, *kind.shape)
 
 
+def _fixed_width_dtype(data_type: pa.DataType) -> np.dtype[Any]:
+    """numpy's dtype for an Arrow integer, float or boolean type, named from its width rather than
+    by ``to_pandas_dtype``, which imports pandas (a second or more, once per process) before pyarrow 26."""
+    if pa.types.is_boolean(data_type):
+        return np.dtype(np.bool_)
+    kind = "f" if pa.types.is_floating(data_type) else "i" if pa.types.is_signed_integer(data_type) else "u"
+    return np.dtype(f"{kind}{data_type.bit_width // 8}")
+
+
 def _numpy(chunks: Sequence[pa.Array], data_type: pa.DataType) -> np.ndarray[Any, Any]:
     """Arrow chunks of one type as one numpy array: views of the values buffers (one chunk: no
     copy) where no value is null and the type is a fixed-width integer or float, else what
@@ -131,7 +140,7 @@ def _numpy(chunks: Sequence[pa.Array], data_type: pa.DataType) -> np.ndarray[Any
         and all(chunk.null_count == 0 for chunk in chunks)
         and (pa.types.is_integer(data_type) or pa.types.is_floating(data_type))
     ):
-        dtype = np.dtype(data_type.to_pandas_dtype())
+        dtype = _fixed_width_dtype(data_type)
         parts = [
             np.frombuffer(chunk.buffers()[1], dtype, len(chunk), chunk.offset * dtype.itemsize)
             for chunk in chunks
