@@ -342,6 +342,33 @@ def test_a_step_holds_the_samples_its_partition_completes() -> None:
     assert drops == [(0, (0, 0), 1), (0, (0, 1), 2), (2, (0, 2), 1)]
 
 
+def test_units_that_end_together_find_their_successors_fetched() -> None:
+    """A shuffled pool drains its units at one pace, so they end within a few batches of each
+    other: every successor's first partition is claimed once the budget has room, when the
+    active units start their last partitions (~37 batches of 16 before it is loaded here: three
+    units share the batches, a partition holds ~200 samples), so its fetch overlaps those
+    batches; claiming only the next one ahead left the others a handful of batches (2-7)."""
+    geometry = WindowGeometry(3, 1, 1, 3, True)
+    subqueries = [[[200] for _ in range(5)] for _ in range(9)]  # 9 groups of 5 equal days
+    epoch = Epoch(plan_groups(subqueries, geometry), config(batch_size=16), geometry, 0)
+    batches = list(epoch.schedule(epoch.units()))
+    first_fetch: dict[int, int] = {}
+    first_load: dict[int, int] = {}
+    for batch in batches:
+        for event in batch.events:
+            seen = (
+                first_fetch
+                if event.kind == EventKind.FETCH
+                else first_load
+                if event.kind == EventKind.LOAD
+                else {}
+            )
+            seen.setdefault(event.key[0], batch.index)
+    successors = [unit.group.index for unit in epoch.units()[3:]]  # those not in the first pool
+    assert len(successors) == 6
+    assert all(first_load[g] - first_fetch[g] >= 20 for g in successors), (first_fetch, first_load)
+
+
 def test_a_plan_of_many_groups_serves_every_sample_once() -> None:
     # 200 groups of one to three partitions, eight in the pool
     geometry = WindowGeometry(5, 1, 1, 5, True)

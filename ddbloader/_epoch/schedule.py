@@ -23,7 +23,9 @@ The order it defines (the pool's, see :class:`~ddbloader._pipeline.pool.GroupPoo
   when its unit is next asked for a sample after the one before it ran out.
 * Fetches are queued within a budget of ``group_pool_size x prepartition_num`` partitions held
   (queued, in flight or being served), at most ``prepartition_num`` per unit: the active units'
-  next partitions first, then the first ones of the next waiting unit.
+  next partitions first, then the first partition of each next waiting unit, in their order, while
+  the budget has room (a shuffled pool drains its units at one pace, so several end together and
+  each successor should be on its way).
 
 The events and batches it yields are defined in :mod:`ddbloader._epoch.events`. A shuffled pool
 of :data:`~ddbloader._epoch.slots.RUNS_FROM` slots or more draws the same batches in runs (see
@@ -88,7 +90,7 @@ class BatchSchedule:
         # a shuffled pool of many units draws in runs (see Slots), its active units in slots.units
         slots = Slots[OneStep | UnitSteps](pool, config.batch_size, log) if self.in_runs else None
         active: list[OneStep | UnitSteps] = [] if slots is None else slots.units
-        ahead: list[OneStep | UnitSteps] = []
+        ahead: deque[OneStep | UnitSteps] = deque()
         draws = SourceDraws(config.seed, self._epoch, pool=pool)
         orders = SampleOrders(shuffle, config.seed, self._epoch)
         topped_up_at = -1
@@ -101,7 +103,7 @@ class BatchSchedule:
 
         def following() -> OneStep | UnitSteps | None:
             if ahead:
-                return ahead.pop()
+                return ahead.popleft()
             return make(waiting.popleft()) if waiting else None
 
         def top_up() -> None:
@@ -109,11 +111,10 @@ class BatchSchedule:
             for unit in active:
                 if not unit.queued:
                     unit.top_up(budget - log.held)
-            room = budget - log.held
-            if room > 0 and not ahead and waiting:
-                ahead.append(make(waiting.popleft()))
-            if room > 0 and ahead and not ahead[0].queued:
-                ahead[0].top_up(room)
+            while log.held < budget and waiting:
+                unit = make(waiting.popleft())
+                unit.top_up(1)
+                ahead.append(unit)
             topped_up_at = log.held
 
         left = sum(u.samples for u in self.units)
