@@ -101,7 +101,9 @@ class DDBDataLoader(LoaderCheckpoint, LoaderResources):
             width of a converted row) fit in it together are fetched by one query, with their
             group values bound as an IN list, and split by key on arrival (see ddbloader._epoch.units).
             An epoch's first unit gets an eighth of it (its first batch waits for a small
-            query). At most two units' rows wait to be served. A partition larger than the
+            query). The rows of a unit wait until their partitions are claimed: the units
+            holding the groups being served (and those claimed ahead) and the unit after them
+            are held, each at most ``fetch_bytes``. A partition larger than the
             budget is streamed: planned as consecutive pieces of at most ``fetch_bytes`` (or 64
             rows if more) read by one query as they are served (see ddbloader._io.streams);
             with ``shuffle``, cut instead into range pieces of its ORDER BY key, each read by

@@ -95,7 +95,9 @@ class Coalescer:
     A partition of a unit is served from its unit once (its first ``claim``); asked for again, or
     after ``release``, it is fetched alone. A unit starts when one of its partitions is first
     claimed, and the next unit with it, so the next unit's rows travel while this one's are
-    served. Memory: the partitions delivered and not yet claimed, at most two units' worth.
+    served. Memory: the partitions delivered and not yet claimed: the rest of every started unit
+    that holds a partition claimed so far, and the unit after the last of them (at the default
+    shape, where a unit holds one group: the three active groups' units and the next, 4 units).
 
     Units are taken from ``units`` as claims reach them (a key in none takes them all): ``claim``
     and ``release`` are called from one thread (the assembler), which alone advances ``units``
