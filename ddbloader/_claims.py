@@ -151,6 +151,13 @@ class EpochClaims:
         """Start the next epoch for ``iteration`` (its first step)."""
         if self._closed:
             raise RuntimeError("this DDBDataLoader is closed")
+        in_worker = get_worker_info() is not None
+        if in_worker and self.config.device.type != "cpu":
+            raise ValueError(
+                f"device={str(self.config.device)!r} in a DataLoader worker process: a worker cannot "
+                f"deliver batches on a device; keep device='cpu' and move each batch in the training loop "
+                f"(give the DataLoader pin_memory=True), or serve the loader with num_workers=0"
+            )
         sharding = self.sharding
         self._agree(sharding)
         epoch, config = self._epoch, self.config
@@ -159,13 +166,6 @@ class EpochClaims:
         batches = batch_count(sum(u.samples for u in units), config.batch_size, config.drop_last)
         skip = min(saved, batches)
         self._recorder = StatsRecorder(epoch, self._mixing.epoch(units, epoch, batches))
-        in_worker = get_worker_info() is not None
-        if in_worker and config.device.type != "cpu":
-            raise ValueError(
-                f"device={str(config.device)!r} in a DataLoader worker process: a worker cannot deliver "
-                f"batches on a device; keep device='cpu' and move each batch in the training loop (give "
-                f"the DataLoader pin_memory=True), or serve the loader with num_workers=0"
-            )
         # A worker never pins: torch sends its batches to the main process through shared memory,
         # where the pinning is lost (DataLoader(pin_memory=True) pins there), and workers forked
         # from a process that used CUDA inherit its pinned host allocator and hand out the same
