@@ -352,18 +352,12 @@ def test_units_that_end_together_find_their_successors_fetched() -> None:
     subqueries = [[[200] for _ in range(5)] for _ in range(9)]  # 9 groups of 5 equal days
     epoch = Epoch(plan_groups(subqueries, geometry), config(batch_size=16), geometry, 0)
     batches = list(epoch.schedule(epoch.units()))
-    first_fetch: dict[int, int] = {}
-    first_load: dict[int, int] = {}
+    first: dict[EventKind, dict[int, int]] = {EventKind.FETCH: {}, EventKind.LOAD: {}}
     for batch in batches:
         for event in batch.events:
-            seen = (
-                first_fetch
-                if event.kind == EventKind.FETCH
-                else first_load
-                if event.kind == EventKind.LOAD
-                else {}
-            )
-            seen.setdefault(event.key[0], batch.index)
+            if event.kind in first:
+                first[event.kind].setdefault(event.key[0], batch.index)
+    first_fetch, first_load = first[EventKind.FETCH], first[EventKind.LOAD]
     successors = [unit.group.index for unit in epoch.units()[3:]]  # those not in the first pool
     assert len(successors) == 6
     assert all(first_load[g] - first_fetch[g] >= 20 for g in successors), (first_fetch, first_load)
