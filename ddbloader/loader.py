@@ -97,20 +97,20 @@ class DDBDataLoader(LoaderCheckpoint, LoaderResources):
             returns an ``(x, y)`` pair of tensors.
         window_on_device: ship each partition's rows to the device once and build the windows
             there, instead of copying every window's rows (see ddbloader._pipeline.device).
-        fetch_bytes: byte budget of one fetch unit: partitions whose planned rows (times the
-            width of a converted row) fit in it together are fetched by one query, with their
-            group values bound as an IN list, and split by key on arrival (see ddbloader._epoch.units).
-            An epoch's first unit gets an eighth of it (its first batch waits for a small
-            query). The rows of a unit wait until their partitions are claimed: the units
-            holding the groups being served (and those claimed ahead) and the unit after them
-            are held, each at most ``fetch_bytes``. A partition larger than the
-            budget is streamed: planned as consecutive pieces of at most ``fetch_bytes`` (or 64
-            rows if more) read by one query as they are served (see ddbloader._io.streams);
-            with ``shuffle``, cut instead into range pieces of its ORDER BY key, each read by
-            its own query and visited in a random order (see ddbloader._sql.pieces); two
-            neighbouring combed pieces the loader orders itself are read by one query, a unit
-            of up to twice the budget (see ddbloader._sql.piece_tags). 0 fetches every
-            partition on its own and whole.
+        fetch_bytes: byte budget of one fetch unit: partitions whose planned rows (times the width
+            of a converted row) fit in it together are fetched by one query, with their group values
+            bound as an IN list, and split by key on arrival (see ddbloader._epoch.units). An
+            epoch's first unit gets an eighth of it, and a larger group among the pool's first is
+            fetched as two units, its first ``prepartition_num`` partitions and the rest (the first
+            batch waits for small queries). The rows of a unit wait until their partitions are
+            claimed: the units holding the groups being served (and those claimed ahead) and the
+            unit after them are held, each at most ``fetch_bytes``. A partition larger than the
+            budget is streamed: planned as consecutive pieces of at most ``fetch_bytes`` (or 64 rows
+            if more) read by one query as they are served (see ddbloader._io.streams); with
+            ``shuffle``, cut instead into range pieces of its ORDER BY key, each read by its own
+            query and visited in a random order (see ddbloader._sql.pieces); two neighbouring combed
+            pieces the loader orders itself are read by one query, a unit of up to twice the budget
+            (see ddbloader._sql.piece_tags). 0 fetches every partition on its own and whole.
         cache_bytes: keep the partitions fetched in the first epoch in memory and serve later
             epochs from there, without querying again, when the planned partitions (rows ×
             bytes per row of x and y) fit in this many bytes; else a warning, and no cache.

@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from resume_check import assert_resumes_exactly, assert_same_batches
 
 from ddbloader import DDBDataLoader
+from ddbloader._epoch.schedule import BatchSchedule, EventKind
 from ddbloader._epoch.shard import epoch_units
 from ddbloader._epoch.unit_split import split_by_key, unit_blocks
 from ddbloader._epoch.units import FIRST_UNIT_SHARE, MAX_VALUES, FetchUnit, fetch_units
@@ -241,6 +242,30 @@ def test_a_group_larger_than_the_budget_is_cut_into_runs_of_its_partitions(
     assert all(u.params[0] == 0 and len(u.params) == 4 for u in units)
     covered = [k for u in units for k in u.wanted]
     assert len(covered) == len(set(covered)) == 9
+
+
+def test_the_first_units_are_the_pools_first_claims(con: duckdb.DuckDBPyConnection) -> None:
+    """A group within the budget and larger than the first share is one unit, unless it is among
+    the pool's first: then its first prepartition_num partitions are a unit, in the order the
+    schedule claims them, and the rest another, after the other first groups' heads; later
+    groups are whole. The first batch then waits for small queries."""
+    make_series(con, [[4] * 5] * 5)  # 5 groups of 5 partitions of 4 rows x 16 bytes
+    budget = 2 * 20 * 16  # two groups; the first share (budget // 8) is less than one
+    with _loader(con, repartition_col="part", seed=3) as loader:
+        plan, config = loader.plan, loader.config
+        work = epoch_units(plan, config, 0)
+        units = list(fetch_units(plan, work, config, 0, budget=budget))
+        samples = sum(u.samples for u in work)
+        schedule = BatchSchedule(work, plan.geometry, config, 0, -(-samples // config.batch_size))
+        claims = [e.key for b in schedule for e in b.events if e.kind is EventKind.FETCH]
+    pool, head = config.group_pool_size, config.prepartition_num
+    assert [len(u.cells) for u in units] == [head] * pool + [5 - head] * pool + [5, 5]
+    assert [{g for g, _ in u.wanted} for u in units] == [
+        {w.group.index} for w in [*work[:pool] * 2, *work[pool:]]
+    ]
+    assert [set(claims[i * head : (i + 1) * head]) for i in range(pool)] == [u.wanted for u in units[:pool]]
+    covered = [k for u in units for k in u.wanted]
+    assert len(covered) == len(set(covered)) == 25
 
 
 def test_a_unit_binds_at_most_max_values_parameters(con: duckdb.DuckDBPyConnection) -> None:

@@ -107,8 +107,13 @@ def fetch_units(
     :data:`FIRST_UNIT_SHARE`, so that the epoch's first batch waits for a small query; 0.9 s
     against 2.1 s at 10,000 groups on PostgreSQL; the next ones within twice the share of the
     one before) and its values within :data:`MAX_VALUES` (unbounded with ``lists``: the backend
-    binds each key's values as one list parameter); a group larger than ``budget`` becomes runs
-    of its partitions in visit order (the query restricts the group to one value and the
+    binds each key's values as one list parameter), except that a group among the first
+    ``group_pool_size`` larger than the first share is cut in two: a unit of the first
+    ``prepartition_num`` partitions it visits (the schedule claims these first, the first
+    batch reads them), and a unit of the rest, cut after the other first groups' heads (at the
+    default shape the first batch then waits for 4,000-row queries instead of whole groups of
+    10,000: 55 against 75 ms a warm epoch); a group larger than ``budget`` becomes runs of its
+    partitions in visit order (the query restricts the group to one value and the
     repartition key to the run's values); tagged range pieces (see
     :attr:`~ddbloader._sql.plan.PartitionSpec.tagged`) visited one after the other that are
     :func:`~ddbloader._epoch.visits.neighbours` join a unit of their own, up to
@@ -129,6 +134,12 @@ def fetch_units(
     # a group is served twice only in a padded shard; else no partition can repeat
     repeats = len({unit.group.index for unit in work_units}) < len(work_units)
     seen: set[PartitionKey] = set()
+    # The pool's first units are asked for their first prepartition_num partitions before any other
+    # (see BatchSchedule): in a group that would be one unit of its own, they are a unit of their
+    # own, cut before the rest of the pool's first groups (their tails).
+    first_units = 0
+    pool, head = config.group_pool_size, config.prepartition_num
+    tails: list[tuple[GroupPlan, Sequence[int]]] = []
     for unit in work_units:
         group = unit.group
         visits = partition_visits(unit, config, geometry, epoch)
@@ -138,43 +149,25 @@ def fetch_units(
         if not visits:
             continue
         size = group.rows * row_bytes
-        if size <= budget:
+        first_units += 1
+        if first_units <= pool and len(visits) > head and cutter.first_share < size <= budget:
+            cutter.flush()
+            cutter.add_runs(group, visits[:head])
+            tails.append((group, visits[head:]))
+        elif size <= budget:
             cutter.add_group(group, visits, size)
-            if cutter.units:
-                yield from cutter.take()
-            continue
-        cutter.flush()
-        run: list[int] = []
-        run_bytes = 0
-        tagged: list[int] = []
-        for position in visits:
-            partition = group.partitions[position]
-            if partition.tagged:
-                cutter.add_run(group, run)
-                run, run_bytes = [], 0
-                if tagged and (
-                    len(tagged) >= PIECES_PER_QUERY or not neighbours(group.partitions[tagged[-1]], partition)
-                ):
-                    cutter.add_tagged(group, tagged)
-                    tagged = []
-                tagged.append(position)
-                continue
-            cutter.add_tagged(group, tagged)
-            tagged = []
-            if partition.streamed:  # read by its own streaming query
-                cutter.add_run(group, run)
-                run, run_bytes = [], 0
-                continue
-            size = partition.rows * row_bytes
-            if run and (run_bytes + size > budget or len(run) >= max_values):
-                cutter.add_run(group, run)
-                run, run_bytes = [], 0
-            run.append(position)
-            run_bytes += size
-        cutter.add_run(group, run)
-        cutter.add_tagged(group, tagged)
+        else:
+            cutter.flush()
+            cutter.add_runs(group, visits)
+        if first_units == pool and tails:
+            cutter.flush()
+            for headed, tail in tails:
+                cutter.add_runs(headed, tail)
+            tails = []
         yield from cutter.take()
     cutter.flush()
+    for headed, tail in tails:
+        cutter.add_runs(headed, tail)
     yield from cutter.take()
 
 
@@ -194,12 +187,46 @@ class _Cutter:
         #: Flushes of groups so far, each a unit or a partition its own subquery fetches (the
         #: first ones are cut to a share of the budget, see :data:`FIRST_UNIT_SHARE`).
         self._cut = 0
-        self._share = budget // FIRST_UNIT_SHARE
+        self._share = self.first_share = budget // FIRST_UNIT_SHARE
 
     def take(self) -> list[FetchUnit]:
         """The units cut since the last take."""
         units, self.units = self.units, []
         return units
+
+    def add_runs(self, group: GroupPlan, visits: Sequence[int]) -> None:
+        """Units of runs of ``group``'s partitions ``visits``, in that order: runs within the budget,
+        tagged pieces in runs of neighbours, streamed pieces in none."""
+        run: list[int] = []
+        run_bytes = 0
+        tagged: list[int] = []
+        row_bytes = max(self._plan.layout.row_bytes, 1)
+        for position in visits:
+            partition = group.partitions[position]
+            if partition.tagged:
+                self.add_run(group, run)
+                run, run_bytes = [], 0
+                if tagged and (
+                    len(tagged) >= PIECES_PER_QUERY or not neighbours(group.partitions[tagged[-1]], partition)
+                ):
+                    self.add_tagged(group, tagged)
+                    tagged = []
+                tagged.append(position)
+                continue
+            self.add_tagged(group, tagged)
+            tagged = []
+            if partition.streamed:  # read by its own streaming query
+                self.add_run(group, run)
+                run, run_bytes = [], 0
+                continue
+            size = partition.rows * row_bytes
+            if run and (run_bytes + size > self._budget or len(run) >= self._max_values):
+                self.add_run(group, run)
+                run, run_bytes = [], 0
+            run.append(position)
+            run_bytes += size
+        self.add_run(group, run)
+        self.add_tagged(group, tagged)
 
     def add_group(self, group: GroupPlan, visits: Sequence[int], size: int) -> None:
         if self._groups and (

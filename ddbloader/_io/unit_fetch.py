@@ -97,7 +97,8 @@ class Coalescer:
     claimed, and the next unit with it, so the next unit's rows travel while this one's are
     served. Memory: the partitions delivered and not yet claimed: the rest of every started unit
     that holds a partition claimed so far, and the unit after the last of them (at the default
-    shape, where a unit holds one group: the three active groups' units and the next, 4 units).
+    shape, where a unit holds one group, or the rest of one after its first partitions: the
+    three active groups' units and the next, 4 units).
 
     Units are taken from ``units`` as claims reach them (a key in none takes them all): ``claim``
     and ``release`` are called from one thread (the assembler), which alone advances ``units``
