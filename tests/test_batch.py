@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from ddbloader._core.window import WindowGeometry
 from ddbloader._pipeline.arena import Piece, Segment
-from ddbloader._pipeline.batch import _window_copies, batch_count, gather
+from ddbloader._pipeline.batch import _window_copies, batch_count, gather, gather_on_device
 from ddbloader._sql.block import Block
 from ddbloader._sql.layout import ColumnLayout
 
@@ -141,7 +141,7 @@ def test_gather_pins_when_asked() -> None:
     dtypes=st.sampled_from([(np.float64, np.float32), (np.int16, np.int64), (np.bool_, np.float64)]),
     views=st.booleans(),
 )
-def test_gather_matches_slicing_the_rows(
+def test_gather_and_gather_on_device_match_slicing_the_rows(
     data: st.DataObject,
     windowed: bool,
     x_window: int,
@@ -173,14 +173,19 @@ def test_gather_matches_slicing_the_rows(
         for s in starts:
             want_x.append(rows.x[s : s + x_window] if windowed else rows.x[s])
             want_y.append(rows.y[s + offset : s + offset + y_window] if windowed else rows.y[s + offset])
-    x, y = gather(pieces, geometry, layout(fx, fy, *dtypes), pin=False)
     x_shape = (len(want_x), x_window, fx) if windowed else (len(want_x), fx)
     y_shape = (len(want_y), y_window, fy) if windowed else (len(want_y), fy)
-    assert x.shape == x_shape and y.shape == y_shape
-    assert x.dtype == torch.from_numpy(np.empty(0, dtypes[0])).dtype
-    if want_x:
-        assert np.array_equal(x.numpy(), np.stack(want_x))
-        assert np.array_equal(y.numpy(), np.stack(want_y))
+    on_host = gather(pieces, geometry, layout(fx, fy, *dtypes), pin=False)
+    # the device path's indexing, run on the CPU (it builds the windows where the rows are)
+    on_device = gather_on_device(
+        pieces, geometry, layout(fx, fy, *dtypes), torch.device("cpu"), lambda s: (s.x_rows, s.y_rows), False
+    )
+    for x, y in (on_host, on_device):
+        assert x.shape == x_shape and y.shape == y_shape
+        assert x.dtype == torch.from_numpy(np.empty(0, dtypes[0])).dtype
+        if want_x:
+            assert np.array_equal(x.numpy(), np.stack(want_x))
+            assert np.array_equal(y.numpy(), np.stack(want_y))
 
 
 def test_gather_one_run_reads_read_only_rows_and_returns_writable_tensors() -> None:

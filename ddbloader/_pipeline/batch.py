@@ -32,6 +32,9 @@ def batch_count(samples: int, batch_size: int, drop_last: bool) -> int:
     return samples // batch_size if drop_last else -(-samples // batch_size)
 
 
+_NO_ROWS = np.empty(0, np.int64)
+
+
 @functools.cache
 def _row_steps(length: int) -> np.ndarray[Any, Any]:
     steps = np.arange(length, dtype=np.int64)
@@ -177,21 +180,28 @@ def gather_on_device(
     layout: ColumnLayout,
     device: torch.device,
     rows: RowSource,
+    pin: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`gather` on ``device``, from each segment's rows there (``rows``): one
-    ``index_select`` over a window view per piece and tensor."""
+    ``index_select`` over a window view per piece and tensor.
+
+    The batch's start rows travel in one copy (pinned and ``non_blocking`` when ``pin``): a
+    pageable copy waits for the stream's queued work, once per copy."""
     size = sum(len(p.starts) for p in pieces)
     x_window, y_window = _windows(geometry)
     x_shape, y_shape = _batch_shapes(size, geometry, layout)
     x = torch.empty((size, x_window, layout.x_features), dtype=torch_dtype(layout.x_dtype), device=device)
     y = torch.empty((size, y_window, layout.y_features), dtype=torch_dtype(layout.y_dtype), device=device)
+    starts = pieces[0].starts if len(pieces) == 1 else np.concatenate([_NO_ROWS, *(p.starts for p in pieces)])
+    host = torch.from_numpy(starts)
+    x_starts = (host.pin_memory() if pin else host).to(device, non_blocking=pin)
+    y_starts = x_starts + geometry.offset if geometry.offset else x_starts
     filled = 0
     for piece in pieces:
         x_rows, y_rows = rows(piece.segment)
-        starts = torch.from_numpy(piece.starts).to(device)
-        stop = filled + len(starts)
-        torch.index_select(window_view(x_rows, x_window), 0, starts, out=x[filled:stop])
-        torch.index_select(window_view(y_rows, y_window), 0, starts + geometry.offset, out=y[filled:stop])
+        stop = filled + len(piece.starts)
+        torch.index_select(window_view(x_rows, x_window), 0, x_starts[filled:stop], out=x[filled:stop])
+        torch.index_select(window_view(y_rows, y_window), 0, y_starts[filled:stop], out=y[filled:stop])
         filled = stop
     return x.view(x_shape), y.view(y_shape)
 

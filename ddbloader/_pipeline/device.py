@@ -97,7 +97,7 @@ class DeviceStage:
         self._batches += 1
         with self._on_side_stream:
             if self.gathers_on_device:
-                x, y = gather_on_device(pieces, geometry, layout, self.device, self._resident_rows)
+                x, y = gather_on_device(pieces, geometry, layout, self.device, self._resident_rows, self.pin)
                 x, y = self._collate(x, y)
             else:
                 x, y = self._collate(*gather(pieces, geometry, layout, self.pin))
