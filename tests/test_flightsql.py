@@ -19,7 +19,7 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from sqlglot import exp
 
@@ -134,6 +134,8 @@ def test_literals_read_back_as_the_value_on_sail_and_duckdb(sail: Any, value: An
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(text=st.text(max_size=12))
+@example(text="\x000")  # Spark's dialect escapes NUL as \0: an octal escape with the digits after it
+@example(text="a\x0012\x00")
 def test_any_text_reads_back_unchanged(sail: Any, text: str) -> None:
     """Whatever the characters, the literal holds the value: it never ends early nor runs."""
     assert sail(_select(text, "spark")) == [text]

@@ -27,6 +27,7 @@ import datetime as dt
 import decimal
 import functools
 import math
+import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -83,7 +84,8 @@ def sql_literal(value: Any) -> exp.Expr:
 
     None → NULL; bool → TRUE/FALSE; int → digits; float → ``CAST('<repr>' AS DOUBLE)`` (NaN and
     infinities spelled for the cast); Decimal → ``CAST('<digits>' AS DECIMAL(p, s))`` of its own
-    precision; str → a string literal; date → ``CAST('2024-01-02' AS DATE)``; datetime →
+    precision; str → a string literal (or a concatenation of literals, see
+    :func:`_string_literal`); date → ``CAST('2024-01-02' AS DATE)``; datetime →
     ``CAST('2024-01-02 03:04:05.123456' AS TIMESTAMP)`` (an aware one keeps its offset); numpy
     scalars and Arrow scalars as the Python value they hold (Arrow timestamps with their
     nanoseconds).
@@ -103,12 +105,22 @@ def sql_literal(value: Any) -> exp.Expr:
     if isinstance(value, decimal.Decimal):
         return _decimal_literal(value)
     if isinstance(value, str):
-        return exp.Literal.string(value)
+        return _string_literal(value)
     if isinstance(value, dt.datetime):
         return _typed(value.isoformat(sep=" "), "TIMESTAMP")
     if isinstance(value, dt.date):
         return _typed(value.isoformat(), "DATE")
     return _other_literal(value)
+
+
+def _string_literal(value: str) -> exp.Expr:
+    """A string literal, each NUL character in a literal of its own and the pieces concatenated:
+    Spark's dialect escapes NUL as ``\\0``, which reads the digits after it as an octal escape
+    (``'\\00'`` is one character on Sail, ``'\\012'`` a newline on Spark)."""
+    if "\x00" not in value:
+        return exp.Literal.string(value)
+    pieces = [exp.Literal.string(piece) for piece in re.split("(\x00)", value) if piece]
+    return pieces[0] if len(pieces) == 1 else exp.Concat(expressions=pieces)
 
 
 def _other_literal(value: Any) -> exp.Expr:
