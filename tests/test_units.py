@@ -268,6 +268,29 @@ def test_the_first_units_are_the_pools_first_claims(con: duckdb.DuckDBPyConnecti
     assert len(covered) == len(set(covered)) == 25
 
 
+@pytest.mark.parametrize(("rank", "world_size"), [(0, 1), (1, 2)])
+def test_split_first_groups_give_the_batches_of_one_query_per_partition(
+    con: duckdb.DuckDBPyConnection, rank: int, world_size: int
+) -> None:
+    """Windows across the boundary of a head and its tail, shuffled, in two epochs and on a DDP
+    rank: the same batches as fetching each partition alone."""
+    make_series(con, [[6] * 5] * 5)  # 5 groups of 5 partitions of 6 rows x 16 bytes
+    options: dict[str, Any] = {
+        "repartition_col": "part",
+        "window_size": 4,
+        "seed": 7,
+        "rank": rank,
+        "world_size": world_size,
+    }
+    with _loader(con, fetch_bytes=0, **options) as alone:
+        want = [[(x.clone(), y.clone()) for x, y in alone] for _ in range(2)]
+    with _loader(con, fetch_bytes=2 * 30 * 16, **options) as loader:
+        got = [[(x.clone(), y.clone()) for x, y in loader] for _ in range(2)]
+        assert loader.stats().queries < 5 * 5 / world_size
+    for epoch in range(2):
+        assert_same_batches(got[epoch], want[epoch], f"epoch {epoch}")
+
+
 def test_a_unit_binds_at_most_max_values_parameters(con: duckdb.DuckDBPyConnection) -> None:
     make_series(con, [[1]] * (MAX_VALUES + 5))
     with _loader(con) as loader:
