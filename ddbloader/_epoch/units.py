@@ -112,7 +112,7 @@ def fetch_units(
     ``prepartition_num`` partitions it visits (the schedule claims these first, the first
     batch reads them), and a unit of the rest, cut after the other first groups' heads (at the
     default shape the first batch then waits for 4,000-row queries instead of whole groups of
-    10,000: 55 against 75 ms a warm epoch); a group larger than ``budget`` becomes runs of its
+    10,000: 45-61 against 75-89 ms a warm epoch); a group larger than ``budget`` becomes runs of its
     partitions in visit order (the query restricts the group to one value and the
     repartition key to the run's values); tagged range pieces (see
     :attr:`~ddbloader._sql.plan.PartitionSpec.tagged`) visited one after the other that are
