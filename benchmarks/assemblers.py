@@ -57,15 +57,12 @@ def _count(batches: Iterable[Any]) -> int:
 def _loaders(count: int, fetch_threads: int) -> tuple[Epoch, Callable[[], None]]:
     from ddbloader import DDBDataLoader
 
+    def shard(rank: int) -> dict[str, int]:
+        return {} if count == 1 else {"rank": rank, "world_size": count}
+
     path, sql = str(SHAPE.db_path), SHAPE.loader_sql
-    sharding = {} if count == 1 else {"world_size": count}
     loaders = [
-        DDBDataLoader(
-            path,
-            sql,
-            "target",
-            **_options(fetch_threads=fetch_threads, **({"rank": r, **sharding} if sharding else {})),
-        )
+        DDBDataLoader(path, sql, "target", **_options(fetch_threads=fetch_threads, **shard(r)))
         for r in range(count)
     ]
 
@@ -86,17 +83,19 @@ def _workers(num_workers: int) -> tuple[Epoch, Callable[[], None]]:
     dataset = DDBIterableDataset(
         str(SHAPE.db_path), SHAPE.loader_sql, "target", num_workers=num_workers, **_options()
     )
-    loader = DataLoader(dataset, batch_size=None, num_workers=num_workers, persistent_workers=True)
+    return _persistent(dataset, num_workers)
 
-    def epoch() -> int:
-        return _count(loader)
+
+def _persistent(dataset: IterableDataset[Any], num_workers: int) -> tuple[Epoch, Callable[[], None]]:
+    """A DataLoader of ``dataset`` with persistent workers: its epoch, and what stops the workers."""
+    loader = DataLoader(dataset, batch_size=None, num_workers=num_workers, persistent_workers=True)
 
     def close() -> None:
         iterator = getattr(loader, "_iterator", None)
         if iterator is not None:
             iterator._shutdown_workers()
 
-    return epoch, close
+    return lambda: _count(loader), close
 
 
 class _ReadyBatches(IterableDataset[tuple[torch.Tensor, torch.Tensor]]):
@@ -114,26 +113,15 @@ class _ReadyBatches(IterableDataset[tuple[torch.Tensor, torch.Tensor]]):
         return ((x.clone()[: min(throughput.BATCH, SHAPE.windows - b * throughput.BATCH)], y) for b in share)
 
 
-def _handover(num_workers: int) -> tuple[Epoch, Callable[[], None]]:
-    loader = DataLoader(
-        _ReadyBatches(num_workers), batch_size=None, num_workers=num_workers, persistent_workers=True
-    )
-
-    def close() -> None:
-        iterator = getattr(loader, "_iterator", None)
-        if iterator is not None:
-            iterator._shutdown_workers()
-
-    return lambda: _count(loader), close
-
-
 CONTENDERS: dict[str, Callable[[], tuple[Epoch, Callable[[], None]]]] = {
     "one loader (1 assembler, 2 fetch threads)": lambda: _loaders(1, 2),
     "two half loaders, one consumer (2 assemblers, 2 fetch threads each)": lambda: _loaders(2, 2),
     "two half loaders, one consumer (2 assemblers, 1 fetch thread each)": lambda: _loaders(2, 1),
     "DataLoader, 1 worker process": lambda: _workers(1),
     "DataLoader, 2 worker processes": lambda: _workers(2),
-    "reference: DataLoader, 2 workers yielding ready batches (torch's hand-over alone)": lambda: _handover(2),
+    "reference: DataLoader, 2 workers yielding ready batches (torch's hand-over alone)": lambda: _persistent(
+        _ReadyBatches(2), 2
+    ),
 }
 
 

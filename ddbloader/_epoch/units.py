@@ -127,9 +127,9 @@ def fetch_units(
     if budget <= 0 or plan.query is None or not (plan.keys or plan.piece_key is not None):
         return
     group_key = bool(plan.keys) and plan.keys[0][0] == "group_col"
-    row_bytes = max(plan.layout.row_bytes, 1)
     max_values = sys.maxsize if lists else MAX_VALUES
     cutter = _Cutter(plan, group_key, max_values, lists, budget)
+    row_bytes = cutter.row_bytes
     geometry = plan.geometry
     # a group is served twice only in a padded shard; else no partition can repeat
     repeats = len({unit.group.index for unit in work_units}) < len(work_units)
@@ -160,14 +160,10 @@ def fetch_units(
             cutter.flush()
             cutter.add_runs(group, visits)
         if first_units == pool and tails:
-            cutter.flush()
-            for headed, tail in tails:
-                cutter.add_runs(headed, tail)
+            cutter.add_tails(tails)
             tails = []
         yield from cutter.take()
-    cutter.flush()
-    for headed, tail in tails:
-        cutter.add_runs(headed, tail)
+    cutter.add_tails(tails)
     yield from cutter.take()
 
 
@@ -176,6 +172,7 @@ class _Cutter:
 
     def __init__(self, plan: QueryPlan, group_key: bool, max_values: int, lists: bool, budget: int) -> None:
         self._plan = plan
+        self.row_bytes = max(plan.layout.row_bytes, 1)
         self._group_key = group_key
         self._max_values = max_values
         self._lists = lists
@@ -194,13 +191,19 @@ class _Cutter:
         units, self.units = self.units, []
         return units
 
+    def add_tails(self, tails: Sequence[tuple[GroupPlan, Sequence[int]]]) -> None:
+        """The groups accumulated so far as a unit, then each tail's runs (see :meth:`add_runs`)."""
+        self.flush()
+        for group, visits in tails:
+            self.add_runs(group, visits)
+
     def add_runs(self, group: GroupPlan, visits: Sequence[int]) -> None:
         """Units of runs of ``group``'s partitions ``visits``, in that order: runs within the budget,
         tagged pieces in runs of neighbours, streamed pieces in none."""
         run: list[int] = []
         run_bytes = 0
         tagged: list[int] = []
-        row_bytes = max(self._plan.layout.row_bytes, 1)
+        row_bytes = self.row_bytes
         for position in visits:
             partition = group.partitions[position]
             if partition.tagged:
