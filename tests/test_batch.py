@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 from typing import Any
 
@@ -129,6 +130,13 @@ def test_gather_pins_when_asked() -> None:
     assert x.item() == 20.0
 
 
+_GATHER_DEVICES = [torch.device("cpu"), *([torch.device("cuda")] if torch.cuda.is_available() else [])]
+
+
+def _rows_on(device: torch.device, segment: Segment) -> tuple[torch.Tensor, torch.Tensor]:
+    return segment.x_rows.to(device), segment.y_rows.to(device)
+
+
 @settings(max_examples=60, deadline=None)
 @given(
     data=st.data(),
@@ -175,17 +183,26 @@ def test_gather_and_gather_on_device_match_slicing_the_rows(
             want_y.append(rows.y[s + offset : s + offset + y_window] if windowed else rows.y[s + offset])
     x_shape = (len(want_x), x_window, fx) if windowed else (len(want_x), fx)
     y_shape = (len(want_y), y_window, fy) if windowed else (len(want_y), fy)
-    on_host = gather(pieces, geometry, layout(fx, fy, *dtypes), pin=False)
-    # the device path's indexing, run on the CPU (it builds the windows where the rows are)
-    on_device = gather_on_device(
-        pieces, geometry, layout(fx, fy, *dtypes), torch.device("cpu"), lambda s: (s.x_rows, s.y_rows), False
-    )
-    for x, y in (on_host, on_device):
+    batches = [gather(pieces, geometry, layout(fx, fy, *dtypes), pin=False)]
+    # the device path builds the windows where the rows are: on the CPU everywhere, and on an
+    # accelerator (its start rows pinned and copied non_blocking) where one is present
+    for device in _GATHER_DEVICES:
+        batches.append(
+            gather_on_device(
+                pieces,
+                geometry,
+                layout(fx, fy, *dtypes),
+                device,
+                functools.partial(_rows_on, device),
+                device.type != "cpu",
+            )
+        )
+    for x, y in batches:
         assert x.shape == x_shape and y.shape == y_shape
         assert x.dtype == torch.from_numpy(np.empty(0, dtypes[0])).dtype
         if want_x:
-            assert np.array_equal(x.numpy(), np.stack(want_x))
-            assert np.array_equal(y.numpy(), np.stack(want_y))
+            assert np.array_equal(x.cpu().numpy(), np.stack(want_x))
+            assert np.array_equal(y.cpu().numpy(), np.stack(want_y))
 
 
 def test_gather_one_run_reads_read_only_rows_and_returns_writable_tensors() -> None:
