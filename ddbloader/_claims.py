@@ -22,7 +22,15 @@ from ._core.config import LoaderConfig
 from ._core.errors import warn_caller
 from ._epoch.elastic import Stretch, epoch_remainder
 from ._epoch.mixing import MixingWatch
-from ._epoch.shard import Sharding, agree_seed, epoch_units, part_range, shard_samples, share_units
+from ._epoch.shard import (
+    Sharding,
+    agree_seed,
+    distributed_world_size,
+    epoch_units,
+    part_range,
+    shard_samples,
+    share_units,
+)
 from ._epoch.state import Resume
 from ._io.cache import PartitionCache
 from ._pipeline.arena import Arena, arena_for
@@ -238,9 +246,9 @@ class EpochClaims:
         self._progress = None
 
     def _check_world(self, world: int) -> None:
-        if self._fixed_sharding is None and self.sharding.world_size != world:
+        if self._fixed_sharding is None and (now := distributed_world_size()) != world:
             raise ValueError(
-                f"the world size changed from {world} to {self.sharding.world_size} during an epoch: the "
+                f"the world size changed from {world} to {now} during an epoch: the "
                 f"epoch was split for {world} ranks; finish the epoch before changing the process group"
             )
 

@@ -336,6 +336,24 @@ def test_without_shuffle_every_epoch_is_the_same(series: duckdb.DuckDBPyConnecti
     assert _starts(first) == _series_windows()
 
 
+def test_a_process_group_that_changes_the_world_size_mid_epoch_is_named(
+    series: duckdb.DuckDBPyConnection,
+) -> None:
+    """Without an explicit rank the loader follows torch.distributed: a world that grows during an
+    epoch (the epoch was cut for one rank) stops the epoch with both sizes, never a wrong shard."""
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    with _shuffled(series, shuffle=False) as loader:
+        batches = iter(loader)
+        next(batches)
+        torch.distributed.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
+        try:
+            with pytest.raises(ValueError, match="world size changed from 1 to 2 during an epoch"):
+                next(batches)
+        finally:
+            torch.distributed.destroy_process_group()
+
+
 @pytest.mark.parametrize("epoch", [-1, 1.0, True, "1"])
 def test_set_epoch_refuses_what_is_not_an_epoch(series: duckdb.DuckDBPyConnection, epoch: Any) -> None:
     with _shuffled(series) as loader, pytest.raises(ValueError, match="epoch"):

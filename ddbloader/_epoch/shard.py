@@ -34,6 +34,7 @@ __all__ = [
     "Sharding",
     "WorkUnit",
     "agree_seed",
+    "distributed_world_size",
     "epoch_units",
     "part_range",
     "resolve_sharding",
@@ -165,6 +166,16 @@ class Sharding:
     even_batches: EvenBatches
 
 
+def _distributed() -> bool:
+    return torch.distributed.is_available() and torch.distributed.is_initialized()
+
+
+def distributed_world_size() -> int:
+    """torch.distributed's world size where a process group is initialised, else 1 (cheap enough
+    to ask once per batch)."""
+    return torch.distributed.get_world_size() if _distributed() else 1
+
+
 def resolve_sharding(rank: int | None, world_size: int | None, even_batches: str) -> Sharding:
     """Explicit ``rank``/``world_size``, else torch.distributed's when initialised, else (0, 1).
 
@@ -175,10 +186,8 @@ def resolve_sharding(rank: int | None, world_size: int | None, even_batches: str
     if even_batches not in ("pad", "drop"):
         raise ValueError(f"even_batches must be 'pad' or 'drop', got {even_batches!r}")
     if rank is None and world_size is None:
-        if torch.distributed.is_available() and torch.distributed.is_initialized():
-            rank, world_size = torch.distributed.get_rank(), torch.distributed.get_world_size()
-        else:
-            rank, world_size = 0, 1
+        distributed = _distributed()
+        rank, world_size = (torch.distributed.get_rank(), distributed_world_size()) if distributed else (0, 1)
     if rank is None or world_size is None:
         raise ValueError("give both rank and world_size, or neither (to read them from torch.distributed)")
     for name, value in (("rank", rank), ("world_size", world_size)):

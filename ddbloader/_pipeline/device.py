@@ -91,10 +91,16 @@ class DeviceStage:
         )
         # on the host the rows are where the windows are built already
         self.gathers_on_device = window_on_device and device.type != "cpu"
+        # a batch for the CPU, collated as it is: no stream, no copy, no collate call to make
+        self._on_host = device.type == "cpu" and collate is None
 
     def assemble(self, pieces: Sequence[Piece], geometry: WindowGeometry, layout: ColumnLayout) -> Staged:
         """Gather ``pieces`` into a batch and start it towards the device."""
         self._batches += 1
+        if self._on_host:
+            x, y = gather(pieces, geometry, layout, self.pin)
+            keys = gather_keys(pieces, layout.key_names, geometry.offset) if layout.key_names else None
+            return Staged(x, y, None, keys)
         with self._on_side_stream:
             if self.gathers_on_device:
                 x, y = gather_on_device(pieces, geometry, layout, self.device, self._resident_rows, self.pin)

@@ -267,7 +267,7 @@ class EpochIterator:
         self.yielded += 1
         self._source.report((run.epoch, self.yielded, False))
         x, y = batch[0], batch[1]
-        run.recorder.delivered(len(x), x.nbytes + y.nbytes, time.perf_counter() - waiting, ready)
+        run.recorder.delivered(x.shape[0], x.nbytes + y.nbytes, time.perf_counter() - waiting, ready)
         return batch
 
     def stop(self, reason: str) -> None:
