@@ -186,8 +186,9 @@ def resolve_sharding(rank: int | None, world_size: int | None, even_batches: str
     if even_batches not in ("pad", "drop"):
         raise ValueError(f"even_batches must be 'pad' or 'drop', got {even_batches!r}")
     if rank is None and world_size is None:
-        distributed = _distributed()
-        rank, world_size = (torch.distributed.get_rank(), distributed_world_size()) if distributed else (0, 1)
+        rank, world_size = (
+            (torch.distributed.get_rank(), torch.distributed.get_world_size()) if _distributed() else (0, 1)
+        )
     if rank is None or world_size is None:
         raise ValueError("give both rank and world_size, or neither (to read them from torch.distributed)")
     for name, value in (("rank", rank), ("world_size", world_size)):

@@ -97,21 +97,22 @@ class DeviceStage:
     def assemble(self, pieces: Sequence[Piece], geometry: WindowGeometry, layout: ColumnLayout) -> Staged:
         """Gather ``pieces`` into a batch and start it towards the device."""
         self._batches += 1
+        ready = None
         if self._on_host:
             x, y = gather(pieces, geometry, layout, self.pin)
-            keys = gather_keys(pieces, layout.key_names, geometry.offset) if layout.key_names else None
-            return Staged(x, y, None, keys)
-        with self._on_side_stream:
-            if self.gathers_on_device:
-                x, y = gather_on_device(pieces, geometry, layout, self.device, self._resident_rows, self.pin)
-                x, y = self._collate(x, y)
-            else:
-                x, y = self._collate(*gather(pieces, geometry, layout, self.pin))
-                x, y = self._ship(x), self._ship(y)
-            ready = None
-            if self._stream is not None:
-                ready = torch.cuda.Event()  # type: ignore[no-untyped-call]
-                ready.record(self._stream)
+        else:
+            with self._on_side_stream:
+                if self.gathers_on_device:
+                    x, y = gather_on_device(
+                        pieces, geometry, layout, self.device, self._resident_rows, self.pin
+                    )
+                    x, y = self._collate(x, y)
+                else:
+                    x, y = self._collate(*gather(pieces, geometry, layout, self.pin))
+                    x, y = self._ship(x), self._ship(y)
+                if self._stream is not None:
+                    ready = torch.cuda.Event()  # type: ignore[no-untyped-call]
+                    ready.record(self._stream)
         keys = gather_keys(pieces, layout.key_names, geometry.offset) if layout.key_names else None
         return Staged(x, y, ready, keys)
 
