@@ -129,7 +129,9 @@ def _groups_loader(source: str, table: str, **options: Any) -> Any:
     columns = ", ".join(f"f{i}" for i in range(FACTORS))
     return DDBDataLoader(
         source,
-        f"SELECT g, {columns}, target FROM {table} ORDER BY pos",
+        # pos is selected: an engine that keeps a result's order only under an ORDER BY of it
+        # (PostgreSQL) is split by result columns, and the loader refuses to order by others
+        f"SELECT g, pos, {columns}, target FROM {table} ORDER BY pos",
         "target",
         batch_size=BATCH,
         shuffle=True,
