@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import warnings
 from pathlib import Path
 from typing import Any
@@ -10,8 +11,11 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ddbloader import DDBDataLoader
+from ddbloader._sql import convert
 from ddbloader._sql.convert import check_result_schema, to_block
 from ddbloader._sql.layout import ColumnLayout
 
@@ -43,6 +47,55 @@ def test_nulls_planning_did_not_see_are_refused_instead_of_cast_to_garbage() -> 
     layout = ColumnLayout(("a",), ("c",), np.dtype(np.int32), np.dtype(np.float64), frozenset())
     with pytest.raises(ValueError, match=r"column 'a' \(int32\) holds NULL values where planning saw none"):
         to_block(table, layout)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    rows=st.integers(0, 70),
+    cuts=st.lists(st.integers(0, 70), max_size=4),
+    span_bytes=st.sampled_from([1, 40, 200, 1 << 24]),
+    tile_bytes=st.sampled_from([1, 24, 100, 1 << 19]),
+    seed=st.integers(0, 2**16),
+)
+def test_to_block_in_spans_and_tiles_equals_the_columns_side_by_side(
+    rows: int, cuts: list[int], span_bytes: int, tile_bytes: int, seed: int
+) -> None:
+    rng = np.random.default_rng(seed)
+    bounds = sorted({0, rows, *(c for c in cuts if c < rows)})
+
+    def chunked(values: np.ndarray[Any, Any], mask: np.ndarray[Any, Any] | None = None) -> pa.ChunkedArray:
+        return pa.chunked_array(
+            [
+                pa.array(values[a:b], mask=None if mask is None else mask[a:b])
+                for a, b in itertools.pairwise(bounds)
+            ],
+            pa.from_numpy_dtype(values.dtype),
+        )
+
+    nulls = rng.random(rows) < 0.2
+    table = pa.table(
+        {
+            "f": chunked(rng.random(rows).astype(np.float32)),
+            "n": chunked(rng.integers(-9, 9, rows).astype(np.int32), nulls),
+            "d": chunked(rng.random(rows)),
+            "y": chunked(rng.integers(0, 100, rows).astype(np.int64)),
+        }
+    )
+    layout = ColumnLayout(("d", "n", "f"), ("y",), np.dtype(np.float64), np.dtype(np.int64), frozenset({"n"}))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(convert, "_SPAN_BYTES", span_bytes)
+        patch.setattr(convert, "_TILE_BYTES", tile_bytes)
+        block = to_block(table, layout)
+    expected_x = np.column_stack(
+        [
+            table.column("d").to_numpy(),
+            np.where(nulls, np.nan, table.column("n").to_numpy(zero_copy_only=False)),
+            table.column("f").to_numpy().astype(np.float64),
+        ]
+    ).reshape(rows, 3)
+    np.testing.assert_array_equal(block.x, expected_x)
+    np.testing.assert_array_equal(block.y, table.column("y").to_numpy().reshape(rows, 1))
+    assert block.x.flags.c_contiguous and block.y.flags.c_contiguous
 
 
 # --- the fetched columns, matched by name to those planning saw -------------------------------

@@ -1,8 +1,11 @@
 """Converting one fetched partition into a :class:`~ddbloader._sql.block.Block`, after checking its schema.
 
 The conversion is the only per-partition copy: each Arrow column is viewed as numpy without a
-copy where Arrow allows it (one chunk, no nulls) and written once into a row-major block of the
-common dtype, so every later window is a strided view of that block. A partition transform
+copy where Arrow allows it (no nulls) and written once into a row-major block of the common
+dtype, so every later window is a strided view of that block. The block is written a cache-sized
+tile of rows at a time, every column's slice into the tile, rather than column by column: a
+column written alone strides through the whole block, so a block larger than the cache was read
+and written from memory once per column. A partition transform
 (``transform=``, see :mod:`ddbloader.transforms`) runs in :func:`to_block`, so in the fetch
 thread, between the fetch and the conversion; its output must have the columns and per-row
 shapes planning saw (:mod:`ddbloader._sql.columns`).
@@ -11,7 +14,7 @@ shapes planning saw (:mod:`ddbloader._sql.columns`).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -133,20 +136,46 @@ def _values(frame: Mapping[str, Any], name: str, layout: ColumnLayout) -> np.nda
     return values
 
 
+#: rows of a table converted at a time: its columns are numpy views of Arrow's buffers where Arrow
+#: allows, else copies of these rows alone (a few MB at most beside the block, never a column)
+_SPAN_BYTES = 1 << 24
+#: bytes of the block written at a time: a tile stays in the core's cache while every column
+#: writes its slice of it, so the block is written in one pass over memory instead of one per
+#: column (2M rows x 31 float32: 0.78 s -> 0.12 s; 8 MB and less: the same)
+_TILE_BYTES = 1 << 19
+
+
+def _spans(frame: pa.Table | Mapping[str, Any], rows: int, row_bytes: int) -> Iterator[tuple[int, Any]]:
+    """``frame`` as ``(first row, rows of frame)`` parts: a table in slices of ``_SPAN_BYTES``
+    of the block (one, empty, for no rows), a transform's output whole."""
+    if not isinstance(frame, pa.Table):
+        yield 0, frame
+        return
+    span = max(1, _SPAN_BYTES // max(1, row_bytes))
+    for start in range(0, max(rows, 1), span):
+        yield start, frame.slice(start, span)
+
+
 def _fill(
     out: np.ndarray[Any, Any], frame: pa.Table | Mapping[str, Any], names: Sequence[str], layout: ColumnLayout
 ) -> None:
     rows = out.shape[0]
     at = 0
-    # by name once per partition: a Table's own name lookups scan every column (O(F²) per block)
+    # by name once per span: a Table's own name lookups scan every column (O(F²) per block)
     columns = (
         dict(zip(frame.column_names, frame.columns, strict=True)) if isinstance(frame, pa.Table) else frame
     )
+    sources = []
     for name in names:
         values = _values(columns, name, layout)
         width = math.prod(values.shape[1:])
-        out[:, at : at + width] = values.reshape(rows, width)
+        sources.append((at, at + width, values.reshape(rows, width)))
         at += width
+    tile = max(1, _TILE_BYTES // max(1, out.strides[0]))
+    for start in range(0, rows, tile):
+        rows_out = out[start : start + tile]
+        for first, stop, values in sources:
+            rows_out[:, first:stop] = values[start : start + tile]
 
 
 def to_block(table: pa.Table, layout: ColumnLayout) -> Block:
@@ -170,8 +199,10 @@ def to_block(table: pa.Table, layout: ColumnLayout) -> Block:
     x = np.empty((rows, layout.x_features), dtype=layout.x_dtype)
     y = np.empty((rows, layout.y_features), dtype=layout.y_dtype)
     try:
-        _fill(x, frame, layout.x_names, layout)
-        _fill(y, frame, layout.y_names, layout)
+        for start, part in _spans(frame, rows, x.strides[0] + y.strides[0]):
+            stop = start + (part.num_rows if isinstance(part, pa.Table) else rows)
+            _fill(x[start:stop], part, layout.x_names, layout)
+            _fill(y[start:stop], part, layout.y_names, layout)
     except Exception as error:
         if layout.transform is not None:
             add_note(error, f"ddbloader was converting the output of transform {layout.transform.name}")
