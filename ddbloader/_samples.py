@@ -1,16 +1,20 @@
-"""LoaderSamples: a loader's samples where torch code reads ``DataLoader.dataset`` or ``.sampler``.
+"""What torch code reads of a DataLoader: its samples (``.dataset``, ``.sampler``) and settings.
 
-It holds no data and no state of its own: every answer is the loader's at the moment it is asked.
+:class:`LoaderSamples` holds no data and no state of its own: every answer is the loader's at the
+moment it is asked. :class:`DataLoaderFace` is a base of :class:`~ddbloader.DDBDataLoader` that
+gives it the attributes frameworks read from a ``torch.utils.data.DataLoader`` (``batch_size``,
+``drop_last``, ``dataset``, ``sampler``, ...), from the loader's configuration.
 """
 
 from __future__ import annotations
 
 from typing import Protocol
 
+from ._core.config import LoaderConfig
 from ._epoch.shard import Sharding, shard_samples
 from ._sql.plan import QueryPlan
 
-__all__ = ["LoaderSamples", "SampledLoader"]
+__all__ = ["DataLoaderFace", "LoaderSamples", "SampledLoader"]
 
 
 class SampledLoader(Protocol):
@@ -47,3 +51,46 @@ class LoaderSamples:
     def __repr__(self) -> str:
         kind = "this rank's samples" if self._per_rank else "samples"
         return f"<{len(self)} {kind} of a DDBDataLoader>"
+
+
+class DataLoaderFace:
+    """The attributes frameworks read from a DataLoader (see the module docstring).
+
+    It holds no state of its own: the loader sets ``config``, and is a :class:`SampledLoader`.
+    """
+
+    config: LoaderConfig
+
+    @property
+    def batch_size(self) -> int:
+        """Samples per batch (the last batch may hold fewer unless ``drop_last``)."""
+        return self.config.batch_size
+
+    @property
+    def drop_last(self) -> bool:
+        """Whether the final partial batch of an epoch is dropped."""
+        return self.config.drop_last
+
+    @property
+    def shuffle(self) -> bool:
+        """Whether group, partition and sample order are random (a function of seed and epoch)."""
+        return self.config.shuffle
+
+    @property
+    def pin_memory(self) -> bool:
+        """Whether host batches are pinned (``"auto"`` resolved: when CUDA is available)."""
+        return self.config.pin_memory
+
+    #: DataLoader's worker-process count: ddbloader fetches in threads of this process.
+    num_workers = 0
+
+    @property
+    def dataset(self: SampledLoader) -> LoaderSamples:
+        """The epoch's samples, as ``DataLoader.dataset``: ``len(loader.dataset)`` counts them all."""
+        return LoaderSamples(self)
+
+    @property
+    def sampler(self: SampledLoader) -> LoaderSamples:
+        """``DataLoader.sampler``'s place: ``loader.sampler.set_epoch(e)`` pins the next epoch and
+        ``len(loader.sampler)`` counts this rank's samples, as with ``DistributedSampler``."""
+        return LoaderSamples(self, per_rank=True)

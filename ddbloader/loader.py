@@ -4,8 +4,8 @@ Its private bases hold the rest, each sharing the loader's attributes: how its i
 report and give back epochs (:mod:`ddbloader._claims`), its checkpoints (``state_dict`` and
 ``load_state_dict``, :mod:`ddbloader._checkpoint`), and what it holds in its process, reopened in
 a worker process (:mod:`ddbloader._resources`). Its argument bookkeeping and the connections of
-its ``from_*`` constructors are in :mod:`ddbloader._construction`; ``loader.dataset`` and
-``loader.sampler`` are :mod:`ddbloader._samples`.
+its ``from_*`` constructors are in :mod:`ddbloader._construction`; the attributes frameworks read
+from a DataLoader (``batch_size``, ``dataset``, ``sampler``, ...) are :mod:`ddbloader._samples`.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from ._pipeline.arena import Arena
 from ._pipeline.batch import batch_count
 from ._pipeline.epoch import EpochIterator
 from ._resources import LoaderResources
-from ._samples import LoaderSamples
+from ._samples import DataLoaderFace
 from ._sql.plan import WorkUnit
 from ._sql.planner import build_plan
 from .backends import Backend, connect
@@ -46,7 +46,7 @@ __all__ = ["DDBDataLoader"]
 Batch = tuple[torch.Tensor, torch.Tensor]
 
 
-class DDBDataLoader(LoaderCheckpoint, LoaderResources):
+class DDBDataLoader(DataLoaderFace, LoaderCheckpoint, LoaderResources):
     """Feed PyTorch from a SQL query: split it into subqueries, fetch in the background, yield batches.
 
     Semantics (see README): groups never mix inside a sample; windows continue across the
@@ -235,40 +235,6 @@ class DDBDataLoader(LoaderCheckpoint, LoaderResources):
         if self._fixed_sharding is not None:
             return self._fixed_sharding
         return resolve_sharding(None, None, self._even_batches)
-
-    @property
-    def batch_size(self) -> int:
-        """Samples per batch (the last batch may hold fewer unless ``drop_last``)."""
-        return self.config.batch_size
-
-    @property
-    def drop_last(self) -> bool:
-        """Whether the final partial batch of an epoch is dropped."""
-        return self.config.drop_last
-
-    @property
-    def shuffle(self) -> bool:
-        """Whether group, partition and sample order are random (a function of seed and epoch)."""
-        return self.config.shuffle
-
-    @property
-    def pin_memory(self) -> bool:
-        """Whether host batches are pinned (``"auto"`` resolved: when CUDA is available)."""
-        return self.config.pin_memory
-
-    #: DataLoader's worker-process count: ddbloader fetches in threads of this process.
-    num_workers = 0
-
-    @property
-    def dataset(self) -> LoaderSamples:
-        """The epoch's samples, as ``DataLoader.dataset``: ``len(loader.dataset)`` counts them all."""
-        return LoaderSamples(self)
-
-    @property
-    def sampler(self) -> LoaderSamples:
-        """``DataLoader.sampler``'s place: ``loader.sampler.set_epoch(e)`` pins the next epoch and
-        ``len(loader.sampler)`` counts this rank's samples, as with ``DistributedSampler``."""
-        return LoaderSamples(self, per_rank=True)
 
     def batches(self, num_workers: int = 1) -> int:
         """Batches per epoch on this rank when its share is split over ``num_workers`` workers.
