@@ -4,9 +4,8 @@ The schedule says which samples each batch holds and when each partition is clai
 dropped and released; the pool does it: it claims partitions from its
 :class:`~ddbloader._io.source.PartitionSource`, places each loaded step's rows (its partition with
 the kept edge rows of its neighbours, see :class:`~ddbloader._pipeline.edges.KeptEdges`) in the
-arena, and turns each batch's samples into arena rows with one ``samples * stride + shift`` per
-batch (per chunk for a combed piece of windows, whose rows are runs of its series: see
-:class:`~ddbloader._sql.window_rows.WindowRows`). It defines no order of its own. Owned by
+arena, and turns each batch's samples into rows of those steps
+(:class:`~ddbloader._pipeline.placed.PlacedSteps`). It defines no order of its own. Owned by
 the assembler thread; not thread-safe.
 """
 
@@ -28,6 +27,7 @@ from .._sql.block import Block
 from .._sql.window_rows import WindowRows
 from .arena import Arena, Piece, Segment
 from .edges import KeptEdges
+from .placed import PlacedSteps
 
 __all__ = ["GroupPool", "PartitionGauge"]
 
@@ -35,9 +35,6 @@ _FETCH, _LOAD, _DROP, _RELEASE = EventKind.FETCH, EventKind.LOAD, EventKind.DROP
 
 #: A partition of one unit of the schedule: (unit index, position in its group).
 _Key = tuple[int, int]
-
-#: makes a :class:`Piece` without its Python-level ``__new__``
-_new = tuple.__new__
 
 
 def _number(unit: int, position: int) -> int:
@@ -97,21 +94,8 @@ class GroupPool:
         self._edges = KeptEdges(schedule.units, geometry.span, self._claim)
         #: claimed partitions not loaded yet, by :func:`_number` (None while replaying: not claimed)
         self._pending: dict[int, Pending[Block] | None] = {}
-        #: the loaded steps' segments by step number: sample ``s`` of step ``k`` starts at row
-        #: ``s * stride + shifts.get(k, 0)`` of ``segments[k]``, or, for a combed piece of windows,
-        #: at its row ``runs[k].block_rows(s * stride)``
-        self._segments: dict[int, Segment] = {}
-        self._shifts: dict[int, int] = {}
-        self._runs: dict[int, WindowRows] = {}
-        self._dropped: list[int] = []
+        self._placed = PlacedSteps(arena, geometry.stride, schedule.in_runs)
         self._replayed: dict[int, _Replayed] = {}
-        #: with a schedule that draws in runs: for each step number, the row of ``arena.whole``
-        #: where its sample 0 starts (``firsts[k]``, set for the steps loaded until the last
-        #: batch, see :meth:`_index`), and the loaded steps whose segments lie elsewhere
-        self._indexed = schedule.in_runs
-        self._firsts = np.zeros(64 if self._indexed else 0, np.int64)
-        self._fresh: list[int] = []
-        self._apart: set[int] = set()
 
     def batches(self, skip: int = 0) -> Iterator[list[Piece]]:
         """The pieces of the schedule's batches from batch ``skip`` on.
@@ -128,12 +112,7 @@ class GroupPool:
             if batch.index == skip and skip:
                 self._resume()
             yield self.take(batch)
-        if self.arena is not None:
-            # steps still loaded (drop_last cut the epoch short) hand their regions back, so the
-            # next epoch can take the arena over
-            for segment in self._segments.values():
-                self.arena.retire(segment)
-        self._segments.clear()
+        self._placed.retire_all()
 
     def take(self, batch: ScheduledBatch) -> list[Piece]:
         """Honour ``batch``'s events, and its samples as pieces of the loaded steps' segments."""
@@ -145,13 +124,9 @@ class GroupPool:
             self._partition_events(batch.partition_events, ones, batch.marks)
         elif ones:
             self._ones(ones)
-        pieces = self._pieces(batch) if isinstance(batch.steps, tuple) else self._run_pieces(batch)
-        for step in self._dropped:
-            del self._segments[step]
-            self._shifts.pop(step, None)
-            self._runs.pop(step, None)
-            self._apart.discard(step)
-        self._dropped.clear()
+        placed = self._placed
+        pieces = placed.pieces(batch)
+        placed.forget_dropped()
         return pieces
 
     def _partition_events(
@@ -193,8 +168,9 @@ class GroupPool:
     def _ones(self, ones: Sequence[OneEvent]) -> None:
         """Honour the events of units of one-partition groups: a claim, a step placed as it is
         (no neighbours, shift 0), a step dropped; no release (the claim took the rows)."""
-        gauge, pending, segments, units = self.gauge, self._pending, self._segments, self._units
-        arena = self.arena
+        gauge, pending, units = self.gauge, self._pending, self._units
+        arena, placed = self.arena, self._placed
+        segments = placed.segments
         for kind, unit, step, _, key, first, stop in ones:
             if kind is _LOAD:
                 claimed = pending.pop(unit << 32)
@@ -202,8 +178,8 @@ class GroupPool:
                 block = claimed.wait(self._stop, self._timeout)
                 segment = segments[step] = arena.place((block,)) if arena is not None else Segment(block)
                 self._check_rows(segment, key, step, first, stop, 0)
-                if self._indexed:
-                    self._fresh.append(step)
+                if placed.indexed:
+                    placed.fresh.append(step)
             elif kind is _FETCH:
                 held = gauge.held = gauge.held + 1
                 gauge.high_water = max(gauge.high_water, held)
@@ -218,11 +194,7 @@ class GroupPool:
         if step < 0:  # its unit ended before loading it
             del self._pending[partition]
             return
-        segment = self._segments.get(step)
-        if segment is not None:
-            if self.arena is not None:
-                self.arena.retire(segment)
-            self._dropped.append(step)
+        self._placed.drop(step)
 
     def _claim(self, key: _Key) -> Pending[Block]:
         return self._fetcher.submit(self._units[key[0]].group.partitions[key[1]])
@@ -245,18 +217,13 @@ class GroupPool:
 
     def _place(self, event: Event, blocks: Sequence[Block]) -> None:
         windows = self._units[event.unit].group.partitions[event.key[1]].windows
-        if windows is not None:  # its rows are runs of its series: no one shift (see _index)
-            self._segments[event.step] = self._placed_runs(event, blocks[0], windows)
-            self._runs[event.step] = windows
+        if windows is not None:  # its rows are runs of its series: no one shift
+            self._placed.place(event.step, self._runs_segment(event, blocks[0], windows), windows=windows)
         else:
             shift = event.left - self._edges.first_row(event.unit, event.key[1])
-            self._segments[event.step] = self._placed(event, blocks, shift)
-            if shift:
-                self._shifts[event.step] = shift
-        if self._indexed:
-            self._fresh.append(event.step)
+            self._placed.place(event.step, self._placed_segment(event, blocks, shift), shift)
 
-    def _placed_runs(self, event: Event, block: Block, windows: WindowRows) -> Segment:
+    def _runs_segment(self, event: Event, block: Block, windows: WindowRows) -> Segment:
         """A combed piece of windows as one segment (its rows are all its windows read)."""
         segment = self.arena.place((block,)) if self.arena is not None else Segment(block)
         starts = windows.block_rows(windows.samples(event.first, event.stop) * self._stride)
@@ -267,7 +234,7 @@ class GroupPool:
             )
         return segment
 
-    def _placed(self, event: Event, blocks: Sequence[Block], shift: int) -> Segment:
+    def _placed_segment(self, event: Event, blocks: Sequence[Block], shift: int) -> Segment:
         """``event``'s step as one segment: ``blocks`` are its partition with ``event.left`` kept
         rows before it and ``event.right`` after; sample ``s`` starts at its row ``s * stride + shift``."""
         arena = self.arena
@@ -288,73 +255,6 @@ class GroupPool:
                 f"internal error: group {key[0]} step {step} has samples outside its "
                 f"{segment.block.rows} rows"
             )
-
-    def _pieces(self, batch: ScheduledBatch) -> list[Piece]:
-        """``batch``'s samples as pieces: one when every step's segment is in the arena (one take
-        for the batch), else one per chunk (a segment each)."""
-        stride, chunks, steps, shifts = self._stride, batch.chunks, batch.steps, self._shifts
-        if self._runs:
-            return self._mapped_pieces(batch)
-        whole = None if self.arena is None else self.arena.whole
-        if whole is not None and len(steps) > 1:
-            placed = [self._segments[step] for step in steps]
-            if all(segment.base is whole.base for segment in placed):
-                firsts = [
-                    segment.first + shifts.get(step, 0) for segment, step in zip(placed, steps, strict=True)
-                ]
-                offsets = np.repeat(np.array(firsts, np.int64), batch.counts)
-                return [Piece(whole, np.concatenate(chunks) * stride + offsets)]
-        segments = self._segments
-        if stride == 1 and not shifts:  # the chunks are the starts (a few pieces a batch)
-            return [_new(Piece, (segments[step], chunk)) for chunk, step in zip(chunks, steps, strict=True)]
-        pieces = []
-        for chunk, step in zip(chunks, steps, strict=True):
-            shift = shifts.get(step, 0)
-            pieces.append(
-                _new(Piece, (segments[step], chunk * stride + shift if stride != 1 or shift else chunk))
-            )
-        return pieces
-
-    def _mapped_pieces(self, batch: ScheduledBatch) -> list[Piece]:
-        """``batch``'s samples as one piece per chunk, some of steps whose rows are mapped (a
-        combed piece of windows: see :class:`~ddbloader._sql.window_rows.WindowRows`)."""
-        stride, segments, shifts, runs = self._stride, self._segments, self._shifts, self._runs
-        pieces = []
-        for step, chunk in batch.drawn():
-            windows = runs.get(step)
-            starts = chunk * stride
-            rows = starts + shifts.get(step, 0) if windows is None else windows.block_rows(starts)
-            pieces.append(_new(Piece, (segments[step], rows)))
-        return pieces
-
-    def _run_pieces(self, batch: ScheduledBatch) -> list[Piece]:
-        """The pieces of a batch drawn in runs: one when its steps' segments are all in the arena
-        (row numbers from the step index in a few array operations), else one per chunk."""
-        self._index()
-        whole = None if self.arena is None else self.arena.whole
-        steps = np.asarray(batch.steps)
-        if whole is not None and (not self._apart or self._apart.isdisjoint(steps.tolist())):
-            starts = self._firsts[steps].repeat(batch.counts)
-            starts += batch.samples * self._stride if self._stride != 1 else batch.samples
-            return [Piece(whole, starts)]
-        return self._mapped_pieces(batch)
-
-    def _index(self) -> None:
-        """Where the steps loaded since the last batch start in ``arena.whole`` (see ``_firsts``)."""
-        whole = None if self.arena is None else self.arena.whole
-        for step in self._fresh:
-            segment = self._segments.get(step)
-            if segment is None:  # loaded and dropped by the batches of a pool of few units
-                continue
-            if whole is None or segment.base is not whole.base or step in self._runs:
-                self._apart.add(step)
-                continue
-            if step >= len(self._firsts):
-                self._firsts = np.concatenate(
-                    [self._firsts, np.zeros(max(step + 1, len(self._firsts)), np.int64)]
-                )
-            self._firsts[step] = segment.first + self._shifts.get(step, 0)
-        self._fresh.clear()
 
     # ---------------------------------------------------------------------------- resume
 
