@@ -41,14 +41,15 @@ HERE = Path(__file__).resolve().parent
 # (module, attribute path, label): the hot path of one epoch.
 _STAGES = [
     ("ddbloader.backends.duckdb", "_DuckDBCursor.fetch", "engine fetch (SQL -> Arrow)"),
-    # cut as the pool's claims reach them: inside "pool draws a batch's samples" too
-    ("ddbloader._io.fetch", "_Coalescer._cut_next", "cut the epoch's fetch units"),
-    ("ddbloader._io.fetch", "unit_blocks", "split a unit's result by key"),
-    ("ddbloader._io.fetch", "to_block", "Arrow -> row-major block"),
+    # cut as the pool's claims reach them: inside "pool executes a batch of the schedule" too
+    ("ddbloader._io.unit_fetch", "Coalescer._cut_next", "cut the epoch's fetch units"),
+    ("ddbloader._io.unit_fetch", "unit_blocks", "split a unit's result (all of the below)"),
+    ("ddbloader._epoch.unit_split", "take_rows", "  rows grouped by partition (Arrow take)"),
+    ("ddbloader._epoch.unit_split", "to_block", "  Arrow -> row-major block"),
     ("ddbloader._pipeline.pool", "Pending.wait", "assembler waits for a partition"),
     ("ddbloader._pipeline.pool", "GroupPool.take", "pool executes a batch of the schedule"),
     ("ddbloader._pipeline.device", "gather", "gather a batch (row take)"),
-    ("ddbloader._io.threads", "_put", "assembler hands a batch over"),
+    ("ddbloader._pipeline.prefetch", "Prefetcher._take", "consumer waits for a batch"),
     ("ddbloader._sql.block", "Block.concatenate", "segment = edges + partition (copy)"),
 ]
 
