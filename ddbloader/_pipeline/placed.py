@@ -27,10 +27,10 @@ class PlacedSteps:
     """The loaded steps' segments (in ``arena`` when there is one) by step number.
 
     ``segments``, ``shifts`` and ``runs`` are read and written by the pool inline on its hot
-    paths; a step dropped during a batch keeps its entries until :meth:`forget_dropped`, after
-    the batch's pieces are made. With ``indexed`` (a schedule that draws in runs), ``firsts[k]``
-    is the row of ``arena.whole`` where step ``k``'s sample 0 starts, for the steps loaded until
-    the last batch (see :meth:`_index`), and ``apart`` the loaded steps whose segments lie
+    paths (as is ``fresh``); a step dropped during a batch keeps its entries until
+    :meth:`forget_dropped`, after the batch's pieces are made. With ``indexed`` (a schedule that
+    draws in runs) it also keeps, for each step loaded until the last batch, the row of
+    ``arena.whole`` where its sample 0 starts (see :meth:`_index`), and which loaded steps lie
     elsewhere.
     """
 
