@@ -19,8 +19,8 @@ Sections:
   the first epoch from the constructor to the last batch, and warm epochs; the in-memory one-thread
   contender (numpy take of rows, everything in RAM) and the export-and-memmap pipeline
   (DataLoader, 2 workers) from throughput.py, on the same file.
-* ``mixing``: 200 groups x 5,000 rows x 16 float32, window 32, batch 256, shuffled; the default
-  ``group_pool_size`` (3) against a pool of all 200 groups.
+* ``mixing``: 200 groups x 5,000 rows (``--mixing-rows``) x 16 float32, window 32, batch 256,
+  shuffled; the default ``group_pool_size`` (3) against a pool of all 200 groups.
 * ``memory``: 20 groups x 100,000 rows x 32 float64 columns (2M rows, one row per sample, batch
   1024, shuffled), 10 epochs: a hand-written loop that loads the table once and gathers shuffled
   batches in memory, against ddbloader with and without ``cache_bytes``.
@@ -80,12 +80,12 @@ def _table(path: Path, sql: str) -> Path:
     return path
 
 
-def mixing_data() -> Path:
+def mixing_data(mixing_rows: int) -> Path:
     factors = ", ".join(f"random()::FLOAT AS f{i}" for i in range(16))
     return _table(
-        throughput.WORK / "mixing_G200_R5000_F16.duckdb",
+        throughput.WORK / f"mixing_G200_R{mixing_rows}_F16.duckdb",
         f"CREATE TABLE t AS SELECT g::INTEGER AS g, g::FLOAT AS gf, r AS ts, {factors}, "
-        "random()::FLOAT AS target FROM range(200) a(g), range(5000) b(r) ORDER BY g, r",
+        f"random()::FLOAT AS target FROM range(200) a(g), range({mixing_rows}) b(r) ORDER BY g, r",
     )
 
 
@@ -196,12 +196,12 @@ def child_default(dtype: str | None) -> dict[str, Any]:
     return result
 
 
-def child_mixing(pool: int) -> dict[str, Any]:
+def child_mixing(pool: int, rows: int) -> dict[str, Any]:
     from ddbloader import DDBDataLoader
 
     def make() -> Any:
         return DDBDataLoader(
-            str(mixing_data()),
+            str(mixing_data(rows)),
             "SELECT * FROM t ORDER BY ts",
             ["target", "gf"],
             exclude_col=["g", "gf", "ts", "target"],
@@ -270,14 +270,15 @@ def child_memory_loop() -> dict[str, Any]:
     return _epochs(make, MEMORY_EPOCHS, lambda x, y: y[:, 1])
 
 
-CHILDREN: dict[str, Callable[[], dict[str, Any]]] = {
-    "ddbloader": lambda: child_default(None),
-    "ddbloader-float32": lambda: child_default("float32"),
-    "pool-3": lambda: child_mixing(3),
-    "pool-200": lambda: child_mixing(200),
-    "inmemory-loop": child_memory_loop,
-    "ddbloader-cached": lambda: child_memory(True),
-    "ddbloader-uncached": lambda: child_memory(False),
+#: each child takes the mixing shape's rows per group (``--mixing-rows``), which only the mixing ones read
+CHILDREN: dict[str, Callable[[int], dict[str, Any]]] = {
+    "ddbloader": lambda rows: child_default(None),
+    "ddbloader-float32": lambda rows: child_default("float32"),
+    "pool-3": lambda rows: child_mixing(3, rows),
+    "pool-200": lambda rows: child_mixing(200, rows),
+    "inmemory-loop": lambda rows: child_memory_loop(),
+    "ddbloader-cached": lambda rows: child_memory(True),
+    "ddbloader-uncached": lambda rows: child_memory(False),
 }
 
 SECTIONS = {
@@ -290,11 +291,12 @@ SECTIONS = {
 # -------------------------------------------------------------------------------------- parent
 
 
-def spawn(name: str, ddbloader_from: str | None) -> dict[str, Any]:
+def spawn(name: str, ddbloader_from: str | None, mixing_rows: int) -> dict[str, Any]:
     """One contender in a fresh interpreter (throughput.py's for its own contenders)."""
     if name in ("inmemory-take", "traditional"):
         return throughput.spawn(name, DEFAULT, 2 if name == "inmemory-take" else 1, ddbloader_from)
     command = [sys.executable, str(Path(__file__).resolve()), "--child", name]
+    command += ["--mixing-rows", str(mixing_rows)]
     if ddbloader_from:
         command += ["--ddbloader-from", ddbloader_from]
     done = subprocess.run(
@@ -376,18 +378,23 @@ def _ratios(section: str, r: dict[str, Any]) -> dict[str, float]:
     }
 
 
-def run(sections: list[str], rounds: int, ddbloader_from: str | None) -> dict[str, Any]:
+def run(sections: list[str], rounds: int, ddbloader_from: str | None, mixing_rows: int) -> dict[str, Any]:
     throughput.ensure_data(DEFAULT)
-    mixing_data()
+    mixing_data(mixing_rows)
     memory_data()
     if "default" in sections:
         throughput.spawn("export", DEFAULT, 1, ddbloader_from)
-    out: dict[str, Any] = {"rounds": rounds, "machine": throughput.machine(ddbloader_from), "sections": {}}
+    out: dict[str, Any] = {
+        "rounds": rounds,
+        "machine": throughput.machine(ddbloader_from),
+        "mixing_rows": mixing_rows,
+        "sections": {},
+    }
     per_round: dict[str, list[dict[str, float]]] = {s: [] for s in sections}
     for number in range(rounds):
         for section in sections:
             print(f"round {number + 1}/{rounds}: {section}", flush=True)
-            results = {name: spawn(name, ddbloader_from) for name in SECTIONS[section]}
+            results = {name: spawn(name, ddbloader_from, mixing_rows) for name in SECTIONS[section]}
             per_round[section].append(_ratios(section, results))
             if section == "default":
                 out["first_epoch_imports"] = results["ddbloader"]["first_epoch_imports"]
@@ -553,7 +560,8 @@ def render(data: dict[str, Any]) -> str:
     if "mixing" in sections:
         x = sections["mixing"]["median"]
         out += [
-            "Mixing shape (200 groups × 5,000 rows × 16 float32, window 32, batch 256): pool of 3 "
+            f"Mixing shape (200 groups × {data.get('mixing_rows', 5000):,} rows × 16 float32, window 32, "
+            "batch 256): pool of 3 "
             f"{x['pool_3_warm_s']:.2f} s per warm epoch, {x['pool_3_groups_per_batch']:.0f} distinct "
             f"groups per batch; pool of 200 {x['pool_200_warm_s']:.2f} s, "
             f"{x['pool_200_groups_per_batch']:.0f} groups per batch. First batch "
@@ -588,16 +596,21 @@ def main() -> None:
     parser.add_argument(
         "--ddbloader-from", help="directory to import ddbloader from (default: this checkout)"
     )
+    parser.add_argument("--mixing-rows", type=int, default=5000, help="rows per group of the mixing shape")
+    parser.add_argument(
+        "--no-save", action="store_true", help="print the tables only (RESULTS.md and results.json untouched)"
+    )
     parser.add_argument("--child", choices=sorted(CHILDREN), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         sys.path.insert(0, args.ddbloader_from or str(HERE.parent))
-        print(MARKER + json.dumps(CHILDREN[args.child]()), flush=True)
+        print(MARKER + json.dumps(CHILDREN[args.child](args.mixing_rows)), flush=True)
         return
     sections = list(SECTIONS) if args.section == "all" else [args.section]
-    data = run(sections, args.rounds, args.ddbloader_from)
-    # a section of RESULTS.md, kept in results.json beside throughput.py's (which renders it)
-    throughput.save("epochs", data)
+    data = run(sections, args.rounds, args.ddbloader_from, args.mixing_rows)
+    if not args.no_save:
+        # a section of RESULTS.md, kept in results.json beside throughput.py's (which renders it)
+        throughput.save("epochs", data)
     print(render(data))
 
 
