@@ -145,26 +145,26 @@ _SPAN_BYTES = 1 << 24
 _TILE_BYTES = 1 << 19
 
 
-def _spans(frame: pa.Table | Mapping[str, Any], rows: int, row_bytes: int) -> Iterator[tuple[int, Any]]:
-    """``frame`` as ``(first row, rows of frame)`` parts: a table in slices of ``_SPAN_BYTES``
-    of the block (one, empty, for no rows), a transform's output whole."""
+def _spans(
+    frame: pa.Table | Mapping[str, Any], rows: int, row_bytes: int
+) -> Iterator[tuple[int, int, Mapping[str, Any]]]:
+    """``frame`` as ``(first row, stop row, its columns by name)``: a table in slices of
+    ``_SPAN_BYTES`` of the block (one, empty, for no rows), a transform's output whole."""
     if not isinstance(frame, pa.Table):
-        yield 0, frame
+        yield 0, rows, frame
         return
     span = max(1, _SPAN_BYTES // max(1, row_bytes))
     for start in range(0, max(rows, 1), span):
-        yield start, frame.slice(start, span)
+        part = frame.slice(start, span)
+        # by name once per span, for x and y: a Table's own name lookups scan every column (O(F²))
+        yield start, start + part.num_rows, dict(zip(part.column_names, part.columns, strict=True))
 
 
 def _fill(
-    out: np.ndarray[Any, Any], frame: pa.Table | Mapping[str, Any], names: Sequence[str], layout: ColumnLayout
+    out: np.ndarray[Any, Any], columns: Mapping[str, Any], names: Sequence[str], layout: ColumnLayout
 ) -> None:
     rows = out.shape[0]
     at = 0
-    # by name once per span: a Table's own name lookups scan every column (O(F²) per block)
-    columns = (
-        dict(zip(frame.column_names, frame.columns, strict=True)) if isinstance(frame, pa.Table) else frame
-    )
     sources = []
     for name in names:
         values = _values(columns, name, layout)
@@ -199,10 +199,9 @@ def to_block(table: pa.Table, layout: ColumnLayout) -> Block:
     x = np.empty((rows, layout.x_features), dtype=layout.x_dtype)
     y = np.empty((rows, layout.y_features), dtype=layout.y_dtype)
     try:
-        for start, part in _spans(frame, rows, x.strides[0] + y.strides[0]):
-            stop = start + (part.num_rows if isinstance(part, pa.Table) else rows)
-            _fill(x[start:stop], part, layout.x_names, layout)
-            _fill(y[start:stop], part, layout.y_names, layout)
+        for start, stop, columns in _spans(frame, rows, x.strides[0] + y.strides[0]):
+            _fill(x[start:stop], columns, layout.x_names, layout)
+            _fill(y[start:stop], columns, layout.y_names, layout)
     except Exception as error:
         if layout.transform is not None:
             add_note(error, f"ddbloader was converting the output of transform {layout.transform.name}")
