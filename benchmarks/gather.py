@@ -62,9 +62,9 @@ sys.path.insert(0, os.environ.get(FROM_ENV := "GATHER_BENCH_DDBLOADER_FROM", str
 import throughput  # noqa: E402  (benchmarks/throughput.py: the data and the loader's arguments)
 
 from ddbloader._core.window import WindowGeometry, window_view  # noqa: E402
+from ddbloader._io.block import Block  # noqa: E402
 from ddbloader._pipeline.arena import Piece, Segment  # noqa: E402
 from ddbloader._pipeline.batch import gather  # noqa: E402
-from ddbloader._sql.block import Block  # noqa: E402
 from ddbloader._sql.layout import ColumnLayout  # noqa: E402
 
 MARKER = "GATHER-JSON:"

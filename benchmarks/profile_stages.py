@@ -44,13 +44,13 @@ _STAGES = [
     # cut as the pool's claims reach them: inside "pool executes a batch of the schedule" too
     ("ddbloader._io.unit_fetch", "Coalescer._cut_next", "cut the epoch's fetch units"),
     ("ddbloader._io.unit_fetch", "unit_blocks", "split a unit's result (all of the below)"),
-    ("ddbloader._epoch.unit_split", "take_rows", "  rows grouped by partition (Arrow take)"),
-    ("ddbloader._epoch.unit_split", "to_block", "  Arrow -> row-major block"),
+    ("ddbloader._io.unit_split", "take_rows", "  rows grouped by partition (Arrow take)"),
+    ("ddbloader._io.unit_split", "to_block", "  Arrow -> row-major block"),
     ("ddbloader._pipeline.pool", "Pending.wait", "assembler waits for a partition"),
     ("ddbloader._pipeline.pool", "GroupPool.take", "pool executes a batch of the schedule"),
     ("ddbloader._pipeline.device", "gather", "gather a batch (row take)"),
     ("ddbloader._pipeline.prefetch", "Prefetcher._take", "consumer waits for a batch"),
-    ("ddbloader._sql.block", "Block.concatenate", "segment = edges + partition (copy)"),
+    ("ddbloader._io.block", "Block.concatenate", "segment = edges + partition (copy)"),
 ]
 
 

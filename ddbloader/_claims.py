@@ -20,8 +20,8 @@ from torch.utils.data import get_worker_info
 
 from ._core.config import LoaderConfig
 from ._core.errors import warn_caller
+from ._diagnostics.mixing import MixingWatch
 from ._epoch.elastic import Stretch, epoch_remainder
-from ._epoch.mixing import MixingWatch
 from ._epoch.shard import (
     Sharding,
     agree_seed,

@@ -16,6 +16,6 @@ a DATE: days); every other type (strings, symbols, blobs) becomes a ``list`` of 
 Keys stay on the host (they are for joining predictions back, not for the model).
 """
 
-from ._sql.keys import Keys
+from ._io.key_arrays import Keys
 
 __all__ = ["Keys"]

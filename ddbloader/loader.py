@@ -25,11 +25,11 @@ from ._construction import NO_SOURCE, arrow_backend, parquet_backend, records_gi
 from ._core.config import normalise_config, resolve_aliases
 from ._core.display import plan_html, plan_text
 from ._core.errors import warn_caller
+from ._diagnostics.mixing import MixingWatch
+from ._diagnostics.summary import plan_rows
 from ._epoch.elastic import Stretch
-from ._epoch.mixing import MixingWatch
 from ._epoch.shard import Sharding, part_range, resolve_sharding, shard_samples
 from ._epoch.state import Resume
-from ._epoch.summary import plan_rows
 from ._pipeline.arena import Arena
 from ._pipeline.batch import batch_count
 from ._pipeline.epoch import EpochIterator

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, fields
 
 from ._core.display import CELL_STYLE, LABEL_STYLE, html_rows, html_table, human_bytes
-from ._epoch.mixing import EpochMixing
+from ._diagnostics.mixing import EpochMixing
 
 __all__ = ["LOADER_BOUND", "MODEL_BOUND", "LoaderStats", "StatsRecorder"]
 
@@ -30,7 +30,7 @@ class LoaderStats:
     near 0 means the model is the bottleneck, near 1 means the loader is. ``queries`` counts the
     partition queries sent so far this epoch (a fetch unit brings many partitions in one query).
     With ``shuffle=True``, ``partitions_per_batch`` and ``rank_correlation`` say how well the
-    epoch mixes its rows (see :mod:`ddbloader._epoch.mixing`; NaN without shuffle).
+    epoch mixes its rows (see :mod:`ddbloader._diagnostics.mixing`; NaN without shuffle).
     """
 
     epoch: int

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ddbloader._io.block import Block
 from ddbloader._pipeline.arena import Arena
-from ddbloader._sql.block import Block
 
 
 def test_arena_reuses_a_region_only_after_the_batch_that_drew_from_it() -> None:

@@ -14,9 +14,9 @@ from hypothesis import strategies as st
 from torch.utils.data import DataLoader, TensorDataset
 
 from ddbloader._core.window import WindowGeometry
+from ddbloader._io.block import Block
 from ddbloader._pipeline.arena import Piece, Segment
 from ddbloader._pipeline.batch import _window_copies, batch_count, gather, gather_on_device
-from ddbloader._sql.block import Block
 from ddbloader._sql.layout import ColumnLayout
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ddbloader._sql.block import Block
+from ddbloader._io.block import Block
 
 
 def test_a_view_of_a_view_names_the_rows_of_the_block_it_was_cut_from() -> None:

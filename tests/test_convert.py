@@ -15,8 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ddbloader import DDBDataLoader
-from ddbloader._sql import convert
-from ddbloader._sql.convert import check_result_schema, to_block
+from ddbloader._io import convert
+from ddbloader._io.convert import check_result_schema, to_block
 from ddbloader._sql.layout import ColumnLayout
 
 # --- the block conversion -------------------------------------------------------------------

@@ -26,10 +26,10 @@ from conftest import SERIES_SQL, FaultyBackend, make_series, wait_until
 from ddbloader import DDBDataLoader
 from ddbloader._epoch.shard import epoch_units
 from ddbloader._epoch.units import fetch_units
+from ddbloader._io.block import Block
 from ddbloader._io.fetch import Fetcher
 from ddbloader._io.retry import MAX_BACKOFF_SECONDS, RetryPolicy, is_transient
 from ddbloader._io.threads import Pending, Stopped
-from ddbloader._sql.block import Block
 from ddbloader._sql.plan import PartitionSpec, QueryPlan
 from ddbloader.backends import DBAPIBackend, DolphinDBBackend, DuckDBBackend
 

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from ddbloader import DDBDataLoader
-from ddbloader._epoch import mixing
-from ddbloader._epoch.mixing import measure
+from ddbloader._diagnostics import mixing
+from ddbloader._diagnostics.mixing import measure
 from ddbloader._epoch.schedule import BatchSchedule
 from ddbloader._epoch.shard import epoch_units
 

@@ -29,6 +29,7 @@ from ddbloader._epoch import schedule as schedule_module
 from ddbloader._epoch.schedule import BatchSchedule, EventKind
 from ddbloader._epoch.shard import epoch_units
 from ddbloader._epoch.units import fetch_units
+from ddbloader._io.block import Block
 from ddbloader._io.cache import PartitionCache
 from ddbloader._io.fetch import Fetcher
 from ddbloader._io.source import PartitionSource
@@ -36,7 +37,6 @@ from ddbloader._io.threads import Pending
 from ddbloader._pipeline.arena import Arena
 from ddbloader._pipeline.batch import batch_count, gather
 from ddbloader._pipeline.pool import GroupPool
-from ddbloader._sql.block import Block
 from ddbloader._sql.plan import MIN_PIECE_ROWS, GroupPlan, PartitionSpec, QueryPlan
 from ddbloader.backends import DuckDBBackend
 from ddbloader.stats import LoaderStats

@@ -23,10 +23,10 @@ from resume_check import assert_resumes_exactly, assert_same_batches
 from ddbloader import DDBDataLoader
 from ddbloader._epoch.schedule import BatchSchedule, EventKind
 from ddbloader._epoch.shard import epoch_units
-from ddbloader._epoch.unit_split import split_by_key, unit_blocks
 from ddbloader._epoch.units import FIRST_UNIT_SHARE, MAX_VALUES, FetchUnit, fetch_units
 from ddbloader._epoch.visits import PIECES_PER_QUERY, neighbours, partition_visits
-from ddbloader._sql.convert import to_block
+from ddbloader._io.convert import to_block
+from ddbloader._io.unit_split import split_by_key, unit_blocks
 from ddbloader._sql.plan import PartitionSpec
 from ddbloader.backends import DuckDBBackend
 
@@ -137,7 +137,7 @@ def test_split_imports_no_pandas() -> None:
         """
         import sys, duckdb
         from ddbloader._sql.plan import PartitionSpec
-        from ddbloader._epoch.unit_split import split_by_key
+        from ddbloader._io.unit_split import split_by_key
         table = duckdb.sql(
             "SELECT i AS v, 'g' || (i % 2) AS _ddb_group, DATE '2024-01-01' + (i % 3)::INT "
             "AS _ddb_repartition FROM range(12) t(i)"

@@ -27,9 +27,9 @@ from hypothesis import strategies as st
 from ddbloader import DDBDataLoader
 from ddbloader._epoch.shard import epoch_units
 from ddbloader._epoch.slots import RUNS_FROM
-from ddbloader._epoch.unit_split import unit_blocks
 from ddbloader._epoch.units import fetch_units
 from ddbloader._epoch.visits import PIECES_PER_QUERY, neighbours
+from ddbloader._io.unit_split import unit_blocks
 from ddbloader._sql.pieces import KeyRanges
 from ddbloader._sql.window_pieces import WindowTile, window_layout
 

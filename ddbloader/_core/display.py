@@ -1,6 +1,6 @@
 """What a loader shows a person: tables as text and HTML, progress bars, and readable errors.
 
-It knows no loader type (a plan's rows come from :mod:`ddbloader._epoch.summary`), so every module may
+It knows no loader type (a plan's rows come from :mod:`ddbloader._diagnostics.summary`), so every module may
 use it. Rendering a plan reads only the cached plan (counts, layout, config): it never queries the
 engine, so ``repr(loader)`` is instant and free whatever the table size. Errors raised out of the
 loader's background threads get a compact rendering in IPython/Jupyter (the message, the notes

@@ -4,7 +4,7 @@ One query per (group, repartition) partition makes an epoch cost one round trip,
 engine that cannot prune on the key one table scan, per partition. A :class:`FetchUnit` instead
 fetches many partitions with one query (:meth:`~ddbloader._sql.query.UserQuery.filtered_many`: the
 key values bound as an ``IN`` list, the keys selected as extra columns) and
-:func:`~ddbloader._epoch.unit_split.unit_blocks` splits the Arrow result by key, vectorised,
+:func:`~ddbloader._io.unit_split.unit_blocks` splits the Arrow result by key, vectorised,
 keeping the query's order within each partition.
 
 Units are cut by :func:`fetch_units` from the planned row counts to a byte budget
@@ -67,7 +67,7 @@ class FetchUnit:
     @property
     def windowed(self) -> bool:
         """The cells are combed pieces of windows of one series, which share rows: split by their
-        runs (see :func:`~ddbloader._epoch.unit_split.windowed_rows`), not by the tag."""
+        runs (see :func:`~ddbloader._io.unit_split.windowed_rows`), not by the tag."""
         return self.tagged and self.cells[0].windows is not None
 
     @property

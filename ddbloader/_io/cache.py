@@ -13,8 +13,8 @@ import threading
 from collections.abc import Callable, Sequence
 
 from .._epoch.visits import PartitionKey
-from .._sql.block import Block
 from .._sql.plan import PartitionSpec
+from .block import Block
 from .source import PartitionSource
 from .threads import Pending
 

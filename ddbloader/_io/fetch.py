@@ -21,9 +21,9 @@ from collections.abc import Callable, Iterable, Sequence
 from .._core.engine import Backend
 from .._epoch.units import FetchUnit
 from .._epoch.visits import PartitionKey
-from .._sql.block import Block
 from .._sql.layout import ColumnLayout
 from .._sql.plan import PartitionSpec
+from .block import Block
 from .partition_fetch import PartitionJob
 from .retry import Cursors, CursorSlot, Job, RetryPolicy, fetch_worker, is_transient
 from .streams import Reading, Streams
@@ -75,7 +75,7 @@ class Fetcher:
         ]
 
     def submit(self, spec: PartitionSpec) -> Pending[Block]:
-        """Queue a fetch of ``spec``; the result arrives as a :class:`~ddbloader._sql.block.Block`.
+        """Queue a fetch of ``spec``; the result arrives as a :class:`~ddbloader._io.block.Block`.
 
         A partition of a fetch unit comes from its unit's query the first time it is asked for
         (starting that unit and the next if they have not started), else from its own subquery;

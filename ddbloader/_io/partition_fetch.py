@@ -10,11 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .._core.engine import Cursor
-from .._sql.block import Block
-from .._sql.convert import check_result_schema, to_block
 from .._sql.fingerprint import content_mismatch, strip_hash
 from .._sql.layout import ColumnLayout
 from .._sql.plan import PartitionSpec
+from .block import Block
+from .convert import check_result_schema, to_block
 from .threads import Pending, ThreadFailure
 
 __all__ = ["PartitionJob", "as_planned", "fetch_partition"]

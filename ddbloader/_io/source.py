@@ -14,8 +14,8 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from .._epoch.visits import PartitionKey
-from .._sql.block import Block
 from .._sql.plan import PartitionSpec
+from .block import Block
 from .threads import Pending
 
 __all__ = ["PartitionSource"]

@@ -37,11 +37,11 @@ from typing import Any, Protocol
 import pyarrow as pa
 
 from .._core.engine import Cursor, redact_uri
-from .._sql.block import Block
-from .._sql.convert import check_result_schema, to_block
 from .._sql.fingerprint import HashSum, content_mismatch
 from .._sql.layout import ColumnLayout
 from .._sql.plan import PartitionSpec
+from .block import Block
+from .convert import check_result_schema, to_block
 from .threads import POLL_SECONDS, Pending, Stopped, ThreadFailure, join_all, start_thread
 
 __all__ = ["Reading", "Streams", "read_batches"]

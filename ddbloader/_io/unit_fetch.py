@@ -19,17 +19,17 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 
 from .._core.engine import Backend, Cursor, redact_uri
-from .._epoch.unit_split import UnitPartitions, split_by_key, take_rows, unit_blocks, windowed_rows
 from .._epoch.units import FetchUnit
 from .._epoch.visits import PartitionKey
-from .._sql.block import Block
-from .._sql.convert import check_result_schema
 from .._sql.fingerprint import content_mismatch, strip_hash
 from .._sql.layout import ColumnLayout
 from .._sql.plan import PartitionSpec
+from .block import Block
+from .convert import check_result_schema
 from .partition_fetch import fetch_partition
 from .retry import is_transient
 from .threads import Pending, ThreadFailure
+from .unit_split import UnitPartitions, split_by_key, take_rows, unit_blocks, windowed_rows
 
 __all__ = ["Coalescer", "UnitJob"]
 
@@ -224,7 +224,7 @@ class UnitJob:
     """Fetch unit ``index`` of ``coalescer`` with one query and split it into partitions.
 
     If the query fails on a non-transient error, or its result does not split into exactly the
-    planned partitions (see :func:`~ddbloader._epoch.unit_split.split_by_key`), the unit's partitions are
+    planned partitions (see :func:`~ddbloader._io.unit_split.split_by_key`), the unit's partitions are
     fetched one by one with their own subqueries, whose rows and errors are the reference: an
     error then names the partition's subquery, as if it had been fetched alone.
     """

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from .._core.config import LoaderConfig
-from .._sql.block import Block
+from .._io.block import Block
 from .._sql.plan import QueryPlan
 
 __all__ = ["ARENA_MAX_BYTES", "WHOLE_PARTITIONS_POOL", "Arena", "Piece", "Segment", "arena_for"]

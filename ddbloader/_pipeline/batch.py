@@ -16,8 +16,8 @@ import torch
 
 from .._core.dtypes import torch_dtype
 from .._core.window import WindowGeometry, window_view
-from .._sql.block import Block
-from .._sql.keys import KeyArrays, Keys
+from .._io.block import Block
+from .._io.key_arrays import KeyArrays, Keys
 from .._sql.layout import ColumnLayout
 from .arena import Piece, Segment
 

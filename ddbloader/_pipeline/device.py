@@ -34,7 +34,7 @@ import torch
 from .._core.config import Collate
 from .._core.errors import add_note, step_name
 from .._core.window import WindowGeometry
-from .._sql.keys import Keys
+from .._io.key_arrays import Keys
 from .._sql.layout import ColumnLayout
 from .arena import Piece, Segment
 from .batch import gather, gather_keys, gather_on_device

@@ -11,8 +11,8 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Iterable, Sequence
 
+from .._io.block import Block
 from .._io.threads import Pending
-from .._sql.block import Block
 from .._sql.plan import WorkUnit
 
 __all__ = ["KeptEdges"]

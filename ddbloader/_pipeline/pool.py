@@ -21,9 +21,9 @@ from .._epoch.events import OneEvent
 from .._epoch.owed import keep_owed
 from .._epoch.schedule import BatchSchedule, Event, EventKind, ScheduledBatch
 from .._epoch.visits import PartitionKey
+from .._io.block import Block
 from .._io.source import PartitionSource
 from .._io.threads import Pending
-from .._sql.block import Block
 from .._sql.window_rows import WindowRows
 from .arena import Arena, Piece, Segment
 from .edges import KeptEdges

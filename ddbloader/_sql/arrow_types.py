@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-__all__ = ["ColumnType", "Shape", "arrow_column_type", "arrow_values"]
+__all__ = ["ColumnType", "Shape", "arrow_column_type", "arrow_values", "renamed"]
 
 
 Shape = tuple[int, ...]
@@ -147,3 +147,12 @@ def _numpy(chunks: Sequence[pa.Array], data_type: pa.DataType) -> np.ndarray[Any
         ]
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
     return np.asarray(pa.chunked_array(chunks, data_type).to_numpy())
+
+
+def renamed(table: pa.Table, names: tuple[str, ...]) -> pa.Table:
+    """``table`` with its columns named ``names`` (planning's names; empty: as it is), by position."""
+    if not names or tuple(table.column_names) == names:
+        return table
+    if table.num_columns != len(names):
+        raise ValueError(f"a partition has columns {table.column_names}, but planning saw {list(names)}")
+    return table.rename_columns(list(names))

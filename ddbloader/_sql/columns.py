@@ -19,8 +19,7 @@ import torch
 
 from .._core.config import PartitionTransform
 from .._core.errors import add_note, warn_caller
-from .arrow_types import ColumnType, arrow_column_type
-from .convert import renamed
+from .arrow_types import ColumnType, arrow_column_type, renamed
 from .layout import ColumnChoice, ColumnLayout
 
 __all__ = ["PROBE_ROWS", "nullable_candidates", "resolve_columns", "resolve_layout", "resolve_layout_on_rows"]

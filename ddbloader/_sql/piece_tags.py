@@ -6,7 +6,7 @@ storage blocks its stripes touch (see :mod:`ddbloader._sql.pieces`). One query f
 instead scans the band's keys once for all of them: its WHERE is the enclosing range of the
 pieces' ranges AND a balanced CASE tree over the ranges' ends that returns the index of the
 row's piece (NULL between ranges), the same tree selected as column :data:`TAG_ALIAS`, by which
-the client splits the result (:mod:`ddbloader._epoch.unit_split`). The tree costs ``log2`` of
+the client splits the result (:mod:`ddbloader._io.unit_split`). The tree costs ``log2`` of
 the ends per row: one test more than one piece's for two pieces.
 
 On DuckDB most of a combed piece's CPU goes to the blocks read, not to the key tests: its
@@ -17,7 +17,7 @@ visited one after the other (see :mod:`ddbloader._epoch.visits`).
 
 Combed pieces of windows share rows (a stripe's context is the next piece's stripe), so their
 query reads the union of their ranges (:func:`union_regions`), each shared row once, and the
-client splits it by the pieces' runs (:func:`ddbloader._epoch.unit_split.windowed_rows`); on
+client splits it by the pieces' runs (:func:`ddbloader._io.unit_split.windowed_rows`); on
 DuckDB, one thread, the 9 pieces of a 2M-row series read two to a query cost 0.7 of their
 CPU read one by one.
 
@@ -80,7 +80,7 @@ def union_regions(pieces: Sequence[KeyRanges]) -> TagRegions:
 
     For combed pieces of windows, whose ranges overlap (a stripe's context is the next piece's
     stripe): a row may belong to two pieces, so the client splits such a unit's rows by the
-    pieces' runs (:func:`ddbloader._epoch.unit_split.windowed_rows`), not by a tag. Requires
+    pieces' runs (:func:`ddbloader._io.unit_split.windowed_rows`), not by a tag. Requires
     bounds that Python orders as the engine does, as :func:`tag_regions` does.
     """
     merged: list[list[Any]] = []

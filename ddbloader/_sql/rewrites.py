@@ -109,7 +109,7 @@ class WrappedQuery(ResultOrder):
         parameter instead (an engine that binds lists compares them as a set, where a long IN
         list of parameters is compared one by one). Every one of ``columns`` is selected after
         the query's own columns as :data:`KEY_ALIASES`, so the client can split the result by
-        key (:func:`~ddbloader._epoch.unit_split.split_by_key`). Rows of one key keep the query's
+        key (:func:`~ddbloader._io.unit_split.split_by_key`). Rows of one key keep the query's
         order, since the predicate and the added columns change no row's place.
 
         Never None for this class (the keys are selected by the outer query of the wrap, so

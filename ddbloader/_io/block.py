@@ -1,6 +1,6 @@
 """Block: one partition's rows as row-major x and y arrays (and its key columns), read-only.
 
-Every later window is a strided view of a block: the conversion (:mod:`ddbloader._sql.convert`)
+Every later window is a strided view of a block: the conversion (:mod:`ddbloader._io.convert`)
 writes each value once, and nothing after it copies a row except to compact or gather.
 """
 
@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from .keys import KeyArrays
+from .key_arrays import KeyArrays
 
 __all__ = ["Block"]
 

@@ -33,8 +33,8 @@ import numpy as np
 
 from .._core.config import LoaderConfig
 from .._core.errors import warn_caller
+from .._epoch.schedule import BatchSchedule
 from .._sql.plan import GroupPlan, QueryPlan, WorkUnit
-from .schedule import BatchSchedule
 
 __all__ = [
     "CORRELATION_SAMPLES",

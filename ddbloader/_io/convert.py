@@ -1,4 +1,4 @@
-"""Converting one fetched partition into a :class:`~ddbloader._sql.block.Block`, after checking its schema.
+"""Converting one fetched partition into a :class:`~ddbloader._io.block.Block`, after checking its schema.
 
 The conversion is the only per-partition copy: each Arrow column is viewed as numpy without a
 copy where Arrow allows it (no nulls) and written once into a row-major block of the common
@@ -23,21 +23,12 @@ import pyarrow.compute as pc
 import torch
 
 from .._core.errors import add_note
-from .arrow_types import arrow_column_type, arrow_values
+from .._sql.arrow_types import arrow_column_type, arrow_values, renamed
+from .._sql.layout import ColumnLayout
 from .block import Block
-from .keys import key_arrays
-from .layout import ColumnLayout
+from .key_arrays import key_arrays
 
-__all__ = ["check_result_schema", "renamed", "to_block"]
-
-
-def renamed(table: pa.Table, names: tuple[str, ...]) -> pa.Table:
-    """``table`` with its columns named ``names`` (planning's names; empty: as it is), by position."""
-    if not names or tuple(table.column_names) == names:
-        return table
-    if table.num_columns != len(names):
-        raise ValueError(f"a partition has columns {table.column_names}, but planning saw {list(names)}")
-    return table.rename_columns(list(names))
+__all__ = ["check_result_schema", "to_block"]
 
 
 _RESULT_CHANGED = "the query's result changed after the loader was built; build the loader again"

@@ -16,12 +16,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from .._epoch.units import FetchUnit
 from .._sql.arrow_types import arrow_values
-from .._sql.block import Block
-from .._sql.convert import to_block
 from .._sql.layout import ColumnLayout
 from .._sql.plan import PartitionSpec
-from .units import FetchUnit
+from .block import Block
+from .convert import to_block
 
 __all__ = ["UnitPartitions", "split_by_key", "take_rows", "unit_blocks", "windowed_rows"]
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from .._core.config import LoaderConfig
 from .._core.display import human_bytes
+from .._epoch.shard import Sharding
 from .._sql.plan import QueryPlan
-from .shard import Sharding
 
 __all__ = ["plan_rows"]
 
