@@ -13,8 +13,9 @@ converted array is a view of that memory which holds a reference to it (a NumPy 
 is the tensor; a DLPack capsule keeps the tensor until the framework's deleter runs), so the
 memory lives while any view does and is never written again. Hence the rule: hand the batch's
 own memory over, zero-copy, wherever the framework accepts it — NumPy always; TensorFlow on the
-CPU; JAX on the CPU when the memory is 64-byte aligned (XLA's requirement; JAX copies otherwise).
-A framework device other than the host's memory (a GPU) gets one copy, made by the framework.
+CPU; JAX on the CPU when the memory is 64-byte aligned (XLA's requirement: torch's allocations
+are, NumPy's only by chance, so JAX copies most batches once, in the consumer's thread). A
+framework device other than the host's memory (a GPU) gets one copy, made by the framework.
 
 The frameworks are optional: importing ddbloader imports none of them; the loader imports its
 mode's framework at construction and names the extra to install when it is missing.
@@ -48,7 +49,7 @@ MODES: Mapping[str, tuple[str, str] | None] = {
 def _framework(mode: str) -> Any:
     module, extra = MODES[mode] or ("torch", "")
     try:
-        return importlib.import_module(module)
+        return importlib.import_module(module)  # a dict lookup once imported
     except ImportError as error:
         raise ImportError(
             f"mode={mode!r} needs {module}, which is not installed: pip install 'ddbloader[{extra}]'"
@@ -79,7 +80,7 @@ class Handover:
         if name not in MODES:
             raise ValueError(f"mode={mode!r} is not one of {sorted(MODES)}")
         self.mode: str = name
-        self.framework = _framework(name)
+        _framework(name)  # installed, or an error naming the extra, now rather than at the first batch
         self.device: Any = None
         if name == "pytorch":
             return
@@ -91,6 +92,11 @@ class Handover:
             self.device = self._jax_device(device)
         elif name == "tensorflow" and device is not None:
             self.device = self._tf_device(device)
+
+    @property
+    def framework(self) -> Any:
+        """The mode's module (not held: a loader in torch mode is sent to DataLoader workers)."""
+        return _framework(self.mode)
 
     @property
     def torch_arguments(self) -> dict[str, Any]:
@@ -205,7 +211,7 @@ class TFSource(Protocol):
     config: LoaderConfig
 
     def __len__(self) -> int: ...
-    def __iter__(self) -> Iterator[Delivered]: ...
+    def __iter__(self) -> EpochIterator: ...
 
 
 def tf_dataset(loader: TFSource) -> Any:
@@ -242,5 +248,13 @@ def tf_dataset(loader: TFSource) -> Any:
     ]
     if layout.key_names:
         spec.append({k: tf.TensorSpec((batch,), tf.as_dtype(dtypes[k])) for k in layout.key_names})
-    dataset = tf.data.Dataset.from_generator(lambda: iter(loader), output_signature=tuple(spec))
+
+    def batches() -> Iterator[Delivered]:
+        iterator = iter(loader)
+        try:
+            yield from iterator
+        finally:  # a pass TensorFlow drops early frees the loader for the next pass, in any thread
+            iterator.close()
+
+    dataset = tf.data.Dataset.from_generator(batches, output_signature=tuple(spec))
     return dataset.apply(tf.data.experimental.assert_cardinality(len(loader)))
