@@ -202,10 +202,10 @@ class DDBDataLoader(DataLoaderFace, LoaderCheckpoint, LoaderResources):
         self._backend: Backend | None = connect(source)
         try:
             self.plan = build_plan(self._backend, sql, self.config, progress=progress)
+            self._handover.check(self.plan)
         except BaseException:
             self._backend.close()
             raise
-        self._handover.check(self.plan)
         self._agree(built)
         self.sql = sql
         self._epoch = 0
