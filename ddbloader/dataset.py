@@ -75,6 +75,11 @@ class DDBIterableDataset(IterableDataset[Delivered]):
         ):
             raise ValueError(f"num_workers must be an int >= 0 (the DataLoader's), got {num_workers!r}")
         self.num_workers = num_workers
+        if str(kwargs.get("mode", "pytorch")).lower() != "pytorch":
+            raise ValueError(
+                f"DDBIterableDataset feeds torch's DataLoader, which makes tensors of what it is given: "
+                f"mode={kwargs['mode']!r} needs DDBDataLoader(..., mode={kwargs['mode']!r}) itself"
+            )
         self.loader = DDBDataLoader(source, sql, target_col, *args, **kwargs)
         # shared memory: a forked or spawned worker writes the slot this process's copy reads
         self._worker_epochs = torch.zeros(_MAX_WORKERS, dtype=torch.int64).share_memory_()  # type: ignore[no-untyped-call]

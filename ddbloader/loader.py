@@ -30,6 +30,7 @@ from ._diagnostics.summary import plan_rows
 from ._epoch.elastic import Stretch
 from ._epoch.shard import Sharding, part_range, resolve_sharding, shard_samples
 from ._epoch.state import Resume
+from ._modes import Handover, tf_dataset
 from ._pipeline.arena import Arena
 from ._pipeline.batch import batch_count
 from ._pipeline.epoch import EpochIterator
@@ -125,7 +126,7 @@ class DDBDataLoader(DataLoaderFace, LoaderCheckpoint, LoaderResources):
             hash of each row summed at planning (DuckDB, PostgreSQL, ClickHouse, Spark;
             refused elsewhere): wrong rows in the right number raise, naming the partition.
             Costs a hash per row at planning and at every fetch (see README).
-        mode: DolphinDB's framework switch; only ``"pytorch"`` exists here.
+        mode: the same batches as ``"pytorch"``, ``"numpy"``, ``"jax"`` or ``"tensorflow"`` arrays.
         verbose: accepted for DolphinDB code and ignored: ddbloader reports through the
             ``"ddbloader"`` logger (INFO per epoch, DEBUG per partition).
         **aliases: DolphinDB's camelCase names (``ddbSession``, ``targetCol``, ``batchSize``, ...).
@@ -183,10 +184,10 @@ class DDBDataLoader(DataLoaderFace, LoaderCheckpoint, LoaderResources):
         source = args["source"]
         if source is NO_SOURCE:
             raise TypeError("DDBDataLoader() needs a source: a connection, a path, a URI or None")
-        if not isinstance(mode, str) or mode.lower() != "pytorch":
-            raise ValueError(f"mode={mode!r} is not supported: ddbloader feeds PyTorch only (mode='pytorch')")
+        self._handover = Handover(args, self._given_arguments)
         if not isinstance(verbose, bool):
             raise TypeError(f"verbose must be a bool, got {type(verbose).__name__} {verbose!r}")
+        args.update(self._handover.torch_arguments)
         self.config = normalise_config({**args, "transform": as_pipeline(args["transform"])})
         # validates the arguments; the sharding an epoch uses is read when it starts
         built = resolve_sharding(rank, world_size, even_batches)
@@ -201,6 +202,7 @@ class DDBDataLoader(DataLoaderFace, LoaderCheckpoint, LoaderResources):
         self._backend: Backend | None = connect(source)
         try:
             self.plan = build_plan(self._backend, sql, self.config, progress=progress)
+            self._handover.check(self.plan)
         except BaseException:
             self._backend.close()
             raise
@@ -316,7 +318,7 @@ class DDBDataLoader(DataLoaderFace, LoaderCheckpoint, LoaderResources):
         )
         self._give_back(None)
         iteration = Iteration(self, next(self._tokens), worker, num_workers, claimed)
-        iterator = EpochIterator(iteration)
+        iterator = self._handover.iterator(iteration)
         weakref.finalize(iterator, self._give_back, iteration.token).atexit = False
         self._iterator = weakref.ref(iterator)
         if self._resume is not None and self._resume.started and not len(iterator):
@@ -324,6 +326,10 @@ class DDBDataLoader(DataLoaderFace, LoaderCheckpoint, LoaderResources):
             # is stepped or dropped (StatefulDataLoader restores one it never steps)
             iterator.start()
         return iterator
+
+    def as_tf_dataset(self) -> Any:
+        """The batches as a ``tf.data.Dataset`` (see :func:`ddbloader._modes.tf_dataset`)."""
+        return tf_dataset(self)
 
     def stats(self) -> LoaderStats:
         """Throughput of the current (or last) epoch; renders as a table in Jupyter."""

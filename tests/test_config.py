@@ -417,11 +417,15 @@ def test_window_stride_without_window_size_is_ignored_and_says_so(db: duckdb.Duc
         assert len(loader) == len(plain)
 
 
-def test_mode_pytorch_and_verbose_are_accepted_and_other_modes_refused(db: duckdb.DuckDBPyConnection) -> None:
+def test_mode_pytorch_and_verbose_are_accepted_and_unknown_modes_refused(
+    db: duckdb.DuckDBPyConnection,
+) -> None:
     with load(db, mode="pytorch", verbose=True) as loader:
         assert len(loader) > 0
-    with pytest.raises(ValueError, match=r"mode='tensorflow' is not supported: ddbloader feeds PyTorch only"):
-        load(db, mode="tensorflow")
+    with pytest.raises(
+        ValueError, match=r"mode='mxnet' is not one of \['jax', 'numpy', 'pytorch', 'tensorflow'\]"
+    ):
+        load(db, mode="mxnet")
     with pytest.raises(TypeError, match="verbose must be a bool"):
         load(db, verbose="yes")
 
