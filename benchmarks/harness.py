@@ -99,7 +99,7 @@ SERIES = Series(10, 5, 2000, 100)
 SERIES_SMOKE = Series(2, 2, 200, 4)
 
 
-def _duckdb_file(name: str, create: str) -> Path:
+def duckdb_file(name: str, create: str) -> Path:
     """A DuckDB file under ``WORK`` made once by the statements ``create``; its path."""
     import duckdb
 
@@ -122,7 +122,7 @@ def _duckdb_file(name: str, create: str) -> Path:
 def series_db(shape: Series) -> Path:
     """The DuckDB file of ``shape`` (table ``bench``), made on first use."""
     factors = ", ".join(f"random() AS f{i}" for i in range(shape.factors))
-    return _duckdb_file(
+    return duckdb_file(
         f"series_S{shape.symbols}_D{shape.days}_R{shape.rows}_F{shape.factors}",
         f"""CREATE TABLE bench AS
             SELECT 'S' || lpad(s::VARCHAR, 4, '0') AS symbol,
@@ -136,7 +136,7 @@ def series_db(shape: Series) -> Path:
 def tabular_db(rows: int, columns: int) -> Path:
     """``rows`` x ``columns`` float32 ``f0..`` and an ``id`` in table ``tab``, stored by ``id``."""
     values = ", ".join(f"random()::FLOAT AS f{i}" for i in range(columns))
-    return _duckdb_file(
+    return duckdb_file(
         f"tabular_{rows}x{columns}", f"CREATE TABLE tab AS SELECT range AS id, {values} FROM range({rows})"
     )
 
@@ -145,7 +145,7 @@ def groups_db(groups: int, rows: int, factors: int = 8, dtype: str = "DOUBLE") -
     """``groups`` series of ``rows`` rows in table ``t(g, pos, f0.., target)`` of ``dtype``, stored
     in random order with no index: the scale shapes (few big groups against many small ones)."""
     values = ", ".join(f"random()::{dtype} AS f{i}" for i in range(factors))
-    return _duckdb_file(
+    return duckdb_file(
         f"groups_{groups}x{rows}x{factors}_{dtype}",
         f"""CREATE TABLE t AS
             SELECT (range // {rows})::INTEGER AS g, (range % {rows})::INTEGER AS pos, {values},
@@ -154,15 +154,19 @@ def groups_db(groups: int, rows: int, factors: int = 8, dtype: str = "DOUBLE") -
     )
 
 
-def passes(setup: Callable[[], Any], epochs: int) -> dict[str, Any]:
+def passes(
+    setup: Callable[[], Any], epochs: int, extra: Callable[[Any], dict[str, Any]] | None = None
+) -> dict[str, Any]:
     """Time ``setup()`` (returning something iterable: a loader, a DataLoader, a generator
     factory), then ``epochs`` passes over it: setup, the first pass (cold) and the median of the
-    later ones (warm), CPU seconds of a warm pass, samples per pass, peak RSS. Closes what it made."""
+    later ones (warm), CPU seconds of a warm pass, samples per pass, peak RSS, and ``extra(made)``
+    taken after the last pass. Closes what it made."""
     cpu0, started = cpu_s(), time.perf_counter()
     made = setup()
     setup_s, setup_cpu = time.perf_counter() - started, cpu_s() - cpu0
     try:
         runs = [epoch(made() if callable(made) else made) for _ in range(epochs)]
+        more = extra(made) if extra is not None else {}
     finally:
         if hasattr(made, "close"):
             made.close()
@@ -179,6 +183,7 @@ def passes(setup: Callable[[], Any], epochs: int) -> dict[str, Any]:
         "samples": warm["samples"],
         "samples_per_s": warm["samples"] / warm["wall_s"] if warm["wall_s"] else None,
         "peak_rss_mb": peak_rss_mb(),
+        **more,
     }
 
 

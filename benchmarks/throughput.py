@@ -20,9 +20,9 @@ shuffled. Contenders (each in its own interpreter):
 * ``inmemory``: the whole table as one tensor, windows by ``index_select`` over a strided view.
 
 ``warm_s``, ``warm_cpu_s`` and ``samples_per_s`` (windows) are a warm epoch's; ``setup_s`` is the
-constructor, the export and index, or the load; ``end_to_end_s`` is setup plus the first epoch. Issue 3's targets:
-iteration >= 8x and end to end >= 9x the traditional pipeline, a warm epoch <= 1.5x the floor,
-first batch from the constructor < 1 s.
+constructor, the export and index, or the load; ``end_to_end_s`` is setup plus the first epoch.
+Issue 3's targets: iteration >= 8x and end to end >= 9x the traditional pipeline, a warm epoch
+<= 1.5x the floor, first batch from the constructor < 1 s.
 """
 
 from __future__ import annotations
