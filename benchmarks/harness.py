@@ -277,23 +277,43 @@ def _brief(result: dict[str, Any]) -> str:
 
 @contextlib.contextmanager
 def server(kind: str) -> Iterator[str | None]:
-    """A throwaway ``"postgresql"`` or ``"spark"`` server from the test suite's helpers; yields its
-    URI, or None (after saying why on stderr) where the server is not installed here."""
-    sys.path.insert(0, str(REPO / "tests"))
-    import pgserver
-    import pytest
-    import sparkserver
+    """A ``"postgresql"`` or ``"spark"`` server's URI: the one named by ``BENCH_POSTGRESQL_URI`` /
+    ``BENCH_SPARK_URI`` (the test suite's), else a throwaway one from the test suite's helpers, or
+    None (after saying why on stderr) where the server is not installed here. PostgreSQL yields a
+    fresh database of its own, dropped afterwards."""
+    given = os.environ.get(f"BENCH_{kind.upper()}_URI")
+    if given:
+        running = None
+    else:
+        sys.path.insert(0, str(REPO / "tests"))
+        import pgserver
+        import pytest
+        import sparkserver
 
+        try:
+            running = pgserver.start() if kind == "postgresql" else sparkserver.start()
+        except pytest.skip.Exception as missing:
+            print(f"{kind} skipped: {missing}", file=sys.stderr)
+            yield None
+            return
+    uri: str = given or running.uri  # type: ignore[union-attr]
     try:
-        running: Any = pgserver.start() if kind == "postgresql" else sparkserver.start()
-    except pytest.skip.Exception as missing:
-        print(f"{kind} skipped: {missing}", file=sys.stderr)
-        yield None
-        return
-    try:
-        yield running.uri
+        if kind != "postgresql":
+            yield uri
+            return
+        from adbc_driver_postgresql import dbapi
+
+        database = f"ddb_bench_{os.getpid()}"
+        with dbapi.connect(uri, autocommit=True) as admin, admin.cursor() as cursor:
+            cursor.execute(f"CREATE DATABASE {database}")
+        try:
+            yield uri.rsplit("/", 1)[0] + "/" + database
+        finally:
+            with dbapi.connect(uri, autocommit=True) as admin, admin.cursor() as cursor:
+                cursor.execute(f"DROP DATABASE {database} WITH (FORCE)")
     finally:
-        running.stop()
+        if running is not None:
+            running.stop()
 
 
 # -------------------------------------------------------------------------------------- results
