@@ -18,7 +18,8 @@ and series: ``fetch_bytes=0``, the partition read whole; groups: ``group_pool_si
 group). Mixing, from the keys the first epoch delivers (``key_col``): ``blocks`` is the median
 number of distinct blocks of 1/20 of the ids (groups: distinct groups) per batch, ``sample_rho``
 Spearman's correlation between a sample's position in the epoch and its id (0: no trace of row
-order, +1: front to back); ``stats_*`` are the loader's own figures (``loader.stats()``). Time:
+order, +1: front to back); ``stats_*`` are the loader's own figures (``loader.stats()``:
+``partitions_per_batch``, ``rank_correlation``). Time:
 setup, first and warm epoch, CPU seconds, peak RSS.
 """
 
@@ -65,7 +66,7 @@ def loader(p: dict[str, Any]) -> dict[str, Any]:
         "blocks": float(np.median([len(np.unique(k // block)) for k in keys])),
         "sample_rho": float(spearmanr(np.arange(0, len(every), step), every[::step])[0]),
         "stats_partitions_per_batch": stats.partitions_per_batch,
-        "stats_rank_correlation": stats.rank_correlation,
+        "stats_rho": stats.rank_correlation,
         **row,
     }
 
