@@ -1,7 +1,7 @@
 """The benchmarks' shared harness: data, child-process timing, machine facts, results files.
 
 A benchmark script imports this module and ddbloader's public API, nothing else of the repository.
-It names its contenders (functions ``params -> dict``) and one ``run(args, rounds)`` that asks
+It names its contenders (functions ``params -> dict``) and one ``run(args)`` that asks
 :func:`interleaved` to run them; :func:`main` does the rest::
 
     python benchmarks/NAME.py            # full size -> benchmarks/results/NAME.json and .csv
@@ -30,7 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -296,7 +296,7 @@ def server(kind: str) -> Iterator[str | None]:
             print(f"{kind} skipped: {missing}", file=sys.stderr)
             yield None
             return
-    uri: str = given or running.uri  # type: ignore[union-attr]
+    uri: str = given or running.uri
     try:
         if kind != "postgresql":
             yield uri
@@ -349,7 +349,7 @@ def write(name: str, question: str, report: dict[str, Any], out: Path, smoke: bo
     document = {
         "benchmark": name,
         "question": question,
-        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "smoke": smoke,
         "machine": machine(),
         **report,
@@ -367,7 +367,7 @@ def write(name: str, question: str, report: dict[str, Any], out: Path, smoke: bo
 
 def main(
     doc: str,
-    contenders: dict[str, Contender],
+    contenders: Mapping[str, Contender],
     run: Callable[[argparse.Namespace], dict[str, Any]],
     arguments: Callable[[argparse.ArgumentParser], None] | None = None,
 ) -> None:

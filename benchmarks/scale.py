@@ -115,7 +115,9 @@ def planning(p: dict[str, Any]) -> dict[str, Any]:
     import ddbloader  # noqa: F401 -- before the clock, as a training script has it
 
     source = p.get("uri") or str(harness.groups_db(p["groups"], p["rows"]))
-    options = {"group_scheme": list(range(p["groups"]))} if p["label"].endswith("listed") else {}
+    options: dict[str, Any] = (
+        {"group_scheme": list(range(p["groups"]))} if p["label"].endswith("listed") else {}
+    )
     cpu0, started = harness.cpu_s(), time.perf_counter()
     with _groups_loader(source, **options) as loader:
         plan_s = time.perf_counter() - started
@@ -140,7 +142,7 @@ def big_group(p: dict[str, Any]) -> dict[str, Any]:
         f"CREATE TABLE t AS SELECT range AS pos, (range * 20 // {p['rows']})::INTEGER AS part, {columns} "
         f"FROM range({p['rows']})",
     )
-    options = {"repartition_col": "part"} if "repartitioned" in p["label"] else {}
+    options: dict[str, Any] = {"repartition_col": "part"} if "repartitioned" in p["label"] else {}
     options |= {"fetch_bytes": 0} if "whole" in p["label"] else {}
     row = harness.passes(
         lambda: DDBDataLoader(

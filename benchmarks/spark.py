@@ -34,7 +34,7 @@ def epochs(p: dict[str, Any]) -> dict[str, Any]:
     from ddbloader.backends import SparkBackend
 
     columns = ", ".join([*(f"f{n}" for n in range(p["factors"])), "target"])
-    options = {"fetch_bytes": 0} if p["label"].startswith("per-partition") else {}
+    options: dict[str, Any] = {"fetch_bytes": 0} if p["label"].startswith("per-partition") else {}
 
     def make() -> Any:
         return DDBDataLoader(

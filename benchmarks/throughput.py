@@ -48,7 +48,7 @@ def ddbloader(p: dict[str, Any]) -> dict[str, Any]:
     from ddbloader import DDBDataLoader
 
     shape = _shape(p)
-    options = {"dtype": torch.float32} if p.get("label") == "float32" else {}
+    options: dict[str, Any] = {"dtype": torch.float32} if p.get("label") == "float32" else {}
     path = str(harness.series_db(shape))
     return _checked(
         harness.passes(lambda: DDBDataLoader(path, **shape.loader_args(p["window"]), **options), p["epochs"]),
@@ -220,7 +220,10 @@ def arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     s = harness.SERIES_SMOKE if args.smoke else harness.Series(10, args.days, 2000, 100)
-    params = {"shape": [s.symbols, s.days, s.rows, s.factors], "window": 8 if args.smoke else 50}
+    params: dict[str, Any] = {
+        "shape": [s.symbols, s.days, s.rows, s.factors],
+        "window": 8 if args.smoke else 50,
+    }
     params["epochs"] = 2 if args.smoke else args.epochs
     harness.series_db(s)
     todo = [
