@@ -154,39 +154,6 @@ def groups_db(groups: int, rows: int, factors: int = 8, dtype: str = "DOUBLE") -
     )
 
 
-def passes(
-    setup: Callable[[], Any], epochs: int, extra: Callable[[Any], dict[str, Any]] | None = None
-) -> dict[str, Any]:
-    """Time ``setup()`` (returning something iterable: a loader, a DataLoader, a generator
-    factory), then ``epochs`` passes over it: setup, the first pass (cold) and the median of the
-    later ones (warm), CPU seconds of a warm pass, samples per pass, peak RSS, and ``extra(made)``
-    taken after the last pass. Closes what it made."""
-    cpu0, started = cpu_s(), time.perf_counter()
-    made = setup()
-    setup_s, setup_cpu = time.perf_counter() - started, cpu_s() - cpu0
-    try:
-        runs = [epoch(made() if callable(made) else made) for _ in range(epochs)]
-        more = extra(made) if extra is not None else {}
-    finally:
-        if hasattr(made, "close"):
-            made.close()
-    warm = sorted(runs[1:] or runs, key=lambda e: e["wall_s"])[len(runs[1:] or runs) // 2]
-    if len({e["samples"] for e in runs}) != 1:
-        raise AssertionError(f"epochs served {[e['samples'] for e in runs]} samples")
-    return {
-        "setup_s": setup_s,
-        "setup_cpu_s": setup_cpu,
-        "first_batch_s": setup_s + (runs[0]["first_batch_s"] or 0.0),
-        "first_epoch_s": runs[0]["wall_s"],
-        "warm_s": warm["wall_s"],
-        "warm_cpu_s": warm["cpu_s"],
-        "samples": warm["samples"],
-        "samples_per_s": warm["samples"] / warm["wall_s"] if warm["wall_s"] else None,
-        "peak_rss_mb": peak_rss_mb(),
-        **more,
-    }
-
-
 # ------------------------------------------------------------------------------------- measuring
 
 
@@ -220,6 +187,39 @@ def epoch(batches: Iterable[Any]) -> dict[str, Any]:
             samples += int((batch[0] if isinstance(batch, tuple | list) else batch).shape[0])
     wall = time.perf_counter() - started
     return {"wall_s": wall, "first_batch_s": first, "cpu_s": cpu_s() - cpu0, "samples": samples}
+
+
+def passes(
+    setup: Callable[[], Any], epochs: int, extra: Callable[[Any], dict[str, Any]] | None = None
+) -> dict[str, Any]:
+    """Time ``setup()`` (returning something iterable: a loader, a DataLoader, a generator
+    factory), then ``epochs`` passes over it: setup, the first pass (cold) and the median of the
+    later ones (warm), CPU seconds of a warm pass, samples per pass, peak RSS, and ``extra(made)``
+    taken after the last pass. Closes what it made."""
+    cpu0, started = cpu_s(), time.perf_counter()
+    made = setup()
+    setup_s, setup_cpu = time.perf_counter() - started, cpu_s() - cpu0
+    try:
+        runs = [epoch(made() if callable(made) else made) for _ in range(epochs)]
+        more = extra(made) if extra is not None else {}
+    finally:
+        if hasattr(made, "close"):
+            made.close()
+    warm = sorted(runs[1:] or runs, key=lambda e: e["wall_s"])[len(runs[1:] or runs) // 2]
+    if len({e["samples"] for e in runs}) != 1:
+        raise AssertionError(f"epochs served {[e['samples'] for e in runs]} samples")
+    return {
+        "setup_s": setup_s,
+        "setup_cpu_s": setup_cpu,
+        "first_batch_s": setup_s + (runs[0]["first_batch_s"] or 0.0),
+        "first_epoch_s": runs[0]["wall_s"],
+        "warm_s": warm["wall_s"],
+        "warm_cpu_s": warm["cpu_s"],
+        "samples": warm["samples"],
+        "samples_per_s": warm["samples"] / warm["wall_s"] if warm["wall_s"] else None,
+        "peak_rss_mb": peak_rss_mb(),
+        **more,
+    }
 
 
 def child(script: str, name: str, params: dict[str, Any], timeout: float = CHILD_TIMEOUT_S) -> dict[str, Any]:
