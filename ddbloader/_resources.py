@@ -37,6 +37,8 @@ class LoaderResources:
     _source: Any
     _backend: Backend | None
     _backend_pid: int
+    #: the snapshot the parent's backend reads, in a worker process started by pickling
+    _pinned: str | None = None
     _cache: PartitionCache | None
     _arena: Arena | None
     _iterator: weakref.ref[EpochIterator] | None
@@ -54,7 +56,13 @@ class LoaderResources:
                     "this loader's connection belongs to another process; for DataLoader workers "
                     "give source as a database path, a URI or a factory that opens a connection"
                 )
-            self._backend = connect(self._source)
+            # a worker reads the snapshot its parent pinned (see ddbloader.backends.postgres)
+            pinned = getattr(self._backend, "snapshot", None) if self._backend is not None else self._pinned
+            backend = connect(self._source)
+            follow = getattr(backend, "follow", None)
+            if pinned is not None and follow is not None:
+                follow(pinned)
+            self._backend = backend
             self._backend_pid = os.getpid()
         return self._backend
 
@@ -83,6 +91,7 @@ class LoaderResources:
                 "give source as a database path, a URI or a factory that opens a connection"
             )
         state = self.__dict__.copy()
+        state.update(_pinned=getattr(self._backend, "snapshot", None))
         state.update(_backend=None, _iterator=None, _recorder=None, _progress=None, _arena=None, _peek=None)
         state.update(_left=None)
         # a worker started by pickling (spawn) has no process group: it keeps this process's place

@@ -10,10 +10,12 @@ Connections are one per cursor, so one per fetch thread, never shared between th
   relations, which no other session sees, are refused by name), never used to fetch, nor closed;
 - a factory returning ADBC connections: called once per cursor.
 
-Every connection the backend opens runs in autocommit mode, so reads hold no transaction open,
-and every query runs right after the session was switched to read-only where the engine has a
-switch (:func:`~ddbloader._core.engine.read_only_statement`: PostgreSQL, SQLite), so a SELECT
-that calls a side-effecting function is refused by the engine.
+Every connection the backend opens runs in autocommit mode, and every query runs right after
+the session was switched to read-only where the engine has a switch
+(:func:`~ddbloader._core.engine.read_only_statement`: PostgreSQL, SQLite), so a SELECT that calls
+a side-effecting function is refused by the engine. On PostgreSQL every cursor reads one
+snapshot, held from construction to :meth:`ADBCBackend.close` (see
+:mod:`ddbloader.backends.postgres`), in a read-only transaction of its own.
 Parameters are bound by the driver: ``$n`` as rendered for PostgreSQL and DuckDB, rewritten to
 ``?`` for the other drivers. PostgreSQL ``numeric`` (which the driver returns as text) arrives as
 float64, the type the loader converts decimals to anyway.
@@ -27,10 +29,19 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from .._core.engine import describe_uri, read_only_statement, redact_uri
 from .dbapi import bind_parameters
+from .postgres import (
+    SnapshotHolder,
+    begin_snapshot,
+    check_postgres_values,
+    checked_snapshot,
+    floats_for_numeric,
+    postgres_connect,
+    postgres_session,
+    replicate,
+)
 
 __all__ = ["POSTGRES_SCHEMES", "ADBCBackend", "is_adbc_connection"]
 
@@ -59,8 +70,6 @@ _NUMBERED = frozenset({"postgres", "duckdb"})
 #: ADBC vendors whose engine computes the row hash of verify=True, and its dialect.
 _HASHED_VENDORS = {"postgresql": "postgres", "duckdb": "duckdb", "clickhouse": "clickhouse"}
 
-_INSTALL_HINT = "PostgreSQL needs adbc-driver-postgresql: pip install 'ddbloader[postgres]'"
-
 
 def is_adbc_connection(source: Any) -> bool:
     """True for an ``adbc_driver_manager.dbapi.Connection`` (without importing ADBC needlessly)."""
@@ -71,18 +80,6 @@ def is_adbc_connection(source: Any) -> bool:
     return isinstance(source, dbapi.Connection)
 
 
-def _postgres_connect(uri: str) -> Callable[[], Any]:
-    try:
-        from adbc_driver_postgresql import dbapi
-    except ImportError as error:
-        raise ImportError(_INSTALL_HINT) from error
-
-    def connect() -> Any:
-        return dbapi.connect(uri, autocommit=True)
-
-    return connect
-
-
 def _autocommit(connection: Any) -> Any:
     import adbc_driver_manager
 
@@ -90,87 +87,6 @@ def _autocommit(connection: Any) -> Any:
     with contextlib.suppress(adbc_driver_manager.Error):
         connection.adbc_connection.set_autocommit(True)
     return connection
-
-
-def _floats_for_numeric(table: pa.Table) -> pa.Table:
-    """PostgreSQL ``numeric`` comes as an opaque text extension type; make it float64."""
-    for index, field in enumerate(table.schema):
-        kind = field.type
-        if isinstance(kind, pa.BaseExtensionType) and getattr(kind, "type_name", None) == "numeric":
-            column = table.column(index)
-            storage = pa.chunked_array([chunk.storage for chunk in column.chunks], type=kind.storage_type)
-            table = table.set_column(
-                index,
-                pa.field(field.name, pa.float64(), metadata=field.metadata),  # keeps the PostgreSQL type
-                pc.cast(storage, pa.float64()),
-            )
-    return table
-
-
-#: GUCs a session changed (``SET``), as PostgreSQL lists them for the session that asks.
-_SESSION_GUCS_SQL = (
-    "SELECT name, current_setting(name) FROM pg_settings WHERE source = 'session' ORDER BY name"
-)
-#: Session GUCs the loader sets itself (its sessions are read-only) or that describe the client.
-_OWN_GUCS = frozenset({"default_transaction_read_only", "transaction_read_only", "application_name"})
-_TEMP_RELATIONS_SQL = "SELECT relname FROM pg_class WHERE relnamespace = pg_my_temp_schema() ORDER BY 1"
-
-
-def _rows(connection: Any, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
-    cursor = connection.cursor()
-    try:
-        cursor.execute(sql, list(params) or None)
-        return [tuple(row.values()) for row in cursor.fetch_arrow_table().to_pylist()]
-    finally:
-        cursor.close()
-
-
-def _postgres_session(connection: Any) -> tuple[tuple[str, str], ...]:
-    """The GUCs the user's session changed (search_path, TimeZone, role, ...), to replicate.
-
-    Raises:
-        ValueError: the session holds temporary tables, which no other session can see (a
-            clone would read another relation of the same name, or none); names them.
-    """
-    temporary = [name for (name,) in _rows(connection, _TEMP_RELATIONS_SQL)]
-    if temporary:
-        raise ValueError(
-            f"the PostgreSQL connection holds temporary relations {temporary[:5]}, which the "
-            f"loader's sessions cannot see; make them regular tables, or pass a URI or a factory"
-        )
-    changed = [(n, v) for n, v in _rows(connection, _SESSION_GUCS_SQL) if n not in _OWN_GUCS]
-    # SET ROLE is a GUC that pg_settings does not list; "none" means no SET ROLE.
-    ((role,),) = _rows(connection, "SELECT current_setting('role')")
-    return (*changed, *([("role", role)] if role != "none" else []))
-
-
-def _replicate(connection: Any, session: tuple[tuple[str, str], ...]) -> Any:
-    """Set ``session``'s GUCs on a new connection (bound, never spliced), and check they took.
-
-    Raises:
-        ValueError: a GUC the new session does not take as the user's session has it; names it.
-    """
-    for name, value in session:
-        _rows(connection, "SELECT set_config($1, $2, false)", (name, value))
-    for name, value in session:
-        ((taken,),) = _rows(connection, "SELECT current_setting($1)", (name,))
-        if taken != value:
-            connection.close()
-            raise ValueError(
-                f"the PostgreSQL connection's session setting {name} = {value!r} does not carry over "
-                f"to the loader's sessions (they get {taken!r}); reset it, or pass a URI"
-            )
-    return connection
-
-
-def _check_postgres_values(params: Sequence[Any]) -> None:
-    for number, param in enumerate(params, start=1):
-        for value in param if isinstance(param, list) else [param]:
-            if isinstance(value, str) and "\x00" in value:
-                raise ValueError(
-                    f"parameter ${number} {value!r} contains a NUL character, which PostgreSQL text "
-                    f"cannot hold (so no row could equal it); remove it from the scheme"
-                )
 
 
 def _typed_parameters(cursor: Any, sql: str, params: Sequence[Any]) -> pa.RecordBatch:
@@ -212,21 +128,26 @@ class _ADBCCursor:
 
     def fetch(self, sql: str, params: Sequence[Any]) -> pa.Table:
         self._execute(sql, params)
-        return _floats_for_numeric(self._cursor.fetch_arrow_table())
+        table = self._cursor.fetch_arrow_table()
+        self._end_snapshot()
+        return floats_for_numeric(table)
 
     def batches(self, sql: str, params: Sequence[Any], rows: int) -> Iterator[pa.Table]:
         """``sql``'s rows through the driver's Arrow record batch reader, read as the iterator
         advances (the driver sizes the batches; ``rows`` is not passed on)."""
         self._execute(sql, params)
         reader = self._cursor.fetch_record_batch()
-        with contextlib.closing(reader):
-            for batch in reader:
-                yield _floats_for_numeric(pa.Table.from_batches([batch]))
+        try:
+            with contextlib.closing(reader):
+                for batch in reader:
+                    yield floats_for_numeric(pa.Table.from_batches([batch]))
+        finally:
+            self._end_snapshot()
 
     def _execute(self, sql: str, params: Sequence[Any]) -> None:
         backend = self._backend
         if backend.dialect == "postgres":
-            _check_postgres_values(params)
+            check_postgres_values(params)
         bound: Sequence[Any] | dict[str, Any]
         lists = any(isinstance(p, list) for p in params)
         if lists or backend.dialect in _NUMBERED or not params:
@@ -236,11 +157,19 @@ class _ADBCCursor:
 
         if self._cursor is None:
             self._connect()
+        if backend.snapshot is not None:
+            begin_snapshot(self._cursor, backend.snapshot)
         if backend.read_only_sql is not None:
             self._cursor.execute(backend.read_only_sql)
         if lists:
             bound = _typed_parameters(self._cursor, text, params)
         self._cursor.execute(text, bound or None)
+
+    def _end_snapshot(self) -> None:
+        """End the query's snapshot transaction, releasing its locks (a lock held until the next
+        query would block another session's ALTER or DROP of the tables read)."""
+        if self._backend.snapshot is not None and self._cursor is not None:
+            self._cursor.execute("ROLLBACK")
 
     def interrupt(self) -> None:
         with self._lock:
@@ -279,7 +208,7 @@ class ADBCBackend:
         if isinstance(source, str):
             if not source.startswith(POSTGRES_SCHEMES):
                 raise ValueError(f"ADBCBackend takes postgresql:// URIs, got {redact_uri(source)!r}")
-            self._open: Callable[[], Any] = _postgres_connect(source)
+            self._open: Callable[[], Any] = postgres_connect(source)
             self.engine = describe_uri(source)
         elif is_adbc_connection(source):
             self._open = source.adbc_clone
@@ -291,6 +220,9 @@ class ADBCBackend:
             raise TypeError(f"ADBCBackend needs a URI, an ADBC connection or a factory, got {type(source)!r}")
         self._lock = threading.Lock()
         self._session: tuple[tuple[str, str], ...] = ()
+        self._holder: SnapshotHolder | None = None
+        #: The PostgreSQL snapshot every cursor reads (its id); None on other engines.
+        self.snapshot: str | None = None
         self._spare = _autocommit(self._open())
         vendor = str(self._spare.adbc_get_info().get("vendor_name", ""))
         found = dialect or _DIALECTS.get(vendor.lower())
@@ -302,8 +234,8 @@ class ADBCBackend:
             # A clone is a fresh libpq session: the user's SET search_path / TimeZone / ROLE are
             # not in it, so the loader would read other tables or other days than the user's query.
             try:
-                self._session = _postgres_session(source)
-                self._spare = _replicate(self._spare, self._session)
+                self._session = postgres_session(source)
+                self._spare = replicate(self._spare, self._session)
             except BaseException:
                 self.close()
                 raise
@@ -315,12 +247,19 @@ class ADBCBackend:
         if self.engine.startswith("adbc"):
             self.engine = f"{vendor or 'adbc'} {self.engine.removeprefix('adbc ')}"
         self.read_only_sql = read_only_statement(found)
+        if found == "postgres":
+            try:
+                self._holder = SnapshotHolder(replicate(_autocommit(self._open()), self._session))
+            except BaseException:
+                self.close()
+                raise
+            self.snapshot = self._holder.id
 
     def open(self) -> Any:
         """A new autocommit connection (the one made to read the vendor is handed out first)."""
         with self._lock:
             spare, self._spare = self._spare, None
-        return spare if spare is not None else _replicate(_autocommit(self._open()), self._session)
+        return spare if spare is not None else replicate(_autocommit(self._open()), self._session)
 
     @staticmethod
     def is_transient(error: BaseException) -> bool:
@@ -340,10 +279,31 @@ class ADBCBackend:
     def cursor(self) -> _ADBCCursor:
         return _ADBCCursor(self)
 
+    def follow(self, snapshot: str | None) -> None:
+        """Read ``snapshot`` (a DataLoader worker's parent's :attr:`snapshot`, which the parent
+        keeps open) instead of this backend's own, which is released. No-op for None.
+
+        Raises:
+            ValueError: ``snapshot`` is not a PostgreSQL snapshot id, or this backend reads none.
+        """
+        if snapshot is None:
+            return
+        if self.snapshot is None:
+            raise ValueError(f"a {self.engine} backend reads no PostgreSQL snapshot")
+        self.snapshot = checked_snapshot(snapshot)
+        with self._lock:
+            holder, self._holder = self._holder, None
+        if holder is not None:
+            holder.close()
+
     def close(self) -> None:
-        """Close the spare connection; a connection the user passed in stays open."""
+        """Close the spare connection and release the snapshot; a connection the user passed in
+        stays open."""
         with self._lock:
             spare, self._spare = self._spare, None
+            holder, self._holder = self._holder, None
+        if holder is not None:
+            holder.close()
         if spare is not None:
             with contextlib.suppress(Exception):
                 spare.close()
