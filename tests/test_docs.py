@@ -50,7 +50,7 @@ def name(page: Path) -> str:
 def ticks() -> pa.Table:
     """The table server recipes read: 4 symbols × 3 days × 200 one-second rows of float32."""
     with duckdb.connect() as con:
-        return con.execute(
+        return con.sql(
             """
             SELECT 'S' || s AS symbol,
                    TIMESTAMP '2024-01-01 09:30:00' + INTERVAL (d) DAY + INTERVAL (r) SECOND AS ts,
