@@ -122,9 +122,14 @@ class Folder:
 
     def output(self, index: int) -> str:
         """Block ``index``'s stdout, after running it and every block before it (once each)."""
-        for earlier in range(index + 1):
+        for earlier in range(index):
             if earlier not in self.outputs:
-                self.outputs[earlier] = self.run(self.blocks[earlier])
+                try:
+                    self.outputs[earlier] = self.run(self.blocks[earlier])
+                except pytest.skip.Exception:  # its server is missing: its own test says so
+                    self.outputs[earlier] = ""
+        if index not in self.outputs:
+            self.outputs[index] = self.run(self.blocks[index])
         return self.outputs[index]
 
     def run(self, block: str) -> str:
