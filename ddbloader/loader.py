@@ -50,9 +50,10 @@ Batch = tuple[torch.Tensor, torch.Tensor]
 class DDBDataLoader(DataLoaderFace, LoaderCheckpoint, LoaderResources):
     """Feed PyTorch from a SQL query: split it into subqueries, fetch in the background, yield batches.
 
-    Semantics (see README): groups never mix inside a sample; windows continue across the
-    repartitions of a group; every sample appears exactly once per epoch; the batch sequence is a
-    pure function of (query, arguments, seed, epoch). Iterating again starts the next epoch.
+    Semantics (see the Concepts page of the docs): groups never mix inside a sample; windows
+    continue across the repartitions of a group; every sample appears exactly once per epoch; the
+    batch sequence is a pure function of (query, arguments, seed, epoch). Iterating again starts
+    the next epoch.
 
     Thread-safety: one consumer thread per loader; ``iter()`` from a second thread while the
     first one's iteration runs raises RuntimeError. Starting a new iteration stops the previous
@@ -61,7 +62,8 @@ class DDBDataLoader(DataLoaderFace, LoaderCheckpoint, LoaderResources):
     the connection the loader opened; it may be called from any thread.
 
     Args:
-        source: a DuckDB connection, a DuckDB database path (opened read-only) or ``None``.
+        source: a DuckDB connection, a DuckDB database path (opened read-only), ``None`` (an
+            in-memory DuckDB), a URI, a connection, a factory or a backend (see Data sources).
         sql: one read-only query.
         target_col: the column(s) of y.
         batch_size: samples per batch.
@@ -125,7 +127,7 @@ class DDBDataLoader(DataLoaderFace, LoaderCheckpoint, LoaderResources):
         verify: check every fetched partition's rows, not only their count, against an engine
             hash of each row summed at planning (DuckDB, PostgreSQL, ClickHouse, Spark;
             refused elsewhere): wrong rows in the right number raise, naming the partition.
-            Costs a hash per row at planning and at every fetch (see README).
+            Costs a hash per row at planning and at every fetch (see the Reliability page of the docs).
         mode: the same batches as ``"pytorch"``, ``"numpy"``, ``"jax"`` or ``"tensorflow"`` arrays.
         verbose: accepted for DolphinDB code and ignored: ddbloader reports through the
             ``"ddbloader"`` logger (INFO per epoch, DEBUG per partition).
