@@ -34,7 +34,7 @@ from sqlglot import exp
 
 from .aliases import ORDER_ALIAS
 from .names import first_select, is_modified_star, is_starred, result_name, same_expression, same_name
-from .parsing import short_sql
+from .parsing import reader, short_sql
 
 __all__ = ["ResolvedOrder", "ResultOrder", "is_carried", "order_owner", "read_direction", "same_name"]
 
@@ -106,7 +106,7 @@ class ResultOrder:
         carries = isinstance(owner, exp.Select) and not owner.args.get("distinct")
         terms: list[exp.Ordered] = []
         hidden: list[exp.Alias] = []
-        for ordered in owner.args["order"].expressions:
+        for ordered in _expand_all(owner.args["order"].expressions, self._result_names(projections)):
             term = ordered.this
             name = self._result_column(term, projections, isinstance(owner, exp.Select))
             if name is None:
@@ -142,6 +142,15 @@ class ResultOrder:
         if len(matches) > 1:
             raise ValueError(self._refusal(term, f"the result has {len(matches)} columns named so"))
         if matches:
+            if self.dialect == "clickhouse" and _in_alias_cycle(term, projections):
+                raise ValueError(
+                    self._refusal(
+                        term,
+                        "ClickHouse substitutes aliases wherever their names appear, and the aliases "
+                        "of this SELECT read each other, so its ORDER BY may read another value than "
+                        "the result column of that name; rename the aliases",
+                    )
+                )
             return matches[0]
         if names is None and starred:
             # Before the result's names are known (planning reads them first), a name is taken
@@ -236,7 +245,7 @@ class ResultOrder:
         probe = exp.select(key, *numbered).from_(
             exp.Subquery(this=values, alias=exp.TableAlias(this=exp.to_identifier("_ddb_p")))
         )
-        return probe.sql(dialect=self.dialect)
+        return probe.sql(dialect=reader(self.dialect))
 
 
 def read_direction(table: pa.Table) -> tuple[bool, bool, bool]:
@@ -249,6 +258,48 @@ def read_direction(table: pa.Table) -> tuple[bool, bool, bool]:
         rows[None][_AS_WRITTEN] == 1,
         rows[2][_BY_DEFAULT] < rows[1][_BY_DEFAULT],
     )
+
+
+def _in_alias_cycle(term: exp.Column, projections: list[exp.Expr]) -> bool:
+    """Whether the alias ``term`` names reads itself through the SELECT's aliases (compared as
+    ClickHouse compares names: exactly)."""
+    reads = {
+        p.alias: {c.name for c in p.this.find_all(exp.Column) if not c.table}
+        for p in projections
+        if isinstance(p, exp.Alias)
+    }
+    seen: set[str] = set()
+    pending = set(reads.get(term.name, ()))
+    while pending:
+        name = pending.pop()
+        if name == term.name:
+            return True
+        if name not in seen:
+            seen.add(name)
+            pending |= reads.get(name, set())
+    return False
+
+
+def _expand_all(terms: list[exp.Ordered], names: list[str | None] | None) -> list[exp.Ordered]:
+    """DuckDB's ``ORDER BY ALL``: every result column, left to right, as the term orders.
+
+    Raises:
+        ValueError: the result's column names are not known.
+    """
+    expanded = []
+    for ordered in terms:
+        if not (isinstance(ordered.this, exp.Var) and ordered.this.name.upper() == "ALL"):
+            expanded.append(ordered)
+            continue
+        if names is None:
+            raise ValueError(
+                "cannot keep this query's order when splitting it: ORDER BY ALL over unknown columns"
+            )
+        for position in range(1, len(names) + 1):
+            term = ordered.copy()
+            term.set("this", exp.Literal.number(position))
+            expanded.append(term)
+    return expanded
 
 
 def order_owner(tree: exp.Expr) -> exp.Expr | None:

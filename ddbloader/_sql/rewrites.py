@@ -22,7 +22,7 @@ from .aliases import GROUP_ALIAS, KEY_ALIASES, REPARTITION_ALIAS
 from .fingerprint import HASH_ALIAS
 from .names import same_name
 from .ordering import ResolvedOrder, ResultOrder, order_owner
-from .parsing import short_sql
+from .parsing import reader, short_sql
 
 __all__ = ["WrappedQuery", "operand", "parameter_any", "parameter_equals", "parameter_in", "subquery"]
 
@@ -72,7 +72,7 @@ class WrappedQuery(ResultOrder):
 
     def render(self, tree: exp.Expr) -> str:
         """Render a derived query in the engine's dialect."""
-        return tree.sql(dialect=self.dialect)
+        return tree.sql(dialect=reader(self.dialect))
 
     def filtered(self, columns: Sequence[exp.Expr]) -> str:
         """The query's rows where ``column_i = $i`` for each of ``columns``, in the query's order.
