@@ -134,6 +134,35 @@ def test_order_by_is_kept(db: duckdb.DuckDBPyConnection) -> None:
     assert ids == [i for i in range(23, -1, -1) if i % 3 == 2]
 
 
+@pytest.mark.parametrize(
+    ("dialect", "sql", "refusal"),
+    [
+        ("postgres", "SELECT a, b AS a, g FROM t ORDER BY a", "the result has 2 columns named so"),
+        ("postgres", "SELECT a, a, g FROM t ORDER BY 2", "the result has 2 columns named 'a'"),
+        ("postgres", "SELECT DISTINCT g, v FROM t ORDER BY id", "it is not a result column of a SELECT"),
+        (
+            "postgres",
+            "SELECT g, v FROM t UNION SELECT g, v FROM u ORDER BY g + 1",
+            "a set operation is ordered",
+        ),
+        ("duckdb", "SELECT * REPLACE (v * 2 AS v) FROM t ORDER BY v", "the star renames or replaces columns"),
+        ("clickhouse", "SELECT g, v FROM t ORDER BY v WITH FILL", "WITH FILL adds rows"),
+    ],
+)
+def test_an_order_by_term_that_cannot_be_resolved_exactly_is_refused_by_name(
+    dialect: str, sql: str, refusal: str
+) -> None:
+    with pytest.raises(
+        ValueError, match=r"the ORDER BY term '.*' cannot be resolved .*: " + re.escape(refusal)
+    ):
+        UserQuery(sql, dialect).filtered([key("g")])
+
+
+def test_an_alias_over_the_input_column_of_its_name_is_read_alike_in_an_expression() -> None:
+    statement = UserQuery("SELECT g, v AS v FROM t ORDER BY v * 2", "postgres").filtered([key("g")])
+    assert 'ORDER BY "_ddb_order1"' in statement and "v * 2 AS _ddb_order1" in statement
+
+
 def test_order_by_terms_over_the_input_are_carried_as_hidden_columns() -> None:
     sql = "SELECT s.id AS i, s.g, s.v FROM t AS s ORDER BY s.id DESC, s.g * 2 - s.v, 3"
     statement = UserQuery(sql, "postgres").with_output(["i", "g", "v"]).filtered([key("g")])

@@ -108,6 +108,8 @@ class ResultOrder:
         hidden: list[exp.Alias] = []
         for ordered in _expand_all(owner.args["order"].expressions, self._result_names(projections)):
             term = ordered.this
+            if ordered.args.get("with_fill"):
+                raise ValueError(self._refusal(term, "WITH FILL adds rows between the whole result's keys"))
             name = self._result_column(term, projections, isinstance(owner, exp.Select))
             if name is None:
                 if not carries:
@@ -199,7 +201,13 @@ class ResultOrder:
         Raises:
             ValueError: naming the term and the name.
         """
-        aliases = [p for p in projections if isinstance(p, exp.Alias)]
+        # an alias over the input column of its own name (``x AS x``) reads the same either way
+        aliases = [
+            p
+            for p in projections
+            if isinstance(p, exp.Alias)
+            and not (isinstance(p.this, exp.Column) and same_name(p.this.this, p.alias, self.dialect))
+        ]
         for column in term.find_all(exp.Column):
             if column.table:
                 continue
