@@ -186,6 +186,7 @@ SHAPES = [
     # ordinals and expressions
     Shape("ordinal", "SELECT sym, ts AS ingest_ts, event_ts AS ts, id, y FROM ob ORDER BY 1, 3 DESC"),
     Shape("expression", "SELECT sym, id, y FROM ob ORDER BY ts % 7, id"),
+    Shape("expression-over-result", "SELECT sym, k, id, y FROM ob ORDER BY k % 5 DESC, id"),
     Shape(
         "qualified",
         "SELECT o.sym, o.event_ts AS ts, o.id, o.y FROM ob AS o ORDER BY o.ts",

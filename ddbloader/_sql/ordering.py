@@ -33,8 +33,16 @@ import pyarrow as pa
 from sqlglot import exp
 
 from .aliases import ORDER_ALIAS
-from .names import first_select, is_modified_star, is_starred, result_name, same_expression, same_name
-from .parsing import reader, short_sql
+from .names import (
+    column_name,
+    first_select,
+    is_modified_star,
+    is_starred,
+    result_name,
+    same_expression,
+    same_name,
+)
+from .parsing import NOT_SCALAR, reader, short_sql
 
 __all__ = ["ResolvedOrder", "ResultOrder", "is_carried", "order_owner", "read_direction", "same_name"]
 
@@ -111,13 +119,18 @@ class ResultOrder:
             if ordered.args.get("with_fill"):
                 raise ValueError(self._refusal(term, "WITH FILL adds rows between the whole result's keys"))
             name = self._result_column(term, projections, isinstance(owner, exp.Select))
+            restated = ordered.copy()
             if name is None:
                 if not carries:
                     raise ValueError(self._refusal(term, _why_not_carried(owner)))
                 self._check_input_term(term, projections)
+                over_result = self._over_result(term, projections)
+                if over_result is not None:  # range pieces can be cut by it
+                    restated.set("this", over_result)
+                    terms.append(restated)
+                    continue
                 name = f"{ORDER_ALIAS}{len(hidden) + 1}"
                 hidden.append(term.copy().as_(name))
-            restated = ordered.copy()
             restated.set("this", exp.column(name, quoted=True))
             terms.append(restated)
         return ResolvedOrder(tuple(terms), tuple(hidden))
@@ -223,6 +236,31 @@ class ResultOrder:
                     )
             if any(is_modified_star(p) for p in projections):
                 raise ValueError(self._refusal(term, "the star renames or replaces columns"))
+
+    def _over_result(self, term: exp.Expr, projections: list[exp.Expr]) -> exp.Expr | None:
+        """``term`` (over the input, checked by :meth:`_check_input_term`) as the same expression
+        over result columns, where each column it reads is passed through unrenamed by exactly
+        one projection and it is a scalar function of the row (no aggregate, window or query);
+        else None."""
+        names = self._result_names(projections)
+        if names is None or term.find(exp.Query, *NOT_SCALAR) or not term.find(exp.Column):
+            return None
+        mapped = term.copy()
+        for column in list(mapped.find_all(exp.Column)):
+            passing = [
+                p
+                for p in projections
+                if isinstance(p, exp.Column)
+                and same_name(p.this, column_name(column, self.dialect), self.dialect)
+                and (not column.table or column.table == p.table)
+            ]
+            if len(passing) != 1:
+                return None
+            name = names[projections.index(passing[0])]
+            if name is None or names.count(name) != 1:
+                return None
+            column.replace(exp.column(name, quoted=True))
+        return mapped
 
     def _refusal(self, term: exp.Expr, why: str) -> str:
         return (

@@ -96,7 +96,7 @@ class RangeCutter:
             )
             return
         term = ordered.this
-        text = term.sql(dialect=query.dialect)
+        text = term.name if isinstance(term, exp.Column) else term.sql(dialect=query.dialect)
         if is_carried(term):
             self.reason = f"the leading ORDER BY term {text!r} is not a result column (select it)"
             return
