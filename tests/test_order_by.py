@@ -187,6 +187,7 @@ SHAPES = [
     Shape("ordinal", "SELECT sym, ts AS ingest_ts, event_ts AS ts, id, y FROM ob ORDER BY 1, 3 DESC"),
     Shape("expression", "SELECT sym, id, y FROM ob ORDER BY ts % 7, id"),
     Shape("expression-over-result", "SELECT sym, k, id, y FROM ob ORDER BY k % 5 DESC, id"),
+    Shape("qualified-over-result", "SELECT o.sym, o.ts, o.id, o.y FROM ob AS o ORDER BY o.ts DESC"),
     Shape(
         "qualified",
         "SELECT o.sym, o.event_ts AS ts, o.id, o.y FROM ob AS o ORDER BY o.ts",
@@ -228,7 +229,7 @@ SHAPES = [
 PIECES = frozenset(
     {"alias-swap", "alias-swap-desc", "alias-rename", "alias-swap-whole", "ordinal", "nulls-implicit"}
     | {"nulls-desc-implicit", "nulls-first", "nulls-desc-last", "multi-term", "multi-term-whole"}
-    | {"float-nan-zero", "float-nan-zero-desc"}
+    | {"float-nan-zero", "float-nan-zero-desc", "qualified-over-result"}
 )
 
 

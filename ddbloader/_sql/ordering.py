@@ -259,6 +259,8 @@ class ResultOrder:
             name = names[projections.index(passing[0])]
             if name is None or names.count(name) != 1:
                 return None
+            if column is mapped:
+                return exp.column(name, quoted=True)
             column.replace(exp.column(name, quoted=True))
         return mapped
 
