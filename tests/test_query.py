@@ -134,13 +134,46 @@ def test_order_by_is_kept(db: duckdb.DuckDBPyConnection) -> None:
     assert ids == [i for i in range(23, -1, -1) if i % 3 == 2]
 
 
-def test_order_by_is_applied_again_over_result_columns() -> None:
+@pytest.mark.parametrize(
+    ("dialect", "sql", "refusal"),
+    [
+        ("postgres", "SELECT a, b AS a, g FROM t ORDER BY a", "the result has 2 columns named so"),
+        ("postgres", "SELECT a, a, g FROM t ORDER BY 2", "the result has 2 columns named 'a'"),
+        ("postgres", "SELECT DISTINCT g, v FROM t ORDER BY id", "it is not a result column of a SELECT"),
+        (
+            "postgres",
+            "SELECT g, v FROM t UNION SELECT g, v FROM u ORDER BY g + 1",
+            "a set operation is ordered",
+        ),
+        ("duckdb", "SELECT * REPLACE (v * 2 AS v) FROM t ORDER BY v", "the star renames or replaces columns"),
+        ("clickhouse", "SELECT g, v FROM t ORDER BY v WITH FILL", "WITH FILL adds rows"),
+    ],
+)
+def test_an_order_by_term_that_cannot_be_resolved_exactly_is_refused_by_name(
+    dialect: str, sql: str, refusal: str
+) -> None:
+    with pytest.raises(
+        ValueError, match=r"the ORDER BY term '.*' cannot be resolved .*: " + re.escape(refusal)
+    ):
+        UserQuery(sql, dialect).filtered([key("g")])
+
+
+def test_an_alias_over_the_input_column_of_its_name_is_read_alike_in_an_expression() -> None:
+    statement = UserQuery("SELECT g, v AS v FROM t ORDER BY v * 2", "postgres").filtered([key("g")])
+    assert 'ORDER BY "_ddb_order1"' in statement and "v * 2 AS _ddb_order1" in statement
+
+
+def test_order_by_terms_over_the_input_are_carried_as_hidden_columns() -> None:
     sql = "SELECT s.id AS i, s.g, s.v FROM t AS s ORDER BY s.id DESC, s.g * 2 - s.v, 3"
-    statement = UserQuery(sql, "postgres").filtered([key("g")])
-    order = sqlglot.parse_one(statement, read="postgres").args["order"]
-    assert order.sql(dialect="postgres") == "ORDER BY i DESC, g * 2 - v, 3"
-    # Inside an expression PostgreSQL reads `g` as the FROM's column, not the alias over g + 1.
-    with pytest.raises(ValueError, match=r"ORDER BY term 'g \* 2' is not a result column; select it"):
+    statement = UserQuery(sql, "postgres").with_output(["i", "g", "v"]).filtered([key("g")])
+    tree = sqlglot.parse_one(statement, read="postgres")
+    # s.id is renamed, so carried; s.g and s.v are passed through, so read from the result
+    assert tree.args["order"].sql(dialect="postgres") == 'ORDER BY "_ddb_order1" DESC, "g" * 2 - "v", "v"'
+    assert [p.alias_or_name for p in tree.expressions] == ["i", "g", "v"]  # the hidden one left out
+    inner = tree.find(exp.Subquery).this
+    assert [p.sql(dialect="postgres") for p in inner.expressions[3:]] == ["s.id AS _ddb_order1"]
+    # Inside an expression PostgreSQL reads `g` as the FROM's column, DuckDB may read the alias.
+    with pytest.raises(ValueError, match=r"ORDER BY term 'g \* 2' .*both a column of the query's input"):
         UserQuery("SELECT id, g + 1 AS g FROM t ORDER BY g * 2", "postgres").filtered([key("g")])
 
 
@@ -684,7 +717,7 @@ def test_key_counts_count_an_explicit_scheme_bound_as_lists_or_values(
     [
         ("postgres", "U", "u"),  # folded to lowercase: the column u, never "U"
         ("postgres", '"U"', "U"),
-        ("postgres", "FOO", "Foo"),  # the unquoted alias Foo: both fold to foo
+        ("postgres", "FOO", "foo"),  # the unquoted alias Foo: both fold to foo
         ("clickhouse", "U", "U"),  # case-sensitive: the alias U
         ("clickhouse", "u", "u"),
         ("duckdb", "Foo", "Foo"),  # case-insensitive: the first match, as DuckDB keeps names

@@ -1,33 +1,72 @@
 """ORDER BY restating: the user's query's order, applied again on the outer query of the wrap.
 
-Q's ORDER BY is applied again on the outer query, mapped to result columns (an alias, a column
-passed through unrenamed, an ordinal, or an expression over such columns); a term that is not
-one is refused by name, except on DuckDB, which keeps a filtered subquery's order (WHERE and
-SELECT preserve order, per its documentation). Columns are compared by name as the engine
-resolves them: quoted exactly, unquoted case-insensitively.
+Each term of Q's ORDER BY is resolved against Q's result columns by the SQL scope rules the
+engines share, never by matching expression text:
+
+- an ordinal names the result column at that position;
+- an unqualified name names the result column of that name (an output name comes first in
+  ORDER BY on DuckDB, PostgreSQL, SQLite, ClickHouse, DataFusion and Spark); a name that no
+  result column has reads the query's input;
+- anything else (a qualified column, an expression) is evaluated over the query's input.
+
+A term over the input is *carried*: added to Q's own SELECT list as a hidden column
+(``_ddb_order1`` …, see :data:`~ddbloader._sql.aliases.ORDER_ALIAS`), evaluated in the same scope
+as the ORDER BY evaluates it, so the outer query can be ordered by it and the filter pushed
+below the sort. The outer query then lists Q's result columns, leaving the hidden ones out. A
+term that cannot be resolved exactly is refused by name: a name that is both an alias and an
+input column inside an expression (engines disagree which it means), a name several result
+columns have, a term over the input of a DISTINCT or a set operation (a hidden column would
+change its rows).
+
+Each term keeps its direction and NULL placement as written: where it states neither, the
+engine's session defaults order the outer query as they order the whole query (DuckDB's
+``default_order`` and ``default_null_order``). :meth:`ResultOrder.direction_probe` asks the
+engine what a term's direction and NULL placement are.
 """
 
 from __future__ import annotations
 
-import string
 from collections.abc import Sequence
+from dataclasses import dataclass
 
+import pyarrow as pa
 from sqlglot import exp
-from sqlglot.dialects.dialect import Dialect, NormalizationStrategy
 
-from .parsing import NOT_SCALAR, short_sql, unwrap
+from .aliases import ORDER_ALIAS
+from .names import (
+    column_name,
+    first_select,
+    is_modified_star,
+    is_starred,
+    result_name,
+    same_expression,
+    same_name,
+)
+from .parsing import NOT_SCALAR, reader, short_sql
 
-__all__ = [
-    "KEEPS_SUBQUERY_ORDER",
-    "ResultOrder",
-    "column_name",
-    "first_select",
-    "identifier_name",
-    "is_modified_star",
-    "is_starred",
-    "same_expression",
-    "same_name",
-]
+__all__ = ["ResolvedOrder", "ResultOrder", "is_carried", "order_owner", "read_direction", "same_name"]
+
+_PROBE_KEY = "_ddb_k"
+_AS_WRITTEN = "_ddb_as_written"
+_BY_DEFAULT = "_ddb_by_default"
+
+
+@dataclass(frozen=True)
+class ResolvedOrder:
+    """The query's ORDER BY resolved against its result columns.
+
+    ``terms``: each term over a result column (or a carried one), with the user's direction and
+    NULL placement; ``hidden``: the carried terms, as ``expression AS _ddb_orderN`` to append to
+    the query's SELECT list (empty when every term is a result column).
+    """
+
+    terms: tuple[exp.Ordered, ...]
+    hidden: tuple[exp.Alias, ...]
+
+
+def is_carried(term: exp.Expr) -> bool:
+    """Whether ``term`` (of :meth:`ResultOrder.order_terms`) is a hidden carried column."""
+    return isinstance(term, exp.Column) and str(term.name).startswith(ORDER_ALIAS)
 
 
 class ResultOrder:
@@ -42,39 +81,105 @@ class ResultOrder:
     _output: tuple[str, ...] | None
 
     def order_key(self, keys: Sequence[exp.Expr]) -> exp.Ordered | None:
-        """The leading term of the query's ORDER BY that is none of ``keys`` (the partition keys,
-        constant within a partition), restated over its result columns as the split restates it
-        (an ordinal becomes the column it names), or None: no ORDER BY, no such term, or a term
-        that is not a result column (see :meth:`_outer_order`)."""
+        """The leading term of :meth:`order_terms`, or None."""
         terms = self.order_terms(keys)
         return terms[0] if terms else None
 
     def order_terms(self, keys: Sequence[exp.Expr]) -> list[exp.Ordered] | None:
-        """The terms of the query's ORDER BY that are none of ``keys``, in order, restated as
-        :meth:`order_key` restates its one; None when one cannot be (an ordinal past the result
-        columns, or a term that is not a result column) or there is no ORDER BY."""
+        """The terms of the query's ORDER BY that are none of ``keys`` (the partition keys, over
+        the result columns, constant within a partition), in order, each over a result column
+        (an ordinal becomes the column it names) or a carried column (:func:`is_carried`); None
+        when there is no ORDER BY or it cannot be resolved exactly."""
         try:
-            order = self._outer_order()
+            resolved = self.resolved_order()
         except ValueError:
             return None
-        if order is None:
+        if resolved is None:
             return None
-        names = self._output_names()
-        terms = []
-        for ordered in order.expressions:
-            term = ordered.copy()
-            if isinstance(term.this, exp.Literal):
-                position = int(term.this.name)
-                if names is None or not 0 < position <= len(names):
-                    return None
-                term.set("this", exp.column(names[position - 1], quoted=True))
-            if not isinstance(term, exp.Ordered):
-                return None
-            if not any(same_expression(term.this, key, self.dialect) for key in keys):
-                terms.append(term)
-        return terms
+        same = same_expression
+        return [t.copy() for t in resolved.terms if not any(same(t.this, k, self.dialect) for k in keys)]
+
+    def resolved_order(self) -> ResolvedOrder | None:
+        """The query's ORDER BY resolved against its result columns (see the module docstring);
+        None without one.
+
+        Raises:
+            ValueError: naming the ORDER BY term that cannot be resolved exactly, and why.
+        """
+        owner = order_owner(self._tree)
+        if owner is None:
+            return None
+        select = first_select(owner)
+        projections = list(select.expressions) if select is not None else []
+        carries = isinstance(owner, exp.Select) and not owner.args.get("distinct")
+        terms: list[exp.Ordered] = []
+        hidden: list[exp.Alias] = []
+        for ordered in _expand_all(owner.args["order"].expressions, self._result_names(projections)):
+            term = ordered.this
+            if ordered.args.get("with_fill"):
+                raise ValueError(self._refusal(term, "WITH FILL adds rows between the whole result's keys"))
+            name = self._result_column(term, projections, isinstance(owner, exp.Select))
+            restated = ordered.copy()
+            if name is None:
+                if not carries:
+                    raise ValueError(self._refusal(term, _why_not_carried(owner)))
+                self._check_input_term(term, projections)
+                over_result = self._over_result(term, projections)
+                if over_result is not None:  # range pieces can be cut by it
+                    restated.set("this", over_result)
+                    terms.append(restated)
+                    continue
+                name = f"{ORDER_ALIAS}{len(hidden) + 1}"
+                hidden.append(term.copy().as_(name))
+            restated.set("this", exp.column(name, quoted=True))
+            terms.append(restated)
+        return ResolvedOrder(tuple(terms), tuple(hidden))
+
+    def _result_column(self, term: exp.Expr, projections: list[exp.Expr], select: bool) -> str | None:
+        """The name of the result column ``term`` names (as the engine reports it), or None
+        for a term over the query's input.
+
+        Raises:
+            ValueError: the term names several result columns, or none that can be told.
+        """
+        names = self._result_names(projections)
+        starred = any(is_starred(p) for p in projections)
+        if isinstance(term, exp.Literal) and term.is_int:
+            position = int(term.name)
+            if names is None or not 0 < position <= len(names) or names[position - 1] is None:
+                raise ValueError(self._refusal(term, "its result column's name is not known"))
+            return self._unique(term, names, names[position - 1])
+        if not isinstance(term, exp.Column) or term.table:
+            if not select:
+                raise ValueError(self._refusal(term, "a set operation is ordered by its result columns only"))
+            return None
+        matches = [n for n in names or () if n is not None and same_name(term.this, n, self.dialect)]
+        if len(matches) > 1:
+            raise ValueError(self._refusal(term, f"the result has {len(matches)} columns named so"))
+        if matches:
+            if self.dialect == "clickhouse" and _in_alias_cycle(term, projections):
+                raise ValueError(
+                    self._refusal(
+                        term,
+                        "ClickHouse substitutes aliases wherever their names appear, and the aliases "
+                        "of this SELECT read each other, so its ORDER BY may read another value than "
+                        "the result column of that name; rename the aliases",
+                    )
+                )
+            return matches[0]
+        if names is None and starred:
+            # Before the result's names are known (planning reads them first), a name is taken
+            # to be the star's column of that name: if the result has none, the engine says so.
+            if any(is_modified_star(p) for p in projections):
+                raise ValueError(self._refusal(term, "the star renames or replaces columns"))
+            return result_name(term, self.dialect)
+        if not select:
+            raise ValueError(self._refusal(term, "it is not one of the union's result columns"))
+        return None
 
     def _output_names(self) -> tuple[str, ...] | None:
+        """The result columns' names: as the engine reported them, else as the text names them;
+        None where a star hides them."""
         if self._output is not None:
             return self._output
         select = first_select(self._tree)
@@ -82,190 +187,181 @@ class ResultOrder:
             return None
         return tuple(p.alias_or_name for p in select.expressions)
 
-    def _outer_order(self) -> exp.Order | None:
-        """The query's ORDER BY for the outer query of the wrap, over its result columns.
+    def _result_names(self, projections: list[exp.Expr]) -> list[str | None] | None:
+        """The result columns' names: as the engine reported them, else as the text names them
+        (None for an unnamed expression); None where a star hides them."""
+        if self._output is not None:
+            return list(self._output)
+        if any(is_starred(p) for p in projections):
+            return None
+        return [
+            result_name(p, self.dialect) if isinstance(p, (exp.Alias, exp.Column)) else None
+            for p in projections
+        ]
 
-        Applied again even where the engine keeps a filtered subquery's order (DuckDB, unless
-        ``preserve_insertion_order`` is off); there a term that is not a result column leaves
-        the order to the engine instead of being refused. PostgreSQL and SQLite keep it in
-        practice (the filter is pushed below the subquery's sort) but promise nothing, so there
-        such a term is refused.
+    def _unique(self, term: exp.Expr, names: list[str | None], name: str | None) -> str:
+        assert name is not None
+        if names.count(name) > 1:
+            why = f"the result has {names.count(name)} columns named {name!r}"
+            raise ValueError(self._refusal(term, why))
+        return name
+
+    def _check_input_term(self, term: exp.Expr, projections: list[exp.Expr]) -> None:
+        """Refuse a term over the input that reads a name an alias of the result also has: inside
+        an ORDER BY expression PostgreSQL reads the input column, DuckDB, SQLite and ClickHouse
+        may read the alias.
 
         Raises:
-            ValueError: a term that is not a result column (so cannot order the outer query).
+            ValueError: naming the term and the name.
         """
-        top = self._tree
-        order = top.args.get("order")
-        if order is None and isinstance(top, exp.Subquery):
-            order = top.this.args.get("order")
-        if order is None:
-            return None
-        select = first_select(top)
-        projections = list(select.expressions) if select is not None else []
-        terms = []
-        for term in order.expressions:
-            mapped = self._output_term(term.this, projections)
-            if mapped is None and self.dialect in KEEPS_SUBQUERY_ORDER:
-                return None  # the filter keeps the wrapped query's order as it is
-            if mapped is None:
-                raise ValueError(
-                    f"cannot keep this query's order when splitting it: the split is applied to "
-                    f"the query's result, whose order {self.dialect} keeps only when ORDER BY is "
-                    f"applied to it again, and the ORDER BY term "
-                    f"{short_sql(term.this, self.dialect)!r} is not a result column; select it"
-                )
-            ordered = term.copy()
-            ordered.set("this", mapped)
-            terms.append(ordered)
-        return exp.Order(expressions=terms)
+        # an alias over the input column of its own name (``x AS x``) reads the same either way
+        aliases = [
+            p
+            for p in projections
+            if isinstance(p, exp.Alias)
+            and not (isinstance(p.this, exp.Column) and same_name(p.this.this, p.alias, self.dialect))
+        ]
+        for column in term.find_all(exp.Column):
+            if column.table:
+                continue
+            for alias in aliases:
+                if same_name(column.this, result_name(alias, self.dialect), self.dialect):
+                    raise ValueError(
+                        self._refusal(
+                            term,
+                            f"it reads {column.name!r}, which is both a column of the query's input and an "
+                            f"alias of its result, and engines differ on which an ORDER BY expression "
+                            f"means; select the expression and order by its alias",
+                        )
+                    )
+            if any(is_modified_star(p) for p in projections):
+                raise ValueError(self._refusal(term, "the star renames or replaces columns"))
 
-    def _output_term(self, term: exp.Expr, projections: list[exp.Expr]) -> exp.Expr | None:
-        """``term`` of the query's ORDER BY as an expression over its result columns, if it is one.
-
-        A bare name may be a result column's alias; inside an expression a name reads the FROM's
-        column (PostgreSQL's rule), so it maps only to a projection that passes that column
-        through unrenamed and that no alias of the same name shadows.
-        """
-        if isinstance(term, exp.Literal) and term.is_int:
-            return term.copy()
-        starred = any(is_starred(p) for p in projections)
-        for position, projection in enumerate(projections, start=1):
-            inner = projection.this if isinstance(projection, exp.Alias) else projection
-            named = (
-                isinstance(term, exp.Column)
-                and not term.table
-                and same_name(term.this, _result_name(projection, self.dialect), self.dialect)
-            )
-            if inner == term or named:
-                if isinstance(projection, exp.Alias):
-                    return exp.Column(this=projection.args["alias"].copy())
-                if isinstance(projection, exp.Column):
-                    return exp.Column(this=projection.this.copy())
-                return None if starred else exp.Literal.number(position)
-        output = self._output_names()
-        if (
-            isinstance(term, exp.Column)
-            and not term.table
-            and output
-            and any(same_name(term.this, n, self.dialect) for n in output)
-            and not any(is_modified_star(p) for p in projections)
-        ):
-            return exp.Column(this=term.this.copy())
-        if isinstance(term, exp.Column) or term.find(exp.Query, *NOT_SCALAR) or not term.find(exp.Column):
+    def _over_result(self, term: exp.Expr, projections: list[exp.Expr]) -> exp.Expr | None:
+        """``term`` (over the input, checked by :meth:`_check_input_term`) as the same expression
+        over result columns, where each column it reads is passed through unrenamed by exactly
+        one projection and it is a scalar function of the row (no aggregate, window or query);
+        else None."""
+        names = self._result_names(projections)
+        if names is None or term.find(exp.Query, *NOT_SCALAR) or not term.find(exp.Column):
             return None
         mapped = term.copy()
         for column in list(mapped.find_all(exp.Column)):
-            passed = self._passed_through(column, projections)
-            if passed is None:
+            passing = [
+                p
+                for p in projections
+                if isinstance(p, exp.Column)
+                and same_name(p.this, column_name(column, self.dialect), self.dialect)
+                and (not column.table or column.table == p.table)
+            ]
+            if len(passing) != 1:
                 return None
-            column.replace(passed)
+            name = names[projections.index(passing[0])]
+            if name is None or names.count(name) != 1:
+                return None
+            if column is mapped:
+                return exp.column(name, quoted=True)
+            column.replace(exp.column(name, quoted=True))
         return mapped
 
-    def _passed_through(self, column: exp.Column, projections: list[exp.Expr]) -> exp.Column | None:
-        """The result column that passes ``column`` of the FROM through unchanged, if one does."""
-        aliased = {
-            identifier_name(p.args["alias"], self.dialect) for p in projections if isinstance(p, exp.Alias)
-        }
-        if column_name(column, self.dialect) in aliased:
-            return None
-        for projection in projections:
-            if isinstance(projection, exp.Column) and projection == column:
-                return exp.Column(this=projection.this.copy())
-        return None
+    def _refusal(self, term: exp.Expr, why: str) -> str:
+        return (
+            f"cannot keep this query's order when splitting it: the ORDER BY term "
+            f"{short_sql(term, self.dialect)!r} cannot be resolved against the query's result "
+            f"columns exactly: {why}"
+        )
+
+    def direction_probe(self, ordered: exp.Ordered) -> str:
+        """A query asking the engine how ``ordered`` (a term of :meth:`order_terms`) sorts, and
+        how a term stating no direction sorts, in this session: read by :func:`read_direction`."""
+        key = exp.column(_PROBE_KEY)
+        as_written = ordered.copy()
+        as_written.set("this", key.copy())
+        values = exp.union(
+            exp.union(
+                exp.select(exp.Literal.number(1).as_(_PROBE_KEY)),
+                exp.select(exp.Literal.number(2)),
+                distinct=False,
+            ),
+            exp.select(exp.Null()),
+            distinct=False,
+        )
+        numbered = [
+            exp.Window(this=exp.Anonymous(this="ROW_NUMBER"), order=exp.Order(expressions=[o])).as_(alias)
+            for o, alias in ((as_written, _AS_WRITTEN), (exp.Ordered(this=key.copy()), _BY_DEFAULT))
+        ]
+        probe = exp.select(key, *numbered).from_(
+            exp.Subquery(this=values, alias=exp.TableAlias(this=exp.to_identifier("_ddb_p")))
+        )
+        return probe.sql(dialect=reader(self.dialect))
 
 
-#: Dialects that keep a subquery's order through an outer filter (DuckDB documents that WHERE
-#: and SELECT preserve their input's order).
-KEEPS_SUBQUERY_ORDER = frozenset({"duckdb"})
-
-
-def same_expression(a: exp.Expr, b: exp.Expr, dialect: str = "") -> bool:
-    """Whether two expressions read the same: columns by name as the engine resolves them."""
-    if isinstance(a, exp.Column) and isinstance(b, exp.Column) and not a.table and not b.table:
-        return column_name(a, dialect) == column_name(b, dialect)
-    return bool(a == b)
-
-
-def column_name(column: exp.Column, dialect: str = "") -> str:
-    """A column's name as the engine resolves it (see :func:`identifier_name`)."""
-    return identifier_name(column.this, dialect)
-
-
-def same_name(identifier: exp.Expr, name: str, dialect: str = "") -> bool:
-    """Whether ``identifier`` names the result column the engine reports as ``name``: quoted
-    exactly; unquoted as ``dialect`` folds it (PostgreSQL lowercases it, ClickHouse keeps it, so
-    there ``U`` never names a column ``"U"``), case-insensitively where the dialect is (DuckDB,
-    SQLite) or unknown."""
-    folded = _folded(identifier, dialect)
-    return folded == name if folded is not None else str(identifier.name).casefold() == name.casefold()
-
-
-def identifier_name(identifier: exp.Expr, dialect: str = "") -> str:
-    """An identifier's name as the engine resolves it: quoted exactly, unquoted folded as
-    ``dialect`` folds it, case-insensitively (casefolded) where it is case-insensitive or unknown."""
-    folded = _folded(identifier, dialect)
-    return folded if folded is not None else str(identifier.name).casefold()
-
-
-def _folded(identifier: exp.Expr, dialect: str) -> str | None:
-    """``identifier``'s name as the engine compares it exactly, or None where it compares
-    case-insensitively (an unquoted name in DuckDB, SQLite, Spark or an unknown dialect)."""
-    name = str(identifier.name)
-    if isinstance(identifier, exp.Identifier) and identifier.args.get("quoted"):
-        return name
-    strategy = _folding(dialect)
-    if strategy is NormalizationStrategy.LOWERCASE:  # PostgreSQL folds ASCII letters only
-        return name.translate(_ASCII_LOWER)
-    if strategy is NormalizationStrategy.UPPERCASE:
-        return name.translate(_ASCII_UPPER)
-    if strategy is NormalizationStrategy.CASE_SENSITIVE:
-        return name
-    return None
-
-
-_ASCII_LOWER = str.maketrans(string.ascii_uppercase, string.ascii_lowercase)
-_ASCII_UPPER = str.maketrans(string.ascii_lowercase, string.ascii_uppercase)
-
-
-def _folding(dialect: str) -> NormalizationStrategy | None:
-    """How ``dialect`` folds unquoted identifiers; None for a dialect sqlglot does not know."""
-    if not dialect:
-        return None
-    try:
-        return Dialect.get_or_raise(dialect).normalization_strategy
-    except ValueError:
-        return None
-
-
-def _result_name(projection: exp.Expr, dialect: str) -> str:
-    """The name the engine reports for ``projection``'s result column, as far as the text says:
-    a quoted alias or column as written, an unquoted one folded as ``dialect`` folds it (kept as
-    written where the dialect is case-insensitive, :func:`same_name` then comparing so)."""
-    identifier = projection.args.get("alias") if isinstance(projection, exp.Alias) else None
-    if identifier is None and isinstance(projection, exp.Column):
-        identifier = projection.this
-    if not isinstance(identifier, exp.Identifier):
-        return str(projection.alias_or_name)
-    folded = _folded(identifier, dialect)
-    return folded if folded is not None else str(identifier.name)
-
-
-def is_starred(projection: exp.Expr) -> bool:
-    """True for ``*`` and ``t.*`` (with DuckDB's EXCLUDE/REPLACE): columns unknown to the text."""
-    return isinstance(projection, exp.Star) or (
-        isinstance(projection, exp.Column) and isinstance(projection.this, exp.Star)
+def read_direction(table: pa.Table) -> tuple[bool, bool, bool]:
+    """``(descending, nulls_first, default_descending)`` from :meth:`ResultOrder.direction_probe`'s
+    result: the term's direction and NULL placement, and whether a term stating no direction
+    sorts descending in this session."""
+    rows = {r[_PROBE_KEY]: r for r in table.to_pylist()}
+    return (
+        rows[2][_AS_WRITTEN] < rows[1][_AS_WRITTEN],
+        rows[None][_AS_WRITTEN] == 1,
+        rows[2][_BY_DEFAULT] < rows[1][_BY_DEFAULT],
     )
 
 
-def is_modified_star(projection: exp.Expr) -> bool:
-    """True for DuckDB's ``* REPLACE (...)`` / ``* RENAME (...)``: result names over other values."""
-    star = projection.this if isinstance(projection, exp.Column) else projection
-    return isinstance(star, exp.Star) and bool(star.args.get("replace") or star.args.get("rename"))
+def _in_alias_cycle(term: exp.Column, projections: list[exp.Expr]) -> bool:
+    """Whether the alias ``term`` names reads itself through the SELECT's aliases (compared as
+    ClickHouse compares names: exactly)."""
+    reads = {
+        p.alias: {c.name for c in p.this.find_all(exp.Column) if not c.table}
+        for p in projections
+        if isinstance(p, exp.Alias)
+    }
+    seen: set[str] = set()
+    pending = set(reads.get(term.name, ()))
+    while pending:
+        name = pending.pop()
+        if name == term.name:
+            return True
+        if name not in seen:
+            seen.add(name)
+            pending |= reads.get(name, set())
+    return False
 
 
-def first_select(node: exp.Expr) -> exp.Select | None:
-    """The SELECT whose list names the query's result columns (a set operation's first branch)."""
-    node = unwrap(node)
-    while isinstance(node, exp.SetOperation):
-        node = unwrap(node.left)
-    return node if isinstance(node, exp.Select) else None
+def _expand_all(terms: list[exp.Ordered], names: list[str | None] | None) -> list[exp.Ordered]:
+    """DuckDB's ``ORDER BY ALL``: every result column, left to right, as the term orders.
+
+    Raises:
+        ValueError: the result's column names are not known.
+    """
+    expanded = []
+    for ordered in terms:
+        if not (isinstance(ordered.this, exp.Var) and ordered.this.name.upper() == "ALL"):
+            expanded.append(ordered)
+            continue
+        if names is None:
+            raise ValueError(
+                "cannot keep this query's order when splitting it: ORDER BY ALL over unknown columns"
+            )
+        for position in range(1, len(names) + 1):
+            term = ordered.copy()
+            term.set("this", exp.Literal.number(position))
+            expanded.append(term)
+    return expanded
+
+
+def order_owner(tree: exp.Expr) -> exp.Expr | None:
+    """The node of ``tree`` whose ORDER BY orders the result (inside parentheses), or None."""
+    node: exp.Expr = tree
+    while node.args.get("order") is None and isinstance(node, exp.Subquery):
+        node = node.this
+    return node if node.args.get("order") is not None else None
+
+
+def _why_not_carried(owner: exp.Expr) -> str:
+    if isinstance(owner, exp.Select):
+        return (
+            "it is not a result column of a SELECT DISTINCT, whose rows a hidden column would "
+            "change; select it"
+        )
+    return "a set operation is ordered by its result columns only; order by a column name or position"

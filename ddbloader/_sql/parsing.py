@@ -11,12 +11,14 @@ the argument and the construct. DuckDB's ``PIVOT ... ORDER BY ... LIMIT ...`` is
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import sqlglot
 from sqlglot import exp
 from sqlglot.dialects.duckdb import DuckDB
 from sqlglot.errors import SqlglotError
+from sqlglot.generators.duckdb import DuckDBGenerator
 from sqlglot.parsers.duckdb import DuckDBParser
 from sqlglot.tokenizer_core import TokenType
 
@@ -24,6 +26,7 @@ from .aliases import PIVOT_ALIAS
 
 __all__ = [
     "NOT_SCALAR",
+    "NULLS_STATED",
     "WRITES",
     "describe_error",
     "parse_column_expression",
@@ -79,12 +82,36 @@ class _PivotStatementParser(DuckDBParser):
         modified: exp.Expr = self._parse_query_modifiers(select)
         return modified
 
+    def _parse_ordered(self, parse_method: Callable[[], exp.Expr | None] | None = None) -> exp.Ordered | None:
+        ordered = super()._parse_ordered(parse_method)
+        if ordered is not None and self._index >= 2 and self._tokens[self._index - 2].text.upper() == "NULLS":
+            ordered.set(NULLS_STATED, True)
+        return ordered
+
+
+#: Set on an ORDER BY term whose NULL placement the user's text states: DuckDB's session may
+#: place NULLs otherwise by default (``default_null_order``), so it is rendered as stated.
+NULLS_STATED = "nulls_stated"
+
+
+class _StatedNullsGenerator(DuckDBGenerator):
+    """DuckDB's generator, writing a stated NULLS LAST too (sqlglot leaves out the placement it
+    takes for DuckDB's default, which a session's ``default_null_order`` may change)."""
+
+    def ordered_sql(self, expression: exp.Ordered) -> str:
+        text: str = super().ordered_sql(expression)
+        if expression.args.get(NULLS_STATED) and not expression.args.get("nulls_first"):
+            return f"{text} NULLS LAST"
+        return text
+
 
 class _DuckDBWithPivotStatements(DuckDB):
     Parser = _PivotStatementParser
+    Generator = _StatedNullsGenerator
 
 
 def reader(dialect: str) -> Any:
+    """The sqlglot dialect that reads and writes ``dialect``'s SQL as ddbloader does."""
     return _DuckDBWithPivotStatements if dialect == "duckdb" else dialect
 
 

@@ -17,7 +17,7 @@ import pyarrow as pa
 from sqlglot import exp
 
 from .binding import binds_exactly
-from .ordering import same_name
+from .ordering import is_carried, read_direction, same_name
 from .pieces import COMB_BAND, COMB_STRIPES, CONTIGUOUS_TILES, KeyRanges, layout, paren
 from .query import Query, UserQuery
 from .window_pieces import WindowTile, window_layout
@@ -91,17 +91,25 @@ class RangeCutter:
             self.reason = (
                 "the query has no ORDER BY"
                 if not query.is_ordered()
-                else "its ORDER BY has no term besides group_col and repartition_col, or its leading "
-                "one is not one of the query's result columns"
+                else "its ORDER BY has no term besides group_col and repartition_col, or one that "
+                "cannot be resolved against the query's result columns"
             )
             return
         term = ordered.this
-        self.key = OrderKey(
-            term,
-            bool(ordered.args.get("desc")),
-            bool(ordered.args.get("nulls_first")),
-            term.sql(dialect=query.dialect),
-        )
+        text = term.name if isinstance(term, exp.Column) else term.sql(dialect=query.dialect)
+        if is_carried(term):
+            self.reason = f"the leading ORDER BY term {text!r} is not a result column (select it)"
+            return
+        try:  # the engine's own direction and NULL placement, whatever its session settings
+            direction = run(query.direction_probe(ordered), "asking the engine how the ORDER BY sorts", ())
+        except Exception as error:  # the engine's refusal is a reason to fall back, not to fail
+            self.reason = f"the engine could not say how it sorts by {text!r} ({_first_line(error)})"
+            return
+        descending, nulls_first, default_descending = read_direction(direction)
+        if default_descending:
+            self.reason = "the session sorts descending by default (DuckDB's default_order)"
+            return
+        self.key = OrderKey(term, descending, nulls_first, text)
         if schema is not None:
             self.sort = _client_sort(query, keys, schema)
 

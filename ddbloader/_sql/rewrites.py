@@ -20,8 +20,9 @@ from sqlglot import exp
 
 from .aliases import GROUP_ALIAS, KEY_ALIASES, REPARTITION_ALIAS
 from .fingerprint import HASH_ALIAS
-from .ordering import ResultOrder, same_name
-from .parsing import short_sql
+from .names import same_name
+from .ordering import ResolvedOrder, ResultOrder, order_owner
+from .parsing import reader, short_sql
 
 __all__ = ["WrappedQuery", "operand", "parameter_any", "parameter_equals", "parameter_in", "subquery"]
 
@@ -71,7 +72,7 @@ class WrappedQuery(ResultOrder):
 
     def render(self, tree: exp.Expr) -> str:
         """Render a derived query in the engine's dialect."""
-        return tree.sql(dialect=self.dialect)
+        return tree.sql(dialect=reader(self.dialect))
 
     def filtered(self, columns: Sequence[exp.Expr]) -> str:
         """The query's rows where ``column_i = $i`` for each of ``columns``, in the query's order.
@@ -86,8 +87,8 @@ class WrappedQuery(ResultOrder):
         if not columns and self._row_hash is None:
             return self.render(self._tree.copy())
         if not columns:
-            inner, order = self._ordered_wrap()
-            tree: exp.Expr = exp.select("*").from_(subquery(inner, "_ddb_q"))
+            inner, order, listed = self._ordered_wrap()
+            tree: exp.Expr = exp.select(*listed).from_(subquery(inner, "_ddb_q"))
             if order is not None:
                 tree.set("order", order)
         else:
@@ -117,10 +118,10 @@ class WrappedQuery(ResultOrder):
         where it cannot select its keys, and those subqueries are fetched one by one.
         """
         self._check_keys(columns)
-        inner, order = self._ordered_wrap()
+        inner, order, listed = self._ordered_wrap()
         hashed = [] if self._row_hash is None else [self._row_hash.copy().as_(HASH_ALIAS)]
         outer = exp.select(
-            exp.Star(),
+            *listed,
             *hashed,
             *(operand(c).as_(a) for c, a in zip(columns, KEY_ALIASES[: len(columns)], strict=True)),
         ).from_(subquery(inner, "_ddb_q"))
@@ -156,23 +157,61 @@ class WrappedQuery(ResultOrder):
     def _filter(self, columns: Sequence[exp.Expr], predicate: exp.Expr) -> exp.Expr:
         """``SELECT * FROM (Q) AS _ddb_q WHERE predicate``, ordered as Q (see the module docstring)."""
         self._check_keys(columns)
-        inner, order = self._ordered_wrap()
-        outer = exp.select("*").from_(subquery(inner, "_ddb_q")).where(predicate, copy=False)
+        inner, order, listed = self._ordered_wrap()
+        outer = exp.select(*listed).from_(subquery(inner, "_ddb_q")).where(predicate, copy=False)
         if order is not None:
             outer.set("order", order)
         return outer
 
-    def _ordered_wrap(self) -> tuple[exp.Expr, exp.Order | None]:
-        """The query to wrap and the ORDER BY of the outer query.
+    def _ordered_wrap(self) -> tuple[exp.Expr, exp.Order | None, list[exp.Expr]]:
+        """The query to wrap, the ORDER BY of the outer query, and the outer query's columns.
 
-        Where the outer ORDER BY restates the query's own, the query's is dropped (unless a
-        LIMIT/OFFSET needs it): the engine then sorts each partition once, not twice.
+        The query carries the ORDER BY terms it does not select as hidden columns (see
+        :mod:`ddbloader._sql.ordering`); the outer query then lists the result columns by name,
+        leaving those out, else selects ``*``. Where the outer ORDER BY restates the query's
+        own, the query's is dropped (unless a LIMIT/OFFSET needs it): the engine then sorts
+        each partition once, not twice.
+
+        Raises:
+            ValueError: an ORDER BY term that cannot be resolved exactly (see
+                :meth:`~ddbloader._sql.ordering.ResultOrder.resolved_order`), or hidden columns
+                over a result whose column names are not known or not unique.
         """
-        inner = self._tree.copy()
-        order = self._outer_order()
-        if order is not None and not (inner.args.get("limit") or inner.args.get("offset")):
+        resolved = self.resolved_order()
+        inner = self._carried(resolved)
+        if resolved is None:
+            return inner, None, [exp.Star()]
+        if not (inner.args.get("limit") or inner.args.get("offset")):
             inner.set("order", None)
-        return inner, order
+        order = exp.Order(expressions=[t.copy() for t in resolved.terms])
+        return inner, order, self._listed(resolved)
+
+    def _carried(self, resolved: ResolvedOrder | None) -> exp.Expr:
+        """A copy of the query with the hidden ORDER BY columns added to its SELECT list."""
+        tree = self._tree.copy()
+        if resolved is None or not resolved.hidden:
+            return tree
+        owner = order_owner(tree)
+        assert isinstance(owner, exp.Select)
+        owner.select(*(h.copy() for h in resolved.hidden), copy=False)
+        return tree
+
+    def _listed(self, resolved: ResolvedOrder) -> list[exp.Expr]:
+        """The outer query's columns: ``*``, or the result columns by name where hidden ones
+        must be left out."""
+        if not resolved.hidden:
+            return [exp.Star()]
+        output = self._output_names()
+        names = None if output is None else list(output)
+        if names is None or len(set(names)) != len(names):
+            term = resolved.hidden[0].this
+            raise ValueError(
+                f"cannot keep this query's order when splitting it: the ORDER BY term "
+                f"{short_sql(term, self.dialect)!r} is not a result column, and the result's columns "
+                f"{'are not known' if names is None else 'repeat a name'}, so it cannot be carried "
+                f"alongside them; select it"
+            )
+        return [exp.column(n, table="_ddb_q", quoted=True) for n in names]
 
     def _keys(self, columns: Sequence[exp.Expr]) -> exp.Query:
         """The query's rows reduced to their keys (``_ddb_group``, ``_ddb_repartition``).
@@ -182,9 +221,10 @@ class WrappedQuery(ResultOrder):
         self._check_keys(columns)
         aliases = (GROUP_ALIAS, REPARTITION_ALIAS)[: len(columns)]
         keyed = [operand(c).as_(a) for c, a in zip(columns, aliases, strict=True)]
-        if self._row_hash is not None:
-            keyed.append(self._row_hash.copy().as_(HASH_ALIAS))
         tree = self._tree.copy()
+        if self._row_hash is not None:  # hashed over the rows the fetches hash
+            keyed.append(self._row_hash.copy().as_(HASH_ALIAS))
+            tree = self._carried(self.resolved_order())
         if not (tree.args.get("limit") or tree.args.get("offset")):
             tree.set("order", None)
         return exp.select(*keyed).from_(subquery(tree, "_ddb_q"))
@@ -195,12 +235,12 @@ class WrappedQuery(ResultOrder):
         Raises:
             ValueError: a key reads a column that is not one of the query's result columns (the
                 message names it and says to select it), or an ORDER BY term cannot order the
-                outer query (see :meth:`_outer_order`).
+                outer query (see :meth:`_ordered_wrap`).
         """
         for key in columns:
             self.check_key(key, repr(short_sql(key, self.dialect)))
         if columns:
-            self._outer_order()
+            self._ordered_wrap()
 
     def check_key(self, column: exp.Expr, name: str) -> None:
         """Refuse a key (called ``name`` in the message) that reads a column the result lacks.
