@@ -12,11 +12,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
+import pgserver
 import pytest
 import torch
 from torch.utils.data import DataLoader
 
-import pgserver
 from ddbloader import DDBDataLoader, DDBIterableDataset
 
 SQL = "SELECT g, ts, v, y FROM t ORDER BY g, ts"
@@ -110,7 +110,9 @@ def test_an_epoch_reads_the_table_as_it_was_when_the_loader_was_built(
     assert len(after) == ROWS - ROWS // 20 + 50 and (after[:, 0] == -1).all()
 
 
-def test_dataloader_workers_read_their_parent_s_snapshot(table: Any, pg_server: pgserver.PostgresServer) -> None:
+def test_dataloader_workers_read_their_parent_s_snapshot(
+    table: Any, pg_server: pgserver.PostgresServer
+) -> None:
     data = DDBIterableDataset(pg_server.uri, SQL, num_workers=2, **ARGS)
     try:
         _write_concurrently(table)
