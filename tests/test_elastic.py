@@ -26,7 +26,7 @@ import numpy as np
 import pgserver
 import pytest
 import torch
-from conftest import SERIES_SQL, make_series
+from conftest import SERIES_SQL, examples, make_series
 from elastic_worker import ARGS as ELASTIC_RUN
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -149,7 +149,7 @@ def touched_by(unit: WorkUnit, epoch: Epoch) -> list[int]:
     return sorted(touched)
 
 
-@settings(max_examples=2000, deadline=None)
+@settings(max_examples=examples(2000), deadline=None)
 @given(data=st.data(), epoch=epochs(), new=new_worlds)
 def test_old_consumption_and_new_remainder_are_the_epoch(
     data: st.DataObject, epoch: Epoch, new: NewWorld
@@ -157,7 +157,7 @@ def test_old_consumption_and_new_remainder_are_the_epoch(
     check_resume(epoch, [data.draw(stretches(epoch))], new)
 
 
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=examples(500), deadline=None)
 @given(data=st.data(), epoch=epochs(), new=new_worlds)
 def test_a_resumed_epoch_resumed_again_is_still_the_epoch(
     data: st.DataObject, epoch: Epoch, new: NewWorld
@@ -171,7 +171,7 @@ def test_a_resumed_epoch_resumed_again_is_still_the_epoch(
     check_resume(epoch, [first, Stretch(world, even, (handed,))], new)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(data=st.data(), epoch=epochs())
 def test_the_remainder_is_a_pure_function(data: st.DataObject, epoch: Epoch) -> None:
     stretch = data.draw(stretches(epoch))
@@ -186,7 +186,7 @@ def test_the_remainder_is_a_pure_function(data: st.DataObject, epoch: Epoch) -> 
     )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(epoch=epochs())
 def test_a_stretch_that_handed_out_nothing_leaves_the_ordinary_epoch(epoch: Epoch) -> None:
     left = epoch_remainder(epoch, epoch.config, epoch.epoch, [Stretch(3, "pad", (0, 0))])

@@ -20,7 +20,7 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 import pytest
-from conftest import ENGINES, TableEngine, assert_units_split_as_read_alone, table_engine
+from conftest import ENGINES, TableEngine, assert_units_split_as_read_alone, examples, table_engine
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from resume_check import assert_resumes_exactly
@@ -51,7 +51,7 @@ def _holds(piece: KeyRanges, key: int | None) -> bool:
     return any((lo is None or key >= lo) and (hi is None or key < hi) for lo, hi in piece.ranges)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(
     keys=st.lists(st.integers(0, 40), min_size=1, max_size=200),
     nulls=st.integers(0, 5),
@@ -89,7 +89,7 @@ def test_layout_puts_every_row_in_exactly_one_piece_ties_together_in_order(
         assert all(len(piece.ranges) <= 1 for piece, _ in cut)
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(
     ends=st.lists(st.integers(-50, 50), min_size=2, max_size=16, unique=True),
     open_low=st.booleans(),
