@@ -56,6 +56,8 @@ SERVER_ENGINES = frozenset({"postgres", "spark", "flightsql"})
 MODULE_MARKERS: dict[str, tuple[str, ...]] = {
     "test_notebooks": ("notebook", "multiprocess", "slow"),
     "test_frameworks": ("framework", "multiprocess", "slow"),
+    "test_main": ("multiprocess",),  # runs `python -m ddbloader`
+    "test_readme": ("multiprocess",),  # runs README's blocks as scripts
 }
 
 

@@ -45,6 +45,7 @@ def test_connect_takes_a_chdb_uri_or_an_adbc_connection(clickhouse: ClickHouseEn
         ClickHouseBackend("postgresql://u:pw@h/db")
 
 
+@pytest.mark.multiprocess
 def test_a_uri_backend_keeps_chdb_s_server_up_between_its_cursors() -> None:
     # chDB stops its server when the process's last connection closes: an in-memory table made
     # through one connection is gone by the next unless the backend holds one of its own. In a
@@ -79,6 +80,7 @@ def _open_in_child(uri: str, report: Any) -> None:
         report.put(f"{type(error).__name__}: {error}")
 
 
+@pytest.mark.multiprocess
 def test_a_process_forked_after_chdb_opened_is_refused_not_hung(clickhouse: ClickHouseEngine) -> None:
     # a DataLoader worker under fork: chDB's state without its threads hangs at the first query
     backend = connect(clickhouse.uri)

@@ -221,6 +221,7 @@ def test_cuda_batches_survive_a_consumer_that_queues_slow_work(
     torch.testing.assert_close(torch.stack(sums).cpu(), expected)
 
 
+@pytest.mark.multiprocess
 @needs_cuda
 def test_workers_forked_from_a_process_that_pinned_memory_serve_each_sample_once(db_path: str) -> None:
     """A parent that used pinned memory leaves free pinned blocks in torch's host allocator, which

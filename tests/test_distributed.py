@@ -278,6 +278,7 @@ def ranks_source(request: pytest.FixtureRequest, db_path: str) -> Iterator[tuple
     spark.close()
 
 
+@pytest.mark.multiprocess
 def test_torchrun_two_ranks_shard_evenly_and_train(ranks_source: tuple[str, str], tmp_path: Path) -> None:
     engine, source = ranks_source
     out = tmp_path / "out"

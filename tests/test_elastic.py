@@ -497,6 +497,7 @@ def test_a_malformed_or_foreign_state_is_refused_by_name(con: duckdb.DuckDBPyCon
             len(three)
 
 
+@pytest.mark.multiprocess
 @pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
 @pytest.mark.filterwarnings("ignore:'set_vital' is deprecated:UserWarning")
 def test_a_stateful_dataloader_state_resumes_under_another_worker_count(db_path: str) -> None:
@@ -549,6 +550,7 @@ def torchrun(ranks: int, *arguments: str) -> None:
     assert done.returncode == 0, done.stderr[-4000:]
 
 
+@pytest.mark.multiprocess
 @pytest.mark.timeout(300)
 def test_torchrun_two_ranks_save_and_three_resume(db_path: str, tmp_path: Path) -> None:
     out = tmp_path / "out"

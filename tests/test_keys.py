@@ -92,6 +92,7 @@ def test_keys_follow_ddp_shards(path: str) -> None:
     assert checked == 3 * 27  # 79 samples padded to 3 equal shares
 
 
+@pytest.mark.multiprocess
 def test_keys_follow_dataloader_workers(path: str) -> None:
     data = DDBIterableDataset(path, KEYS_SQL, "y", num_workers=2, **ARGS)
     assert check(DataLoader(data, batch_size=None, num_workers=2)) == 79

@@ -645,6 +645,7 @@ def test_no_threads_left_after_an_exception_in_the_loop_body(series: duckdb.Duck
         assert len(list(loader)) == 20
 
 
+@pytest.mark.multiprocess
 def test_interpreter_exit_never_hangs_on_abandoned_iterators(tmp_path: Path) -> None:
     script = textwrap.dedent(
         f"""
@@ -910,6 +911,7 @@ def test_a_sql_syntax_error_shows_where_without_parser_internals(
     assert "sqlglot" not in str(raised.value) and "<class" not in str(raised.value)
 
 
+@pytest.mark.multiprocess
 def test_a_duckdb_file_locked_by_another_process_says_who_and_what_to_do(tmp_path: Path) -> None:
     path = tmp_path / "locked.duckdb"
     writer = (
