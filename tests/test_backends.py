@@ -556,6 +556,7 @@ def test_fetch_units_fetch_every_group_in_one_query(engine: Engine) -> None:
 STREAMED_PARTS = [[300, 5, 200], [450]]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "engine", ["duckdb", "postgres", "sqlite", "datafusion", "clickhouse", "flightsql"], indirect=True
 )
@@ -716,6 +717,7 @@ HOSTILE_SCHEMES = st.lists(HOSTILE, min_size=1, max_size=3, unique=True)
 FAST_ENGINES = [e for e in ENGINES if e != "spark"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("engine", FAST_ENGINES, indirect=True)
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(values=HOSTILE_SCHEMES, absent=HOSTILE)

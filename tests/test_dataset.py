@@ -208,7 +208,7 @@ def run_stateful(db_path: str, num_workers: int, cut: int | None, state: Any = N
     return taken, snapshot
 
 
-@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("num_workers", [0, pytest.param(2, marks=pytest.mark.multiprocess)])
 def test_stateful_dataloader_resumes_mid_epoch(
     db_path: str, every_sample: Counter[int], num_workers: int
 ) -> None:
@@ -224,7 +224,7 @@ def test_stateful_dataloader_resumes_mid_epoch(
         assert following == epoch1, f"the epoch after a cut after {cut}"
 
 
-@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("num_workers", [0, pytest.param(2, marks=pytest.mark.multiprocess)])
 def test_stateful_dataloader_resumes_after_a_finished_epoch(db_path: str, num_workers: int) -> None:
     """StatefulDataLoader starts the next epoch itself after a finished one: it must be epoch 1."""
     _, epoch1 = run_stateful(db_path, num_workers, None)

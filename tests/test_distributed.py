@@ -149,6 +149,7 @@ def test_shuffled_shards_are_disjoint_and_complete(
         assert total - len(counts) < world
 
 
+@pytest.mark.slow
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     # partitions of 65-160 rows of 16 bytes are streamed in pieces of 33-64 rows under 1 KiB

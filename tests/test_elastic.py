@@ -368,6 +368,7 @@ def test_combed_windows_resume_on_another_world_size(
     check_elastic(make, old, new, handed)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "overrides",
     [
@@ -412,6 +413,7 @@ def test_postgres_resumes_on_another_world_size(
         check_elastic(make, old, new, handed)
 
 
+@pytest.mark.slow
 def test_a_resumed_rest_resumes_again_elsewhere_and_in_place(con: duckdb.DuckDBPyConnection) -> None:
     """2 ranks stop after 6 batches, 3 resume and stop after 4, then 2 resume (the epoch's third
     world) and, from the same state, 3 again (the same world: the remainder's own batches on)."""

@@ -561,6 +561,7 @@ def test_threads_are_named_daemons(
     assert no_threads()
 
 
+@pytest.mark.slow
 def test_no_threads_left_after_200_early_breaks(series: duckdb.DuckDBPyConnection) -> None:
     with _shuffled(series) as loader:
         for _ in range(200):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import bisect
 
 import duckdb
+import pytest
 from conftest import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -79,6 +80,7 @@ def test_touching_ranges_of_two_pieces_share_their_point() -> None:
     assert tag_regions([first, second]) == ((10, 20, 30, 40), (0, 1, None, 0, 1))
 
 
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None)
 @given(tiles)
 def test_duckdb_computes_the_tags_the_regions_say(drawn: tuple[list[int], list[int | None], bool]) -> None:

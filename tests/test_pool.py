@@ -225,12 +225,14 @@ def _series_rids(con: duckdb.DuckDBPyConnection, group: GroupPlan) -> np.ndarray
     return series
 
 
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None)
 @given(case=cases())
 def test_every_window_exactly_once_aligned_and_within_its_group(case: Case) -> None:
     check_every_window_exactly_once(case)
 
 
+@pytest.mark.slow
 @settings(max_examples=30, deadline=None)
 @given(case=streamed_cases())
 def test_streamed_partitions_give_every_window_exactly_once(case: Case) -> None:
@@ -352,6 +354,7 @@ def held_partitions(con: duckdb.DuckDBPyConnection, case: Case) -> tuple[int, in
             fetcher.close()
 
 
+@pytest.mark.slow
 @settings(max_examples=40, deadline=None)
 @given(case=cases() | streamed_cases())
 def test_partitions_held_never_exceed_pool_times_prepartition(case: Case) -> None:
@@ -404,6 +407,7 @@ class _KeyRecordingFetcher(Fetcher):
         return super().submit(spec)
 
 
+@pytest.mark.slow
 @settings(max_examples=80, deadline=None)
 @given(
     case=cases() | streamed_cases(),
@@ -475,6 +479,7 @@ def check_the_pool_serves_the_schedule(case: Case, whole: bool | None, resume_at
         con.close()
 
 
+@pytest.mark.slow
 @settings(max_examples=40, deadline=None)
 @given(
     case=cases() | streamed_cases(),

@@ -581,6 +581,7 @@ def test_classic_injection_values_match_only_equal_rows(
     assert (value in STORED) == bool(ids_matching(hostile_db, value))
 
 
+@pytest.mark.slow
 @settings(max_examples=40, deadline=None)
 @given(value=st.one_of(st.sampled_from(STORED), st.text(max_size=12)), as_group=st.booleans())
 def test_arbitrary_text_matches_only_equal_rows(

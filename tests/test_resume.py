@@ -58,6 +58,7 @@ def test_resumes_exactly(series: duckdb.DuckDBPyConnection, kwargs: dict[str, An
     assert_resumes_exactly(factory(series, **kwargs), epochs=2)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shuffle", [False, True])
 def test_resumes_exactly_in_the_middle_of_a_streamed_partition(
     con: duckdb.DuckDBPyConnection, shuffle: bool

@@ -199,6 +199,7 @@ def shuffled_configs(draw: st.DrawFn) -> dict[str, Any]:
     }
 
 
+@pytest.mark.slow
 @settings(max_examples=25, deadline=None)
 @given(config=shuffled_configs(), prepartitions=st.tuples(st.integers(1, 3), st.integers(1, 3)))
 def test_order_depends_on_seed_and_epoch_only(config: dict[str, Any], prepartitions: tuple[int, int]) -> None:

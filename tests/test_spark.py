@@ -98,6 +98,7 @@ def test_server_errors_are_raised_with_their_message_and_not_logged(
     backend.close()
 
 
+@pytest.mark.slow
 def test_an_unreachable_server_fails_soon_as_transient_without_its_token() -> None:
     started = time.monotonic()
     with (

@@ -109,6 +109,7 @@ def _cycle(ending: str, loader: DDBDataLoader, path: Path, probe: duckdb.DuckDBP
 ENDINGS = ["break", "close", "loader-close", "gc", "exception", "keyboard-interrupt"]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_start_stop_cycles_leak_no_thread_connection_or_memory(
     database: Path, pytestconfig: pytest.Config
