@@ -66,7 +66,9 @@ def every_sample(db_path: str) -> Counter[int]:
     return everything
 
 
-@pytest.mark.parametrize("num_workers", [0, 1, 2, 3])
+@pytest.mark.parametrize(
+    "num_workers", [0, *(pytest.param(n, marks=pytest.mark.multiprocess) for n in (1, 2, 3))]
+)
 def test_any_worker_count_serves_every_sample_once(
     db_path: str, every_sample: Counter[int], num_workers: int
 ) -> None:
