@@ -117,7 +117,7 @@ def test_window_on_device_gives_the_same_batches(
     kwargs: dict[str, Any] = {
         "batch_size": batch_size,
         "window_size": window,
-        "window_stride": stride,
+        "window_stride": stride if window else None,
         "offset": offset if window else None,
         "shuffle": shuffle,
         "seed": seed,

@@ -88,7 +88,10 @@ def test_plain_case_one_row_per_sample(con: duckdb.DuckDBPyConnection) -> None:
 
 def test_plain_case_default_columns_keep_the_target_in_x(con: duckdb.DuckDBPyConnection) -> None:
     make_series(con, [[2, 1]])
-    with DDBDataLoader(con, SERIES_SQL, "y", batch_size=3) as loader:
+    with (
+        pytest.warns(UserWarning, match=r"target_col \['y'\] stays in x"),
+        DDBDataLoader(con, SERIES_SQL, "y", batch_size=3) as loader,
+    ):
         ((x, y),) = list(loader)
     # gid, part, pos, rid, f0, f1, y: INTEGER, BIGINT and DOUBLE promote to float64
     assert x.dtype == torch.float64
@@ -189,7 +192,7 @@ def test_groups_too_short_for_a_window_yield_nothing_even_if_their_rows_would_ch
 ) -> None:
     make_series(con, [[2], [2]])
     with (
-        pytest.warns(UserWarning, match="yield no samples"),
+        pytest.warns(UserWarning, match="yield no samples|the plan has 0 samples"),
         f0_loader(con, window_size=2, group_col="gid") as loader,
     ):
         assert len(loader) == 0
@@ -204,9 +207,13 @@ def test_a_query_without_rows_yields_no_batches(con: duckdb.DuckDBPyConnection) 
     make_series(con, [[3]])
     with f0_loader(con, window_size=2) as loader:
         assert len(loader) == 1
-    with DDBDataLoader(con, "SELECT f0, y FROM series WHERE f0 < 0", "y") as loader:
+    with (
+        pytest.warns(UserWarning, match="the plan has 0 samples") as planning,
+        DDBDataLoader(con, "SELECT f0, y FROM series WHERE f0 < 0", "y") as loader,
+    ):
         assert len(loader) == 0
         assert list(loader) == []
+    assert any("stays in x" in str(w.message) for w in planning)  # y in x without windows
     assert no_threads()
 
 
