@@ -729,6 +729,7 @@ def test_hostile_values_select_only_equal_rows_and_change_nothing(
     check_hostile_values(engine, values, absent)
 
 
+@pytest.mark.filterwarnings("ignore:.* match no rows of:UserWarning")  # hostile values match nothing
 @pytest.mark.parametrize("engine", [pytest.param("spark", marks=SPARK_TIMEOUT)], indirect=True)
 @settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(values=HOSTILE_SCHEMES, absent=HOSTILE)
@@ -1087,6 +1088,7 @@ def test_postgres_sessions_the_loader_opens_refuse_side_effecting_selects(pg: Po
     mine.close()
 
 
+@pytest.mark.filterwarnings("ignore:target_col .* stays in x:UserWarning")  # tests/test_columns.py checks it
 def test_credentials_never_appear(pg: PostgresEngine) -> None:
     pg.create("series", series_table([[3]]))
     with DDBDataLoader(pg.uri, SERIES_SQL, "y") as loader:
