@@ -1,10 +1,12 @@
-"""Shared fixtures: real DuckDB tables whose values encode where each row came from."""
+"""Shared fixtures (real DuckDB tables whose values encode where each row came from), the test tiers
+(markers given by what a test uses) and the Hypothesis profiles."""
 
 from __future__ import annotations
 
 import contextlib
 import functools
 import importlib.util
+import os
 import random
 import signal
 import sqlite3
@@ -21,10 +23,54 @@ import pyarrow as pa
 import pytest
 import servers
 import sparkserver
+from hypothesis import settings
 
 from ddbloader import DDBDataLoader
 from ddbloader._io.streams import read_batches
 from ddbloader.backends import Backend, Cursor, DuckDBBackend
+
+# --- Hypothesis profiles ---------------------------------------------------------------------------
+# "dev" (the default) keeps a property test to a few dozen examples; "ci" (HYPOTHESIS_PROFILE=ci, or
+# any CI environment) runs each as deep as it asks. A test's own max_examples would override either
+# profile, so the deep tests ask through examples().
+settings.register_profile("dev", max_examples=50, deadline=None)
+settings.register_profile("ci", max_examples=2_000, deadline=None, print_blob=True)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE") or ("ci" if os.environ.get("CI") else "dev"))
+
+
+def examples(deep: int) -> int:
+    """A property test's ``max_examples``: ``deep`` under the "ci" profile, at most the loaded
+    profile's ``max_examples`` (50 under "dev")."""
+    return min(deep, settings.default.max_examples)
+
+
+# --- test tiers ------------------------------------------------------------------------------------
+# Markers (registered in pyproject.toml) are given here by what a test uses, so a new test is tiered
+# without a decorator: a server fixture, an engine parameter that names a server, or its module. Tests
+# that start processes or run long carry @pytest.mark.multiprocess / @pytest.mark.slow themselves.
+
+#: Session fixtures that start a server, and the engine parameters whose fixtures request one.
+SERVER_FIXTURES = frozenset({"pg_server", "spark_server", "flight_sql_uri"})
+SERVER_ENGINES = frozenset({"postgres", "spark", "flightsql"})
+#: Modules whose every test is of a tier.
+MODULE_MARKERS: dict[str, tuple[str, ...]] = {
+    "test_notebooks": ("notebook", "multiprocess", "slow"),
+    "test_frameworks": ("framework", "multiprocess", "slow"),
+    "test_main": ("multiprocess",),  # runs `python -m ddbloader`
+    "test_readme": ("multiprocess",),  # runs README's blocks as scripts
+}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        params: dict[str, object] = getattr(getattr(item, "callspec", None), "params", {})
+        # an engine parameter (not a "dialect": SQL text rules, no server) that names a server
+        engines = {value for key, value in params.items() if key != "dialect" and isinstance(value, str)}
+        if SERVER_FIXTURES.intersection(getattr(item, "fixturenames", ())) or engines & SERVER_ENGINES:
+            item.add_marker(pytest.mark.server)
+        for name in MODULE_MARKERS.get(item.path.stem, ()):
+            item.add_marker(name)
+
 
 SERIES_SQL = "SELECT gid, part, pos, rid, f0, f1, y FROM series ORDER BY gid, part, pos"
 

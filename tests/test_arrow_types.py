@@ -82,6 +82,7 @@ def test_numeric_columns_get_pyarrows_numpy_dtype(data_type: pa.DataType) -> Non
     assert arrow_column_type(data_type).dtype == np.dtype(data_type.to_pandas_dtype())
 
 
+@pytest.mark.multiprocess
 def test_an_epoch_does_not_import_pandas() -> None:
     # pyarrow's to_numpy imports pandas on first use: seconds in a fetch thread, once per process
     # (fetch units, fetch_bytes > 0, still convert Python values with pa.array, which imports it)

@@ -485,6 +485,7 @@ UNIT_PARTS = st.lists(st.lists(st.integers(0, 9), min_size=1, max_size=3), min_s
 )
 
 
+@pytest.mark.filterwarnings("ignore:the plan has 0 samples:UserWarning")  # windows longer than a group
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     parts=UNIT_PARTS,
@@ -556,6 +557,7 @@ def test_fetch_units_fetch_every_group_in_one_query(engine: Engine) -> None:
 STREAMED_PARTS = [[300, 5, 200], [450]]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "engine", ["duckdb", "postgres", "sqlite", "datafusion", "clickhouse", "flightsql"], indirect=True
 )
@@ -716,6 +718,8 @@ HOSTILE_SCHEMES = st.lists(HOSTILE, min_size=1, max_size=3, unique=True)
 FAST_ENGINES = [e for e in ENGINES if e != "spark"]
 
 
+@pytest.mark.filterwarnings("ignore:.* match no rows of:UserWarning")  # hostile values match nothing
+@pytest.mark.slow
 @pytest.mark.parametrize("engine", FAST_ENGINES, indirect=True)
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(values=HOSTILE_SCHEMES, absent=HOSTILE)
@@ -725,6 +729,7 @@ def test_hostile_values_select_only_equal_rows_and_change_nothing(
     check_hostile_values(engine, values, absent)
 
 
+@pytest.mark.filterwarnings("ignore:.* match no rows of:UserWarning")  # hostile values match nothing
 @pytest.mark.parametrize("engine", [pytest.param("spark", marks=SPARK_TIMEOUT)], indirect=True)
 @settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(values=HOSTILE_SCHEMES, absent=HOSTILE)
@@ -799,6 +804,7 @@ def test_unknown_group_column_names_it(engine: Engine) -> None:
     assert "'nosuch_col' is not one of its result columns; select it" in str(caught.value)
 
 
+@pytest.mark.filterwarnings("ignore:target_col .* stays in x:UserWarning")  # tests/test_columns.py checks it
 def test_permanent_fetch_error_names_subquery_and_parameters_without_retrying(engine: Engine) -> None:
     engine.create("series", series_table([[4, 4], [4]]))
     loader = DDBDataLoader(
@@ -1082,6 +1088,7 @@ def test_postgres_sessions_the_loader_opens_refuse_side_effecting_selects(pg: Po
     mine.close()
 
 
+@pytest.mark.filterwarnings("ignore:target_col .* stays in x:UserWarning")  # tests/test_columns.py checks it
 def test_credentials_never_appear(pg: PostgresEngine) -> None:
     pg.create("series", series_table([[3]]))
     with DDBDataLoader(pg.uri, SERIES_SQL, "y") as loader:
@@ -1162,6 +1169,7 @@ def test_shared_dbapi_connection_is_serialised(tmp_path: Path) -> None:
     engine.close()
 
 
+@pytest.mark.filterwarnings("ignore:target_col .* stays in x:UserWarning")  # tests/test_columns.py checks it
 def test_thread_bound_dbapi_connection_fails_with_a_hint(tmp_path: Path) -> None:
     engine = SqliteEngine(tmp_path)
     engine.create("series", series_table([[3]]))

@@ -35,7 +35,9 @@ def test_connect_takes_a_chdb_uri_or_an_adbc_connection(clickhouse: ClickHouseEn
     assert isinstance(backend, ClickHouseBackend) and backend.dialect == "clickhouse"
     assert backend.engine == f"chdb ({clickhouse.uri.removeprefix('chdb://')})"
     # parameters as sqlglot renders them for ClickHouse (@1), bound by the driver
-    assert backend.cursor().fetch("SELECT 41 + @1 AS v", [1]).column("v").to_pylist() == [42]
+    cursor = backend.cursor()
+    assert cursor.fetch("SELECT 41 + @1 AS v", [1]).column("v").to_pylist() == [42]
+    cursor.close()
     backend.close()
     passed = connect(clickhouse.admin)  # cloned per cursor, dialect from the vendor
     assert isinstance(passed, ADBCBackend) and passed.dialect == "clickhouse"
@@ -45,6 +47,7 @@ def test_connect_takes_a_chdb_uri_or_an_adbc_connection(clickhouse: ClickHouseEn
         ClickHouseBackend("postgresql://u:pw@h/db")
 
 
+@pytest.mark.multiprocess
 def test_a_uri_backend_keeps_chdb_s_server_up_between_its_cursors() -> None:
     # chDB stops its server when the process's last connection closes: an in-memory table made
     # through one connection is gone by the next unless the backend holds one of its own. In a
@@ -79,6 +82,7 @@ def _open_in_child(uri: str, report: Any) -> None:
         report.put(f"{type(error).__name__}: {error}")
 
 
+@pytest.mark.multiprocess
 def test_a_process_forked_after_chdb_opened_is_refused_not_hung(clickhouse: ClickHouseEngine) -> None:
     # a DataLoader worker under fork: chDB's state without its threads hangs at the first query
     backend = connect(clickhouse.uri)
@@ -99,7 +103,8 @@ def test_the_loader_s_connections_refuse_writes_and_cannot_lift_it(
 ) -> None:
     clickhouse.create("series", series_table([[3, 3]]))
     source = clickhouse.admin if passed else clickhouse.uri
-    cursor = connect(source).cursor()
+    backend = connect(source)
+    cursor = backend.cursor()
     for statement in (
         "INSERT INTO series SELECT * FROM series",
         "SELECT 1 AS one SETTINGS readonly = 0",
@@ -110,6 +115,7 @@ def test_the_loader_s_connections_refuse_writes_and_cannot_lift_it(
     # the query's own SETTINGS clause still works (readonly = 2, not 1)
     assert cursor.fetch("SELECT 1 AS one SETTINGS max_threads = 1", []).num_rows == 1
     cursor.close()
+    backend.close()
     assert clickhouse.rows("SELECT count() FROM series") == [(6,)]
     clickhouse.execute("INSERT INTO series SELECT * FROM series LIMIT 1")  # the user's: still writable
     assert clickhouse.rows("SELECT count() FROM series") == [(7,)]

@@ -13,6 +13,9 @@ import torch
 
 from ddbloader import DDBDataLoader
 
+# Most queries here keep y in x without windows; test_target_stays_in_x_unless_excluded expects it.
+pytestmark = pytest.mark.filterwarnings("ignore:target_col .* stays in x:UserWarning")
+
 ROWS = 6
 NULL_ROWS = (0, 3)  # rows where the nullable columns hold NULL
 
@@ -237,7 +240,8 @@ def test_column_order_follows_the_query_without_input_col(db: duckdb.DuckDBPyCon
 
 
 def test_target_stays_in_x_unless_excluded(db: duckdb.DuckDBPyConnection) -> None:
-    kept = load(db, "SELECT i32, f64 FROM d", target_col="f64")
+    with pytest.warns(UserWarning, match=r"target_col \['f64'\] stays in x"):
+        kept = load(db, "SELECT i32, f64 FROM d", target_col="f64")
     assert kept.plan.layout.x_names == ("i32", "f64")
     kept.close()
     dropped = load(db, "SELECT i32, f64 FROM d", target_col="f64", exclude_col="f64")

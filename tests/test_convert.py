@@ -196,6 +196,7 @@ def test_repeated_names_an_engine_renames_when_wrapped_are_matched_by_position()
         )
 
 
+@pytest.mark.filterwarnings("ignore:target_col .* stays in x:UserWarning")  # tests/test_columns.py checks it
 def test_a_column_order_change_between_epochs_is_refused(con: duckdb.DuckDBPyConnection) -> None:
     """Same column count, new order: by position the loader would feed 'b' under the name 'a'."""
     con.execute(

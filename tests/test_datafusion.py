@@ -58,6 +58,7 @@ def test_the_engine_refuses_what_is_not_a_query(
     assert not ctx.table_exist("u")
 
 
+@pytest.mark.filterwarnings("ignore:target_col .* stays in x:UserWarning")  # tests/test_columns.py checks it
 def test_the_loader_reads_the_views_of_the_passed_context(ctx: datafusion.SessionContext) -> None:
     ctx.sql("CREATE VIEW doubled AS SELECT g, y * 2 AS y FROM t").collect()
     sql = "SELECT g, y FROM doubled ORDER BY y"

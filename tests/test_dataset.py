@@ -66,7 +66,9 @@ def every_sample(db_path: str) -> Counter[int]:
     return everything
 
 
-@pytest.mark.parametrize("num_workers", [0, 1, 2, 3])
+@pytest.mark.parametrize(
+    "num_workers", [0, *(pytest.param(n, marks=pytest.mark.multiprocess) for n in (1, 2, 3))]
+)
 def test_any_worker_count_serves_every_sample_once(
     db_path: str, every_sample: Counter[int], num_workers: int
 ) -> None:
@@ -77,6 +79,7 @@ def test_any_worker_count_serves_every_sample_once(
     assert all(0 < len(b) <= ARGS["batch_size"] for b in batches)
 
 
+@pytest.mark.multiprocess
 def test_len_with_the_worker_count_is_the_batches_delivered_without_torchs_warning(
     db_path: str, every_sample: Counter[int]
 ) -> None:
@@ -100,6 +103,7 @@ def test_a_dataloader_with_another_worker_count_is_refused(db_path: str) -> None
         dataset(db_path, num_workers=-1)
 
 
+@pytest.mark.multiprocess
 def test_set_epoch_reaches_the_workers(db_path: str, every_sample: Counter[int]) -> None:
     data = dataset(db_path)
     loader = DataLoader(data, batch_size=None, num_workers=2)
@@ -114,6 +118,7 @@ def test_set_epoch_reaches_the_workers(db_path: str, every_sample: Counter[int])
     assert again == first, "the same epoch must come out the same"
 
 
+@pytest.mark.multiprocess
 def test_persistent_workers_count_epochs_themselves(db_path: str, every_sample: Counter[int]) -> None:
     data = dataset(db_path)
     loader = DataLoader(data, batch_size=None, num_workers=2, persistent_workers=True)
@@ -124,6 +129,7 @@ def test_persistent_workers_count_epochs_themselves(db_path: str, every_sample: 
     assert names(DataLoader(data, batch_size=None, num_workers=2)) == second
 
 
+@pytest.mark.multiprocess
 def test_spawned_workers_reopen_the_path(db_path: str, every_sample: Counter[int]) -> None:
     """Under spawn (and forkserver, the default from Python 3.14) the dataset is pickled.
 
@@ -142,12 +148,14 @@ def _iterate_in_child(data: DDBIterableDataset, report: Any) -> None:
         report.put(f"{type(error).__name__}: {error}")
 
 
+@pytest.mark.multiprocess
 def test_a_worker_refuses_to_deliver_batches_on_a_device(db_path: str) -> None:
     data = dataset(db_path, device="meta", num_workers=1)
     with pytest.raises(ValueError, match=r"device='meta' in a DataLoader worker process: .*device='cpu'"):
         next(iter(DataLoader(data, batch_size=None, num_workers=1)))
 
 
+@pytest.mark.multiprocess
 def test_a_connection_object_cannot_serve_workers(db_path: str) -> None:
     """The error names the fix, whether the worker is forked or the dataset pickled (spawn).
 
@@ -202,7 +210,7 @@ def run_stateful(db_path: str, num_workers: int, cut: int | None, state: Any = N
     return taken, snapshot
 
 
-@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("num_workers", [0, pytest.param(2, marks=pytest.mark.multiprocess)])
 def test_stateful_dataloader_resumes_mid_epoch(
     db_path: str, every_sample: Counter[int], num_workers: int
 ) -> None:
@@ -218,7 +226,7 @@ def test_stateful_dataloader_resumes_mid_epoch(
         assert following == epoch1, f"the epoch after a cut after {cut}"
 
 
-@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("num_workers", [0, pytest.param(2, marks=pytest.mark.multiprocess)])
 def test_stateful_dataloader_resumes_after_a_finished_epoch(db_path: str, num_workers: int) -> None:
     """StatefulDataLoader starts the next epoch itself after a finished one: it must be epoch 1."""
     _, epoch1 = run_stateful(db_path, num_workers, None)
@@ -234,6 +242,7 @@ def test_stateful_dataloader_resumes_after_a_finished_epoch(db_path: str, num_wo
     assert names(resumed) == epoch1
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("persistent", [False, True])
 def test_worker_epochs_differ_without_set_epoch(
     db_path: str, every_sample: Counter[int], persistent: bool

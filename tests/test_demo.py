@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 import duckdb
+import pytest
 
 from ddbloader import demo
 
@@ -17,6 +18,7 @@ def small_run() -> float:
     return demo.run(parser.parse_args(SMALL))
 
 
+@pytest.mark.slow
 def test_the_demo_prints_the_same_loss_on_every_run() -> None:
     first, second = small_run(), small_run()
     assert first == second

@@ -120,6 +120,7 @@ def test_html_repr_holds_the_same_rows_and_the_columns(series: duckdb.DuckDBPyCo
     assert cells["y columns"] == "y"
 
 
+@pytest.mark.filterwarnings("ignore:target_col .* stays in x:UserWarning")  # tests/test_columns.py checks it
 def test_html_repr_escapes_column_names(con: duckdb.DuckDBPyConnection) -> None:
     con.execute("""CREATE TABLE t AS SELECT i::DOUBLE AS "<b>x</b>", i::DOUBLE AS "a&b" FROM range(5) r(i)""")
     with DDBDataLoader(con, "SELECT * FROM t", "a&b") as loader:
@@ -128,6 +129,7 @@ def test_html_repr_escapes_column_names(con: duckdb.DuckDBPyConnection) -> None:
     assert "&lt;b&gt;x&lt;/b&gt;, a&amp;b" in page
 
 
+@pytest.mark.filterwarnings("ignore:target_col .* stays in x:UserWarning")  # tests/test_columns.py checks it
 def test_html_repr_shortens_long_column_lists(con: duckdb.DuckDBPyConnection) -> None:
     columns = ", ".join(f"i::DOUBLE AS c{k}" for k in range(30))
     con.execute(f"CREATE TABLE wide AS SELECT {columns} FROM range(3) r(i)")

@@ -149,6 +149,7 @@ def test_shuffled_shards_are_disjoint_and_complete(
         assert total - len(counts) < world
 
 
+@pytest.mark.slow
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     # partitions of 65-160 rows of 16 bytes are streamed in pieces of 33-64 rows under 1 KiB
@@ -278,6 +279,7 @@ def ranks_source(request: pytest.FixtureRequest, db_path: str) -> Iterator[tuple
     spark.close()
 
 
+@pytest.mark.multiprocess
 def test_torchrun_two_ranks_shard_evenly_and_train(ranks_source: tuple[str, str], tmp_path: Path) -> None:
     engine, source = ranks_source
     out = tmp_path / "out"

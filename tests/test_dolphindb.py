@@ -15,6 +15,7 @@ import re
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -294,7 +295,7 @@ def _decode(literal: str) -> str:
     return re.sub(rb"\\x([0-9A-F]{2})", lambda m: bytes([int(m.group(1), 16)]), body).decode("utf-8")
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.text().filter(lambda s: "\x00" not in s and not s.startswith("`")))
 def test_string_literals_are_one_token_that_decodes_to_the_value(value: str) -> None:
     literal = to_literal(value)

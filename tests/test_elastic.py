@@ -26,7 +26,7 @@ import numpy as np
 import pgserver
 import pytest
 import torch
-from conftest import SERIES_SQL, make_series
+from conftest import SERIES_SQL, examples, make_series
 from elastic_worker import ARGS as ELASTIC_RUN
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -149,7 +149,7 @@ def touched_by(unit: WorkUnit, epoch: Epoch) -> list[int]:
     return sorted(touched)
 
 
-@settings(max_examples=2000, deadline=None)
+@settings(max_examples=examples(2000), deadline=None)
 @given(data=st.data(), epoch=epochs(), new=new_worlds)
 def test_old_consumption_and_new_remainder_are_the_epoch(
     data: st.DataObject, epoch: Epoch, new: NewWorld
@@ -157,7 +157,7 @@ def test_old_consumption_and_new_remainder_are_the_epoch(
     check_resume(epoch, [data.draw(stretches(epoch))], new)
 
 
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=examples(500), deadline=None)
 @given(data=st.data(), epoch=epochs(), new=new_worlds)
 def test_a_resumed_epoch_resumed_again_is_still_the_epoch(
     data: st.DataObject, epoch: Epoch, new: NewWorld
@@ -171,7 +171,7 @@ def test_a_resumed_epoch_resumed_again_is_still_the_epoch(
     check_resume(epoch, [first, Stretch(world, even, (handed,))], new)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(data=st.data(), epoch=epochs())
 def test_the_remainder_is_a_pure_function(data: st.DataObject, epoch: Epoch) -> None:
     stretch = data.draw(stretches(epoch))
@@ -186,7 +186,7 @@ def test_the_remainder_is_a_pure_function(data: st.DataObject, epoch: Epoch) -> 
     )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(epoch=epochs())
 def test_a_stretch_that_handed_out_nothing_leaves_the_ordinary_epoch(epoch: Epoch) -> None:
     left = epoch_remainder(epoch, epoch.config, epoch.epoch, [Stretch(3, "pad", (0, 0))])
@@ -368,6 +368,7 @@ def test_combed_windows_resume_on_another_world_size(
     check_elastic(make, old, new, handed)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "overrides",
     [
@@ -412,6 +413,7 @@ def test_postgres_resumes_on_another_world_size(
         check_elastic(make, old, new, handed)
 
 
+@pytest.mark.slow
 def test_a_resumed_rest_resumes_again_elsewhere_and_in_place(con: duckdb.DuckDBPyConnection) -> None:
     """2 ranks stop after 6 batches, 3 resume and stop after 4, then 2 resume (the epoch's third
     world) and, from the same state, 3 again (the same world: the remainder's own batches on)."""
@@ -497,6 +499,7 @@ def test_a_malformed_or_foreign_state_is_refused_by_name(con: duckdb.DuckDBPyCon
             len(three)
 
 
+@pytest.mark.multiprocess
 @pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
 @pytest.mark.filterwarnings("ignore:'set_vital' is deprecated:UserWarning")
 def test_a_stateful_dataloader_state_resumes_under_another_worker_count(db_path: str) -> None:
@@ -549,6 +552,7 @@ def torchrun(ranks: int, *arguments: str) -> None:
     assert done.returncode == 0, done.stderr[-4000:]
 
 
+@pytest.mark.multiprocess
 @pytest.mark.timeout(300)
 def test_torchrun_two_ranks_save_and_three_resume(db_path: str, tmp_path: Path) -> None:
     out = tmp_path / "out"

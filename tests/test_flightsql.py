@@ -48,7 +48,9 @@ def test_a_passed_flight_sql_connection_is_cloned(flight_sql_uri: str) -> None:
 
     mine = dbapi.connect(flight_sql_uri, autocommit=True)
     backend = FlightSQLBackend(mine, dialect="spark")
-    assert backend.cursor().fetch("SELECT ${1} AS s", ["x'y"]).column("s").to_pylist() == ["x'y"]
+    cursor = backend.cursor()
+    assert cursor.fetch("SELECT ${1} AS s", ["x'y"]).column("s").to_pylist() == ["x'y"]
+    cursor.close()
     backend.close()
     with mine.cursor() as cursor:  # still open
         cursor.execute("SELECT 1 AS one")

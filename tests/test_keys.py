@@ -92,6 +92,7 @@ def test_keys_follow_ddp_shards(path: str) -> None:
     assert checked == 3 * 27  # 79 samples padded to 3 equal shares
 
 
+@pytest.mark.multiprocess
 def test_keys_follow_dataloader_workers(path: str) -> None:
     data = DDBIterableDataset(path, KEYS_SQL, "y", num_workers=2, **ARGS)
     assert check(DataLoader(data, batch_size=None, num_workers=2)) == 79
@@ -152,6 +153,7 @@ def test_key_columns_are_left_out_of_a_derived_x(path: str) -> None:
         assert loader.plan.layout.x_names == ("f0", "y")
 
 
+@pytest.mark.filterwarnings("ignore:target_col .* stays in x:UserWarning")  # tests/test_columns.py checks it
 def test_a_null_timestamp_key_is_refused_by_name() -> None:
     with duckdb.connect() as con:
         ts = "CASE WHEN i = 2 THEN NULL ELSE TIMESTAMP '2024-01-01' END AS ts"

@@ -88,7 +88,10 @@ def test_plain_case_one_row_per_sample(con: duckdb.DuckDBPyConnection) -> None:
 
 def test_plain_case_default_columns_keep_the_target_in_x(con: duckdb.DuckDBPyConnection) -> None:
     make_series(con, [[2, 1]])
-    with DDBDataLoader(con, SERIES_SQL, "y", batch_size=3) as loader:
+    with (
+        pytest.warns(UserWarning, match=r"target_col \['y'\] stays in x"),
+        DDBDataLoader(con, SERIES_SQL, "y", batch_size=3) as loader,
+    ):
         ((x, y),) = list(loader)
     # gid, part, pos, rid, f0, f1, y: INTEGER, BIGINT and DOUBLE promote to float64
     assert x.dtype == torch.float64
@@ -189,7 +192,7 @@ def test_groups_too_short_for_a_window_yield_nothing_even_if_their_rows_would_ch
 ) -> None:
     make_series(con, [[2], [2]])
     with (
-        pytest.warns(UserWarning, match="yield no samples"),
+        pytest.warns(UserWarning, match="yield no samples|the plan has 0 samples"),
         f0_loader(con, window_size=2, group_col="gid") as loader,
     ):
         assert len(loader) == 0
@@ -204,9 +207,15 @@ def test_a_query_without_rows_yields_no_batches(con: duckdb.DuckDBPyConnection) 
     make_series(con, [[3]])
     with f0_loader(con, window_size=2) as loader:
         assert len(loader) == 1
-    with DDBDataLoader(con, "SELECT f0, y FROM series WHERE f0 < 0", "y") as loader:
+    with (
+        pytest.warns(UserWarning) as planning,
+        DDBDataLoader(con, "SELECT f0, y FROM series WHERE f0 < 0", "y") as loader,
+    ):
         assert len(loader) == 0
         assert list(loader) == []
+    planned = [str(w.message) for w in planning]
+    assert any("the plan has 0 samples" in m for m in planned), planned
+    assert any("stays in x" in m for m in planned), planned  # y in x without windows
     assert no_threads()
 
 
@@ -561,6 +570,7 @@ def test_threads_are_named_daemons(
     assert no_threads()
 
 
+@pytest.mark.slow
 def test_no_threads_left_after_200_early_breaks(series: duckdb.DuckDBPyConnection) -> None:
     with _shuffled(series) as loader:
         for _ in range(200):
@@ -645,6 +655,7 @@ def test_no_threads_left_after_an_exception_in_the_loop_body(series: duckdb.Duck
         assert len(list(loader)) == 20
 
 
+@pytest.mark.multiprocess
 def test_interpreter_exit_never_hangs_on_abandoned_iterators(tmp_path: Path) -> None:
     script = textwrap.dedent(
         f"""
@@ -910,6 +921,7 @@ def test_a_sql_syntax_error_shows_where_without_parser_internals(
     assert "sqlglot" not in str(raised.value) and "<class" not in str(raised.value)
 
 
+@pytest.mark.multiprocess
 def test_a_duckdb_file_locked_by_another_process_says_who_and_what_to_do(tmp_path: Path) -> None:
     path = tmp_path / "locked.duckdb"
     writer = (

@@ -72,6 +72,7 @@ def test_measure_is_the_brute_force_of_the_schedule(
     assert figures.rank_correlation == pytest.approx(expected, abs=1e-12)
 
 
+@pytest.mark.filterwarnings("ignore:target_col .* stays in x:UserWarning")  # tests/test_columns.py checks it
 def test_a_shuffled_epoch_of_no_groups_is_empty_and_measured(con: duckdb.DuckDBPyConnection) -> None:
     """A query whose groups are all empty: the first shuffled epoch ends (its mixing measured over
     a plan of no groups) instead of raising."""

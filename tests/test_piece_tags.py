@@ -11,6 +11,8 @@ from __future__ import annotations
 import bisect
 
 import duckdb
+import pytest
+from conftest import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from sqlglot import exp
@@ -57,7 +59,7 @@ tiles = st.integers(1, 14).flatmap(
 )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(tiles)
 def test_each_key_is_tagged_with_the_piece_that_holds_it(
     drawn: tuple[list[int], list[int | None], bool],
@@ -78,6 +80,7 @@ def test_touching_ranges_of_two_pieces_share_their_point() -> None:
     assert tag_regions([first, second]) == ((10, 20, 30, 40), (0, 1, None, 0, 1))
 
 
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None)
 @given(tiles)
 def test_duckdb_computes_the_tags_the_regions_say(drawn: tuple[list[int], list[int | None], bool]) -> None:
@@ -127,7 +130,7 @@ overlapping = st.lists(
 )
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(overlapping)
 def test_duckdb_reads_the_union_of_overlapping_pieces_once_tagged_0(
     drawn: list[tuple[list[int], bool, bool]],

@@ -20,7 +20,7 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 import pytest
-from conftest import ENGINES, TableEngine, assert_units_split_as_read_alone, table_engine
+from conftest import ENGINES, TableEngine, assert_units_split_as_read_alone, examples, table_engine
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from resume_check import assert_resumes_exactly
@@ -51,7 +51,7 @@ def _holds(piece: KeyRanges, key: int | None) -> bool:
     return any((lo is None or key >= lo) and (hi is None or key < hi) for lo, hi in piece.ranges)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(
     keys=st.lists(st.integers(0, 40), min_size=1, max_size=200),
     nulls=st.integers(0, 5),
@@ -89,7 +89,7 @@ def test_layout_puts_every_row_in_exactly_one_piece_ties_together_in_order(
         assert all(len(piece.ranges) <= 1 for piece, _ in cut)
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(
     ends=st.lists(st.integers(-50, 50), min_size=2, max_size=16, unique=True),
     open_low=st.booleans(),
@@ -292,6 +292,7 @@ def test_an_unquoted_order_by_name_folds_as_the_engine_folds_it(engine: TableEng
     assert sorts == {(5, False)}  # the column u, the sixth
 
 
+@pytest.mark.slow
 def test_combed_pieces_the_reader_orders_over_extreme_and_zoned_keys(con: duckdb.DuckDBPyConnection) -> None:
     """Integer extremes (signed and unsigned), dates and zoned timestamps across a daylight-saving
     change under a non-UTC session: Arrow's order is the engine's, piece by piece, and every row
@@ -329,6 +330,7 @@ def test_combed_pieces_the_reader_orders_over_extreme_and_zoned_keys(con: duckdb
                 assert table.column("id").to_pylist() == [i for i in whole if i in ids], sql
 
 
+@pytest.mark.slow
 def test_the_reader_orders_each_subquery_by_the_term_after_its_keys(con: duckdb.DuckDBPyConnection) -> None:
     """With group_col and repartition_col, the ORDER BY's one other term is the reader's sort
     wherever it stands among them; each piece holds its subquery's rows in the query's order."""
@@ -356,6 +358,7 @@ def test_the_reader_orders_each_subquery_by_the_term_after_its_keys(con: duckdb.
             assert set(table.column("g").to_pylist()) == {p.params[0]}
 
 
+@pytest.mark.slow
 def test_reader_ordered_pieces_resume_exactly_and_verify(con: duckdb.DuckDBPyConnection) -> None:
     """Pieces the reader orders resume mid-epoch to the same samples and pass ``verify=True``."""
     con.register("_incoming", _table())
@@ -417,6 +420,7 @@ def test_a_tagged_piece_whose_rows_changed_is_refused_naming_it(con: duckdb.Duck
     )  # refused by the unit's fallback, not a stream
 
 
+@pytest.mark.slow
 def test_tagged_pieces_resume_exactly_and_shard_each_sample_once(con: duckdb.DuckDBPyConnection) -> None:
     con.register("_incoming", _table())
     con.execute("CREATE TABLE t AS SELECT * FROM _incoming")
@@ -538,6 +542,7 @@ def _update(engine: TableEngine, sql: str) -> None:
         cursor.execute(sql)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("engine", ["duckdb", "postgres"], indirect=True)
 @pytest.mark.parametrize(
     ("window_size", "order"),

@@ -614,6 +614,7 @@ def test_classic_injection_values_match_only_equal_rows(
     assert (value in STORED) == bool(ids_matching(hostile_db, value))
 
 
+@pytest.mark.slow
 @settings(max_examples=40, deadline=None)
 @given(value=st.one_of(st.sampled_from(STORED), st.text(max_size=12)), as_group=st.booleans())
 def test_arbitrary_text_matches_only_equal_rows(
@@ -622,6 +623,7 @@ def test_arbitrary_text_matches_only_equal_rows(
     check_value_matches_only_itself(hostile_db, value, "group_col" if as_group else "repartition_col")
 
 
+@pytest.mark.filterwarnings("ignore:target_col .* stays in x:UserWarning")  # tests/test_columns.py checks it
 def test_discovered_hostile_values_round_trip(hostile_db: duckdb.DuckDBPyConnection) -> None:
     before = snapshot(hostile_db)
     with DDBDataLoader(hostile_db, "SELECT id, g, v FROM h", target_col="v", group_col="g") as loader:
@@ -630,6 +632,7 @@ def test_discovered_hostile_values_round_trip(hostile_db: duckdb.DuckDBPyConnect
     assert snapshot(hostile_db) == before
 
 
+@pytest.mark.filterwarnings("ignore:.* match no rows of:UserWarning")  # hostile values match nothing
 def test_several_hostile_values_in_one_scheme_keep_their_order(hostile_db: duckdb.DuckDBPyConnection) -> None:
     scheme: Sequence[str] = ["plain", HOSTILE[4], HOSTILE[3], "' OR '1'='1", HOSTILE[0]]
     samples, ids = loaded_ids(hostile_db, repartition_col="g", repartition_scheme=scheme)

@@ -58,6 +58,7 @@ def test_resumes_exactly(series: duckdb.DuckDBPyConnection, kwargs: dict[str, An
     assert_resumes_exactly(factory(series, **kwargs), epochs=2)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shuffle", [False, True])
 def test_resumes_exactly_in_the_middle_of_a_streamed_partition(
     con: duckdb.DuckDBPyConnection, shuffle: bool
@@ -89,6 +90,7 @@ def test_a_single_batch_epoch_resumes(con: duckdb.DuckDBPyConnection) -> None:
     assert_resumes_exactly(factory(con, batch_size=8, shuffle=True), epochs=3)
 
 
+@pytest.mark.filterwarnings("ignore:target_col .* stays in x:UserWarning")  # tests/test_columns.py checks it
 def test_the_state_counts_batches_handed_out_not_prefetched(series: duckdb.DuckDBPyConnection) -> None:
     with DDBDataLoader(
         series, SERIES_SQL, "y", batch_size=2, prefetch_batch=64, fetch_threads=3, **GROUPED
@@ -97,6 +99,7 @@ def test_the_state_counts_batches_handed_out_not_prefetched(series: duckdb.DuckD
         assert_state_counts_handed_out(loader, 3)
 
 
+@pytest.mark.filterwarnings("ignore:target_col .* stays in x:UserWarning")  # tests/test_columns.py checks it
 def test_every_rank_resumes_from_rank_0s_state(series: duckdb.DuckDBPyConnection) -> None:
     """Checkpoints are usually written by rank 0 only: its state must serve every rank."""
     shared = {"batch_size": 3, "shuffle": True, "seed": 5, "world_size": 3, **GROUPED}
@@ -113,6 +116,7 @@ def test_every_rank_resumes_from_rank_0s_state(series: duckdb.DuckDBPyConnection
             assert_same_batches(list(resumed), want, f"rank {rank}")
 
 
+@pytest.mark.filterwarnings("ignore:target_col .* stays in x:UserWarning")  # tests/test_columns.py checks it
 def test_a_state_from_another_plan_is_refused(con: duckdb.DuckDBPyConnection) -> None:
     make_series(con, [[10, 7]])
     with DDBDataLoader(con, SERIES_SQL, "y", batch_size=2) as loader:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 import torch
+from conftest import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -180,7 +181,7 @@ def pairs(batches: Sequence[ScheduledBatch]) -> list[tuple[int, int]]:
     return [pair for b in batches for pair in zip(b.groups.tolist(), b.samples.tolist(), strict=True)]
 
 
-@settings(max_examples=1000, deadline=None)
+@settings(max_examples=examples(1000), deadline=None)
 @given(epoch=epochs())
 def test_every_sample_exactly_once_in_batches_of_the_asked_size(epoch: Epoch) -> None:
     units = epoch.units()
@@ -204,7 +205,7 @@ def test_every_sample_exactly_once_in_batches_of_the_asked_size(epoch: Epoch) ->
         assert served == [(u.group.index, i) for u in units for i in range(u.first, u.stop)][: len(served)]
 
 
-@settings(max_examples=1000, deadline=None)
+@settings(max_examples=examples(1000), deadline=None)
 @given(epoch=epochs())
 def test_partitions_held_stay_within_the_budget_and_events_come_in_order(epoch: Epoch) -> None:
     units = epoch.units()
@@ -254,7 +255,7 @@ def test_partitions_held_stay_within_the_budget_and_events_come_in_order(epoch: 
             assert {p for (g, p) in loaded if g == unit.group.index} <= set(touched)
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(400), deadline=None)
 @given(
     epoch=epochs(), world=st.integers(2, 4), workers=st.integers(1, 3), even=st.sampled_from(["pad", "drop"])
 )
@@ -314,7 +315,7 @@ def slot_model(units: Sequence[WorkUnit], epoch: Epoch, sizes: Sequence[int]) ->
     return batches
 
 
-@settings(max_examples=600, deadline=None)
+@settings(max_examples=examples(600), deadline=None)
 @given(epoch=epochs())
 def test_shuffled_batches_follow_the_pool_slot_contract(epoch: Epoch) -> None:
     if not epoch.config.shuffle:
@@ -373,7 +374,7 @@ def test_a_plan_of_many_groups_serves_every_sample_once() -> None:
     assert sum(len(b.groups) for b in batches) == sum(g.samples for g in epoch.groups)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(epoch=epochs())
 def test_one_partition_groups_are_scheduled_as_any_group_would_be(epoch: Epoch) -> None:
     # the lean unit of a group of one partition gives the events and samples the general one does

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
+from conftest import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -20,7 +21,7 @@ def _samples(units: list[WorkUnit]) -> list[tuple[int, int]]:
     return [(u.group.index, i) for u in units for i in range(u.first, u.stop)]
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(
     sizes=st.lists(st.integers(0, 40), min_size=1, max_size=8),
     world=st.integers(1, 5),

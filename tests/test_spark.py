@@ -98,6 +98,7 @@ def test_server_errors_are_raised_with_their_message_and_not_logged(
     backend.close()
 
 
+@pytest.mark.slow
 def test_an_unreachable_server_fails_soon_as_transient_without_its_token() -> None:
     started = time.monotonic()
     with (
@@ -124,6 +125,7 @@ def test_a_loader_over_a_passed_session_resumes_exactly(spark: SparkEngine) -> N
     assert_resumes_exactly(lambda: DDBDataLoader(spark.admin, SERIES_SQL, "y", **options), epochs=1)
 
 
+@pytest.mark.multiprocess
 def test_a_classic_session_reads_and_cancels(spark_server: sparkserver.SparkServer, tmp_path: Path) -> None:
     """In a subprocess (tests/spark_classic.py): a classic session runs its JVM in the process.
 

@@ -130,6 +130,7 @@ def test_split_compares_values_of_another_type_as_arrow_converts_them() -> None:
     assert [p.column("v").to_pylist() for p in parts] == [[0, 2], [1]]
 
 
+@pytest.mark.multiprocess
 def test_split_imports_no_pandas() -> None:
     # pyarrow's pa.array and to_numpy import pandas on their first call: a second or more of the
     # first epoch, spent in a fetch thread while the first batch waits for it

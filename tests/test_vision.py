@@ -222,6 +222,7 @@ def test_torchvision_decodes_like_pillow_and_runs_a_v2_pipeline(con: duckdb.Duck
 # --- the digits example ----------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_the_digits_example_trains_a_cnn_for_an_epoch(capsys: pytest.CaptureFixture[str]) -> None:
     pytest.importorskip("sklearn", reason="scikit-learn is not installed (part of ddbloader[dev])")
     spec = importlib.util.spec_from_file_location("digits_cnn", EXAMPLE)

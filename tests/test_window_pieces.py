@@ -20,7 +20,7 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 import pytest
-from conftest import ENGINES, TableEngine, assert_units_split_as_read_alone, table_engine
+from conftest import ENGINES, TableEngine, assert_units_split_as_read_alone, examples, table_engine
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -58,7 +58,7 @@ def _selects(ranges: KeyRanges, key: int) -> bool:
     return any((lo is None or key >= lo) and (hi is None or key < hi) for lo, hi in ranges.ranges)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(
     keys=st.lists(st.integers(-1000, 1000), min_size=2, max_size=250, unique=True),
     pieces=st.integers(1, 12),

@@ -74,6 +74,7 @@ def _measure(path: Path, mode: str) -> dict[str, Any]:
     return figures
 
 
+@pytest.mark.multiprocess
 def test_peak_rss_does_not_grow_with_the_table(tmp_path: Path, pytestconfig: pytest.Config) -> None:
     scale = 8 if soak(pytestconfig) else 4
     small, large = tmp_path / "small.duckdb", tmp_path / "large.duckdb"

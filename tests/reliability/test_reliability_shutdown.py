@@ -109,6 +109,7 @@ def _cycle(ending: str, loader: DDBDataLoader, path: Path, probe: duckdb.DuckDBP
 ENDINGS = ["break", "close", "loader-close", "gc", "exception", "keyboard-interrupt"]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_start_stop_cycles_leak_no_thread_connection_or_memory(
     database: Path, pytestconfig: pytest.Config
@@ -219,6 +220,7 @@ SIGINT_SCRIPT = """
 """
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("prefetch", [0, 1])
 def test_ctrl_c_while_waiting_for_a_stalled_fetch_leaves_no_thread(tmp_path: Path, prefetch: int) -> None:
     result, _elapsed = _run(SIGINT_SCRIPT.replace("{prefetch}", str(prefetch)), tmp_path)
@@ -263,6 +265,7 @@ EXIT_SCRIPT = """
 """
 
 
+@pytest.mark.multiprocess
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize(
     ("ending", "returncode"), [("pass", 0), ("raise KeyboardInterrupt", 1), ("sys.exit(3)", 3)]
