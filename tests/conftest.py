@@ -57,7 +57,9 @@ MODULE_MARKERS: dict[str, tuple[str, ...]] = {
     "test_notebooks": ("notebook", "multiprocess", "slow"),
     "test_frameworks": ("framework", "multiprocess", "slow"),
     "test_main": ("multiprocess",),  # runs `python -m ddbloader`
-    "test_readme": ("multiprocess",),  # runs README's blocks as scripts
+    "test_docs": ("multiprocess", "slow"),  # runs README's and the site's blocks as scripts
+    "test_benchmarks": ("multiprocess", "slow"),  # every benchmark's --smoke run
+    "test_modes": ("framework",),  # imports JAX and TensorFlow, trains with Keras
 }
 
 
