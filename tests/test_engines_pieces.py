@@ -60,8 +60,11 @@ def datafusion_context() -> Any:
 def test_datafusion_floats_with_nan_and_signed_zeros_serve_every_row_once(
     datafusion_context: Any, order: str
 ) -> None:
-    ids, _ = _served(datafusion_context, f"SELECT id, k, f, y FROM t ORDER BY {order}")
+    ids, warned = _served(datafusion_context, f"SELECT id, k, f, y FROM t ORDER BY {order}")
     assert sorted(ids) == list(range(ROWS))
+    # cut exactly, or read front to back saying why (DataFusion's comparisons of -0.0 and NaN
+    # disagree with its ORDER BY)
+    assert all("do not agree with its own ORDER BY" in w for w in warned if "fetch_bytes" in w), warned
 
 
 @pytest.fixture

@@ -112,6 +112,9 @@ class KeyRanges:
     #: A combed piece of a windowed series: where its rows lie in the series and which start
     #: windows (see :mod:`ddbloader._sql.window_pieces`); None for every other piece.
     windows: WindowRows | None = None
+    #: Where the piece's rows lie in its subquery, in the query's order: ``(first row, rows)`` per
+    #: range, as the planning query ranked them (what ``stats()`` places each sample by).
+    runs: tuple[tuple[int, int], ...] = ()
 
     def in_order(self, table: pa.Table) -> pa.Table:
         """``table`` (this piece's rows, as its query returned them) in the query's order: as it
@@ -317,10 +320,19 @@ def layout(
     """
     cut = band_members(tiles, pieces, band) if tiles else []
     lows = [low for low, _ in tiles]
-    return [
-        (KeyRanges(_merged(members, lows), nullable, band=owner), sum(tiles[i][1] for i in members))
-        for members, owner in cut
-    ]
+    firsts = np.cumsum([0] + [rows for _, rows in tiles]).tolist()
+    result = []
+    for members, owner in cut:
+        runs: list[list[int]] = []
+        for index in members:
+            if runs and runs[-1][0] + runs[-1][1] == firsts[index]:
+                runs[-1][1] += tiles[index][1]
+            else:
+                runs.append([firsts[index], tiles[index][1]])
+        placed = tuple((first, rows) for first, rows in runs)
+        ranges = KeyRanges(_merged(members, lows), nullable, band=owner, runs=placed)
+        result.append((ranges, sum(tiles[i][1] for i in members)))
+    return result
 
 
 def band_members(
