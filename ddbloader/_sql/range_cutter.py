@@ -13,6 +13,7 @@ warns and reads it front to back). The pieces are laid out from the tiles by
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -22,16 +23,7 @@ from sqlglot import exp
 
 from .binding import binds_exactly
 from .ordering import same_name
-from .pieces import (
-    COMB_BAND,
-    COMB_STRIPES,
-    CONTIGUOUS_TILES,
-    KeyRanges,
-    Point,
-    layout,
-    paren,
-    search,
-)
+from .pieces import COMB_BAND, COMB_STRIPES, CONTIGUOUS_TILES, KeyRanges, Point, layout, paren, search
 from .query import Query, UserQuery
 from .window_pieces import WindowTile, window_layout
 
@@ -194,7 +186,8 @@ class RangeCutter:
             # tuples shared by several rows, whose order between queries is the engine's:
             # contiguous pieces, which cut no context by tuple
             combed = False
-        marks = [(sum(counts[:i]), low) for i, (low, _) in enumerate(tiles) if i]
+        firsts = itertools.accumulate(counts[:-1], initial=0)
+        marks = [(first, low) for first, (low, _) in zip(firsts, tiles, strict=True) if first]
         if not self._agrees(columns, params, nullable, marks, rows):
             return None
         return layout(tiles, nullable, pieces, COMB_BAND if combed else 1)
