@@ -9,6 +9,7 @@ stripe's context is the next piece's stripe): one query reads the union of their
 from __future__ import annotations
 
 import bisect
+from typing import Any
 
 import duckdb
 import pytest
@@ -20,6 +21,19 @@ from sqlglot import exp
 from ddbloader._sql.piece_tags import TAG_ALIAS, tag_regions, tagged_sql, union_regions
 from ddbloader._sql.pieces import KeyRanges
 from ddbloader._sql.query import UserQuery
+from ddbloader._sql.range_cutter import OrderKey
+
+#: The one ascending ORDER BY term the tagged pieces are cut on.
+_K = OrderKey(exp.column("k"), False, False, "k")
+
+
+def _ranges(pairs: Any) -> KeyRanges:
+    """A tagged piece of ``(low, high)`` values of one ascending, never-NULL term."""
+    return KeyRanges(
+        tuple((None if lo is None else (lo,), None if hi is None else (hi,)) for lo, hi in pairs),
+        (False,),
+        sort=(0, False),
+    )
 
 
 def _pieces(lows: list[int], owners: list[int | None], count: int) -> list[KeyRanges]:
@@ -37,14 +51,14 @@ def _pieces(lows: list[int], owners: list[int | None], count: int) -> list[KeyRa
             ranges[-1][1] = high
         else:
             ranges.append([low, high])
-    return [KeyRanges(tuple((lo, hi) for lo, hi in ranges)) for ranges in pieces if ranges]
+    return [_ranges(ranges) for ranges in pieces if ranges]
 
 
 def _owner(pieces: list[KeyRanges], key: int) -> int | None:
     held = [
         n
         for n, piece in enumerate(pieces)
-        if any((lo is None or key >= lo) and (hi is None or key < hi) for lo, hi in piece.ranges)
+        if any((lo is None or key >= lo[0]) and (hi is None or key < hi[0]) for lo, hi in piece.ranges)
     ]
     assert len(held) <= 1
     return held[0] if held else None
@@ -75,8 +89,8 @@ def test_each_key_is_tagged_with_the_piece_that_holds_it(
 
 
 def test_touching_ranges_of_two_pieces_share_their_point() -> None:
-    first = KeyRanges(((None, 10), (30, 40)))
-    second = KeyRanges(((10, 20), (40, None)))
+    first = _ranges(((None, 10), (30, 40)))
+    second = _ranges(((10, 20), (40, None)))
     assert tag_regions([first, second]) == ((10, 20, 30, 40), (0, 1, None, 0, 1))
 
 
@@ -90,7 +104,7 @@ def test_duckdb_computes_the_tags_the_regions_say(drawn: tuple[list[int], list[i
         return
     points, tags = tag_regions(pieces)
     query = UserQuery("SELECT k, k * 2 AS v FROM range(-60, 61) AS r(k) ORDER BY k", "duckdb")
-    sql = tagged_sql(query, [], exp.column("k"), tags)
+    sql = tagged_sql(query, [], _K, tags)
     with duckdb.connect() as con:
         result = con.execute(sql, list(points))
         assert [d[0] for d in result.description] == ["k", "v", TAG_ALIAS]
@@ -103,12 +117,12 @@ def test_duckdb_computes_the_tags_the_regions_say(drawn: tuple[list[int], list[i
 
 def test_the_tags_keep_a_partition_key_parameter_first() -> None:
     """With partition keys, their values come first and the points after them."""
-    pieces = [KeyRanges(((0, 5), (20, 25))), KeyRanges(((5, 10),))]
+    pieces = [_ranges(((0, 5), (20, 25))), _ranges(((5, 10),))]
     points, tags = tag_regions(pieces)
     query = UserQuery(
         "SELECT g, k FROM range(0, 30) AS r(k), (VALUES (1), (2)) AS s(g) ORDER BY g, k", "duckdb"
     )
-    sql = tagged_sql(query, [exp.column("g")], exp.column("k"), tags)
+    sql = tagged_sql(query, [exp.column("g")], _K, tags)
     with duckdb.connect() as con:
         rows = con.execute(sql, [2, *points]).fetchall()
     assert {g for g, _, _ in rows} == {2}
@@ -140,11 +154,11 @@ def test_duckdb_reads_the_union_of_overlapping_pieces_once_tagged_0(
         bounds: list[int | None] = list(ends[: len(ends) // 2 * 2])
         bounds[0] = None if open_low else bounds[0]
         bounds[-1] = None if open_high else bounds[-1]
-        pieces.append(KeyRanges(tuple(zip(bounds[::2], bounds[1::2], strict=True))))
+        pieces.append(_ranges(zip(bounds[::2], bounds[1::2], strict=True)))
     points, tags = union_regions(pieces)
     assert list(points) == sorted(set(points)) and set(tags) <= {0, None}
     query = UserQuery("SELECT k FROM range(-60, 61) AS r(k) ORDER BY k", "duckdb")
-    sql = tagged_sql(query, [], exp.column("k"), tags)
+    sql = tagged_sql(query, [], _K, tags)
     with duckdb.connect() as con:
         rows = con.execute(sql, list(points)).fetchall()
     want = [key for key in range(-60, 61) if any(_owner([piece], key) is not None for piece in pieces)]

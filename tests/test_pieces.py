@@ -30,89 +30,118 @@ from ddbloader import DDBDataLoader
 from ddbloader._epoch.shard import epoch_units
 from ddbloader._epoch.units import fetch_units
 from ddbloader._epoch.visits import PIECES_PER_QUERY, neighbours
-from ddbloader._sql.pieces import KeyRanges, layout
+from ddbloader._sql.pieces import KeyRanges, Point, layout
+from ddbloader._sql.range_cutter import OrderKey
 
 # --- the layout, pure --------------------------------------------------------------------------
 
 
-def _tiles(keys: list[int], count: int) -> list[tuple[int, int]]:
-    """``(lowest key, rows)`` per non-empty tile, as the ranking query computes them."""
+def _tiles(keys: list[int], count: int) -> list[tuple[Point, int]]:
+    """``(first row's tuple, rows)`` per non-empty tile of one ascending term, as the ranking
+    query computes them."""
     ordered = sorted(keys)
     tiles: dict[int, list[int]] = {}
     for key in ordered:
         rank = ordered.index(key)  # RANK() - 1: equal keys share the first position
         tiles.setdefault(rank * count // len(ordered), []).append(key)
-    return [(min(v), len(v)) for _, v in sorted(tiles.items())]
+    return [((min(v),), len(v)) for _, v in sorted(tiles.items())]
 
 
 def _holds(piece: KeyRanges, key: int | None) -> bool:
-    if key is None or piece.nulls:
-        return key is None and piece.nulls
-    return any((lo is None or key >= lo) and (hi is None or key < hi) for lo, hi in piece.ranges)
+    """Whether one ascending, never-NULL term's ``key`` lies in ``piece``."""
+    if key is None:
+        return False
+    return any((lo is None or (key,) >= lo) and (hi is None or (key,) < hi) for lo, hi in piece.ranges)
 
 
 @settings(max_examples=examples(300), deadline=None)
 @given(
     keys=st.lists(st.integers(0, 40), min_size=1, max_size=200),
-    nulls=st.integers(0, 5),
     pieces=st.integers(1, 12),
     stripes=st.integers(1, 6),
     band=st.sampled_from([1, 2, 3, 64]),
-    descending=st.booleans(),
-    nulls_first=st.booleans(),
 )
 def test_layout_puts_every_row_in_exactly_one_piece_ties_together_in_order(
-    keys: list[int], nulls: int, pieces: int, stripes: int, band: int, descending: bool, nulls_first: bool
+    keys: list[int], pieces: int, stripes: int, band: int
 ) -> None:
     tiles = _tiles(keys, pieces * stripes)
-    cut = layout(tiles, nulls, pieces, band, descending=descending, nulls_first=nulls_first)
-    rows: list[int | None] = [*keys, *([None] * nulls)]
-    owners = {key: [i for i, (piece, _) in enumerate(cut) if _holds(piece, key)] for key in set(rows)}
+    cut = layout(tiles, (False,), pieces, band)
+    owners = {key: [i for i, (piece, _) in enumerate(cut) if _holds(piece, key)] for key in set(keys)}
     assert all(len(found) == 1 for found in owners.values()), owners  # exactly once; ties together
     for index, (piece, planned) in enumerate(cut):
-        assert planned == sum(owners[key] == [index] for key in rows)  # the planned count is exact
+        assert planned == sum(owners[key] == [index] for key in keys)  # the planned count is exact
         assert planned > 0
-        assert piece.nulls == (not piece.ranges)
-        assert list(piece.ranges) == sorted(piece.ranges, key=lambda r: -1 if r[0] is None else r[0])
-    assert len([p for p, _ in cut if not p.nulls]) <= pieces
-    if nulls:
-        assert cut[0 if nulls_first else -1][0].nulls
+        assert list(piece.ranges) == sorted(piece.ranges, key=lambda r: (-1,) if r[0] is None else r[0])
+    assert len(cut) <= pieces
     if band == 1 or pieces == 1:  # contiguous: the pieces in plan order are the rows in the query's order
-        order = sorted(keys, reverse=descending)
-        served = [
-            key
-            for piece, _ in cut
-            if not piece.nulls
-            for key in sorted((k for k in keys if _holds(piece, k)), reverse=descending)
-        ]
-        assert served == order
+        served = [key for piece, _ in cut for key in sorted(k for k in keys if _holds(piece, k))]
+        assert served == sorted(keys)
         assert all(len(piece.ranges) <= 1 for piece, _ in cut)
+
+
+#: Every pair of ``a`` and ``b`` in 0..3 or NULL, twice: rows the ORDER BY ties.
+_PAIRS = (
+    "SELECT a, b FROM (SELECT UNNEST([0, 1, 2, 3, NULL]) AS a), (SELECT UNNEST([0, 1, 2, 3, NULL]) AS b), "
+    "range(2)"
+)
 
 
 @settings(max_examples=examples(150), deadline=None)
 @given(
-    ends=st.lists(st.integers(-50, 50), min_size=2, max_size=16, unique=True),
+    cuts=st.lists(st.integers(0, 50), min_size=1, max_size=8, unique=True),
+    directions=st.tuples(st.booleans(), st.booleans()),
+    nulls_first=st.tuples(st.booleans(), st.booleans()),
     open_low=st.booleans(),
     open_high=st.booleans(),
+    without_nulls=st.booleans(),
 )
-def test_the_predicate_holds_exactly_the_ranges(ends: list[int], open_low: bool, open_high: bool) -> None:
-    points = sorted(ends)[: len(ends) // 2 * 2]
-    ranges = [[points[i], points[i + 1]] for i in range(0, len(points), 2)]
-    ranges[0][0] = None if open_low else ranges[0][0]
-    ranges[-1][1] = None if open_high else ranges[-1][1]
-    piece = KeyRanges(tuple((lo, hi) for lo, hi in ranges), band=0)
-    sql = exp.select("k").from_("v").where(piece.predicate(exp.column("k"), 1)).sql(dialect="duckdb")
+def test_the_predicate_holds_exactly_the_rows_the_engine_orders_into_the_ranges(
+    cuts: list[int],
+    directions: tuple[bool, bool],
+    nulls_first: tuple[bool, bool],
+    open_low: bool,
+    open_high: bool,
+    without_nulls: bool,
+) -> None:
+    """Ranges over the whole ORDER BY tuple ``(a, b)``, each term with its own direction and NULL
+    placement: a piece's predicate holds exactly the rows between its ends in DuckDB's ORDER BY
+    of the tuple (ties, which share their tuple, together)."""
+    terms = [
+        OrderKey(exp.column(name), desc, first, name)
+        for name, desc, first in zip("ab", directions, nulls_first, strict=True)
+    ]
+    order = ", ".join(
+        f"{t.text} {'DESC' if t.descending else 'ASC'} NULLS {'FIRST' if t.nulls_first else 'LAST'}"
+        for t in terms
+    )
     with duckdb.connect() as con:
-        con.execute(
-            "CREATE TABLE v AS SELECT * FROM (SELECT range AS k FROM range(-60, 61) UNION ALL SELECT NULL)"
-        )
-        held = sorted(row[0] for row in con.execute(sql, list(piece.bounds())).fetchall())
-    assert held == [k for k in range(-60, 61) if _holds(piece, k)]
+        where = " WHERE a IS NOT NULL AND b IS NOT NULL" if without_nulls else ""
+        con.execute(f"CREATE TABLE v AS SELECT * FROM ({_PAIRS}){where}")
+        ordered = con.execute(
+            f"SELECT a, b, RANK() OVER (ORDER BY {order}) - 1 FROM v ORDER BY {order}"
+        ).fetchall()
+        starts = sorted({ordered[c % len(ordered)][2] for c in cuts})  # cut where a tie starts
+        ends = [(start, tuple(ordered[start][:2])) for start in starts]
+        if len(ends) % 2:
+            ends = ends[:-1] if len(ends) > 1 else [*ends, (len(ordered), None)]
+        ranges = [[ends[i], ends[i + 1]] for i in range(0, len(ends), 2)]
+        if open_low:
+            ranges[0][0] = (0, None)
+        if open_high:
+            ranges[-1][1] = (len(ordered), None)
+        ranges = [r for r in ranges if r[0][0] < r[1][0]]
+        if not ranges:
+            return
+        piece = KeyRanges(tuple((lo[1], hi[1]) for lo, hi in ranges), (not without_nulls, not without_nulls))
+        sql = exp.select("a", "b").from_("v").where(piece.predicate(terms, 1)).sql(dialect="duckdb")
+        held = sorted(con.execute(sql, list(piece.bounds())).fetchall(), key=repr)
+    expected = [tuple(row[:2]) for lo, hi in ranges for row in ordered[lo[0] : hi[0]]]
+    assert held == sorted(expected, key=repr)
 
 
 def test_combed_pieces_spread_over_their_band() -> None:
-    tiles = [(k * 10, 10) for k in range(64)]  # 640 distinct keys, 16 tiles per piece
-    cut = layout(tiles, 0, 4, 64, descending=False, nulls_first=False)
+    tiles = [((k * 10,), 10) for k in range(64)]  # 640 distinct keys, 16 tiles per piece
+    cut = layout(tiles, (False,), 4, 64)
     assert [rows for _, rows in cut] == [160] * 4
     for piece, _ in cut:
         assert len(piece.ranges) == 16  # one stripe every 4 tiles, over the whole key range
@@ -121,10 +150,10 @@ def test_combed_pieces_spread_over_their_band() -> None:
 
 
 def test_a_tie_larger_than_a_piece_stays_whole() -> None:
-    tiles = [(0, 5), (1, 100), (2, 5)]
-    cut = layout(tiles, 0, 4, 1, descending=False, nulls_first=False)
+    tiles = [((0,), 5), ((1,), 100), ((2,), 5)]
+    cut = layout(tiles, (False,), 4, 1)
     assert sum(rows for _, rows in cut) == 110
-    assert any(rows >= 100 and any(lo == 1 or (lo is None) for lo, _ in p.ranges) for p, rows in cut)
+    assert any(rows >= 100 and any(lo == (1,) or (lo is None) for lo, _ in p.ranges) for p, rows in cut)
 
 
 # --- against the engines -----------------------------------------------------------------------
@@ -181,7 +210,8 @@ def test_windows_across_range_pieces_are_the_whole_querys_each_once(engine: Tabl
         partitions = loader.plan.groups[0].partitions
         got = list(loader)
     assert len(partitions) > 5 and all(p.ranges is not None for p in partitions)
-    assert sum(p.ranges.nulls for p in partitions if p.ranges) == 1  # type: ignore[union-attr]
+    # the whole tuple (k, id) is distinct, NULLs of k and all: the pieces are combed
+    assert any(len(p.ranges.ranges) > 1 for p in partitions if p.ranges)
     whole = [int(i) for i in engine.run(f"SELECT id FROM ({sql}) AS q")]
     position = {row: n for n, row in enumerate(whole)}
     firsts = []
@@ -213,9 +243,6 @@ def test_rows_of_combed_pieces_are_the_whole_querys_each_once(engine: TableEngin
 READER_ORDERS = [
     ("id, k, f, y, u", "u", "u"),
     ("id, k, f, y, u", "u DESC", "u"),
-    ("id, k, f, y, u", "k", "k"),
-    ("id, k, f, y, u", "k DESC", "k"),
-    ("id, k, f, y, u", "k DESC NULLS FIRST", "k"),
     ("-u AS u, id, k, f, y", "u", "u"),
     ("id, k, f, y, -u AS u", "u DESC", "u"),
     ("-u AS nu, id, k, f, y", "1", "nu"),
@@ -229,9 +256,8 @@ READER_ORDERS = [
 def test_combed_pieces_the_reader_orders_hold_the_querys_rows_in_order(
     engine: TableEngine, select: str, order: str, column: str
 ) -> None:
-    """A single integer ORDER BY term: the combed pieces' queries have no ORDER BY, and the reader
-    puts their rows in the query's order, here from storage out of that order (``u``) and over
-    ties and NULLs (``k``, whose ties an ORDER BY leaves in any order: only the keys compared)."""
+    """A single integer ORDER BY term never NULL: the combed pieces' queries have no ORDER BY, and
+    the reader puts their rows in the query's order, here from storage out of that order."""
     sql = f"SELECT {select} FROM t ORDER BY {order}"
     if engine.name != "postgres" and column == "nu" and "Nu" in select:
         column = "Nu"  # DuckDB and SQLite keep an unquoted alias's case; PostgreSQL folds it
@@ -244,21 +270,25 @@ def test_combed_pieces_the_reader_orders_hold_the_querys_rows_in_order(
         pieces = [(p, p.ranges.in_order(cursor.fetch(p.sql, p.params))) for p in partitions if p.ranges]
         cursor.close()
     assert got == list(range(ROWS))
-    # read whole and keyed (a tie larger than fetch_bytes is read in parts, in the engine's order)
-    keyed = [(p, table) for p, table in pieces if p.ranges and not p.ranges.nulls and p.pieces == 1]
+    keyed = [(p, table) for p, table in pieces if p.ranges and p.pieces == 1]
     assert len(keyed) > 5 and all(p.ranges and p.ranges.sort is not None for p, _ in keyed)
-    # a piece read in parts (here the 150-row tie of k) is cut by position: the engine orders it
-    assert all(p.ranges and p.ranges.sort is None for p, _ in pieces if p.pieces > 1)
-    assert column != "k" or any(p.pieces > 1 for p, _ in pieces)
     assert all("ORDER BY" not in p.sql.upper() for p, _ in keyed)
-    whole_keys = engine.run(f'SELECT "{column}" FROM ({sql}) AS q')
-    whole_ids = engine.run(f"SELECT id FROM ({sql}) AS q")
-    for p, table in keyed:
-        assert p.ranges is not None
-        held = [n for n, v in enumerate(whole_keys) if v is not None and _holds(p.ranges, int(v))]
-        assert [int(v) for v in table.column(column).to_pylist()] == [int(whole_keys[n]) for n in held]
-        if column != "k":  # unique: the very rows of the query run whole, in its order
-            assert [int(v) for v in table.column("id").to_pylist()] == [int(whole_ids[n]) for n in held]
+    whole_ids = [int(v) for v in engine.run(f"SELECT id FROM ({sql}) AS q")]
+    for _, table in keyed:  # the very rows of the query run whole, in its order
+        ids = [int(v) for v in table.column("id").to_pylist()]
+        assert ids == [i for i in whole_ids if i in set(ids)]
+
+
+@pytest.mark.parametrize("order", ["k", "k DESC NULLS FIRST"])
+def test_a_key_holding_null_is_ordered_by_the_engine(engine: TableEngine, order: str) -> None:
+    """``k`` holds NULLs and ties: its pieces keep the engine's ORDER BY, and every row comes once."""
+    sql = f"SELECT id, k, f, y FROM t ORDER BY {order}"
+    options: dict[str, Any] = {"input_col": ["f"], "batch_size": 64, "shuffle": True, "seed": 2}
+    with DDBDataLoader(engine.source, sql, "y", fetch_bytes=FETCH_BYTES, **options) as loader:
+        ranged = [p for p in loader.plan.groups[0].partitions if p.ranges]
+        got = sorted(int(v) for x, _ in loader for v in x[:, 0].tolist())
+    assert got == list(range(ROWS))
+    assert len(ranged) > 5 and all(p.ranges and p.ranges.sort is None and "ORDER BY" in p.sql for p in ranged)
 
 
 @pytest.mark.parametrize("order", ["k, id", "f", "CAST(id AS TEXT)", "id + 0", "-id"])
@@ -288,7 +318,7 @@ def test_an_unquoted_order_by_name_folds_as_the_engine_folds_it(engine: TableEng
     assert sorted(position[w[0]] for w in windows) == list(range(ROWS - 3))
     assert all(w == whole[position[w[0]] : position[w[0]] + 3] for w in windows)
     with DDBDataLoader(engine.source, sql, "y", fetch_bytes=FETCH_BYTES, **options) as loader:
-        sorts = {p.ranges.sort for p in loader.plan.groups[0].partitions if p.ranges and not p.ranges.nulls}
+        sorts = {p.ranges.sort for p in loader.plan.groups[0].partitions if p.ranges}
     assert sorts == {(5, False)}  # the column u, the sixth
 
 
@@ -438,18 +468,19 @@ def test_tagged_pieces_resume_exactly_and_shard_each_sample_once(con: duckdb.Duc
 
 def test_in_order_sorts_stably_and_leaves_sorted_rows_alone() -> None:
     table = pa.table({"k": [3, 1, 2, 1, 3], "v": [0, 1, 2, 3, 4]})
-    ascending = KeyRanges(((None, None),), sort=(0, False)).in_order(table)
+    ascending = KeyRanges(((None, None),), (False,), sort=(0, False)).in_order(table)
     assert ascending.column("v").to_pylist() == [1, 3, 2, 0, 4]  # ties in their arrival order
-    descending = KeyRanges(((None, None),), sort=(0, True)).in_order(table)
+    descending = KeyRanges(((None, None),), (False,), sort=(0, True)).in_order(table)
     assert descending.column("v").to_pylist() == [0, 4, 2, 1, 3]
-    assert KeyRanges(((None, None),), sort=(0, False)).in_order(ascending) is ascending
-    assert KeyRanges(((None, None),)).in_order(table) is table
+    assert KeyRanges(((None, None),), (False,), sort=(0, False)).in_order(ascending) is ascending
+    assert KeyRanges(((None, None),), (False,)).in_order(table) is table
 
 
 @pytest.mark.parametrize(
     ("sql", "window", "combed"),
     [
-        ("SELECT id, k, f, y FROM t ORDER BY k, id", 3, False),  # ties and NULLs: contiguous
+        ("SELECT id, k, f, y FROM t ORDER BY k", 3, False),  # ties: contiguous
+        ("SELECT id, k, f, y FROM t ORDER BY k, id", 3, True),  # a distinct tuple, NULLs and all: combed
         ("SELECT id, u, f, y FROM t ORDER BY u DESC", [3, 2], True),  # a distinct key: combed windows
     ],
 )

@@ -96,12 +96,10 @@ def combed_group(index: int, rows: int, pieces: int, geometry: WindowGeometry) -
     edge, count = geometry.span - 1, pieces * 4
     firsts = [r for r in range(rows) if r == 0 or r * count // rows != (r - 1) * count // rows]
     tiles = [
-        WindowTile(
-            low, high - low, low + edge if low + edge < rows else None, low - edge if low >= edge else None
-        )
+        WindowTile((low,), high - low, (low + edge if low + edge < rows else 0,))
         for low, high in itertools.pairwise([*firsts, rows])
     ]
-    cut = window_layout(tiles, pieces, 64, geometry.span, geometry.stride, descending=False)
+    cut = window_layout(tiles, (False,), pieces, 64, geometry.span, geometry.stride)
     specs = tuple(
         PartitionSpec(index, position, index, 0, "", (), size, ranges=ranges)
         for position, (ranges, size) in enumerate(cut)

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 import duckdb
+import numpy as np
 import pytest
 from conftest import FaultyBackend, series_loader
 
@@ -236,3 +237,39 @@ def test_mixing_of_a_uniform_shuffle_is_near_zero(con: duckdb.DuckDBPyConnection
         list(loader)
         assert abs(loader.stats().rank_correlation) < 0.05
         assert loader.stats().partitions_per_batch == 1
+
+
+def _served_correlation(positions: list[int]) -> float:
+    """Spearman's correlation between each sample's place in the epoch and its row's position."""
+    ranks = np.argsort(np.argsort(np.array(positions), kind="stable"))
+    return float(np.corrcoef(np.arange(len(positions)), ranks)[0, 1])
+
+
+@pytest.mark.parametrize(
+    ("order", "fetch_bytes"),
+    [
+        ("day, ts", 16 * 2000),  # combed range pieces, cut by the whole tuple
+        ("day DESC, ts", 16 * 2000),
+        ("ts", 16 * 20_000),  # combed pieces read in parts
+        ("ts", 16 * 500),  # several bands
+    ],
+)
+def test_the_rank_correlation_is_the_served_orders(
+    con: duckdb.DuckDBPyConnection, order: str, fetch_bytes: int
+) -> None:
+    """``stats()`` places each sample at the row the pieces as read serve it from: its figure is
+    the one computed from the ids the epoch served, not a model of where a piece's rows lie."""
+    rows = 40_000
+    con.execute(
+        f"CREATE TABLE days AS SELECT i AS id, i // 4000 AS day, i AS ts, i * 1.0 AS x, i * 1.0 AS y "
+        f"FROM range({rows}) r(i)"
+    )
+    sql = f"SELECT id, day, ts, x, y FROM days ORDER BY {order}"
+    whole = [int(v) for (v,) in con.execute(f"SELECT id FROM ({sql}) AS q").fetchall()]
+    position = {row: n for n, row in enumerate(whole)}
+    options: dict[str, Any] = {"input_col": ["x"], "batch_size": 128, "shuffle": True, "seed": 5}
+    with DDBDataLoader(con, sql, "y", fetch_bytes=fetch_bytes, **options) as loader:
+        served = [position[int(v)] for x, _ in loader for v in x[:, 0].tolist()]
+        mixing = loader.stats().rank_correlation
+    assert sorted(served) == list(range(rows))
+    assert mixing == pytest.approx(_served_correlation(served), abs=1e-6)

@@ -7,6 +7,7 @@ fault tests, raises after some of them): the wrapper changes nothing else on the
 from __future__ import annotations
 
 import contextlib
+import sqlite3
 import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -23,7 +24,7 @@ from ddbloader._io.retry import RetryPolicy
 from ddbloader._io.streams import read_batches
 from ddbloader._io.threads import Stopped
 from ddbloader._sql.plan import MIN_PIECE_ROWS, PartitionSpec, QueryPlan
-from ddbloader.backends import DuckDBBackend
+from ddbloader.backends import DBAPIBackend, DuckDBBackend
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -208,3 +209,78 @@ def test_a_streamed_subquery_whose_rows_changed_after_planning_is_refused_by_nam
             ValueError, match=rf"piece \d+ of 10\) of subquery .* {found}.* build the loader again"
         ):
             list(loader)
+
+
+class _FailingCursor:
+    """A real sqlite3 cursor that, once :attr:`armed`, raises on its second ``fetchmany`` (the
+    reader paused mid-result) or on ``fetchall``: a fault injected into a real read."""
+
+    armed = False
+
+    def __init__(self, cursor: sqlite3.Cursor) -> None:
+        self._cursor = cursor
+        self._fetches = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._cursor, name)
+
+    def fetchmany(self, size: int) -> list[Any]:
+        self._fetches += 1
+        if self.armed and self._fetches == 2:
+            raise sqlite3.OperationalError("injected: disk I/O error")
+        return self._cursor.fetchmany(size)
+
+    def fetchall(self) -> list[Any]:
+        if self.armed:
+            raise sqlite3.OperationalError("injected: disk I/O error")
+        return self._cursor.fetchall()
+
+
+class _FailingConnection:
+    def __init__(self, path: str) -> None:
+        self._connection = sqlite3.connect(path)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._connection, name)
+
+    def cursor(self) -> _FailingCursor:
+        return _FailingCursor(self._connection.cursor())
+
+
+_FailingConnection.__module__ = "sqlite3"  # the DB-API backend reads the driver from the module
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+@pytest.mark.parametrize("fault", ["rows added after planning", "a driver error mid-read"])
+def test_a_db_api_stream_error_reaches_the_loop_only_and_no_thread_dies_with_it(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch, fault: str, shuffle: bool
+) -> None:
+    path = str(tmp_path / "series.db")
+    with contextlib.closing(sqlite3.connect(path)) as writer:
+        writer.execute("CREATE TABLE t (id INTEGER, x DOUBLE, y DOUBLE)")
+        writer.executemany("INSERT INTO t VALUES (?, ?, ?)", [(i, i, 2 * i) for i in range(ROWS)])
+        writer.commit()
+    died: list[threading.ExceptHookArgs] = []
+    monkeypatch.setattr(threading, "excepthook", died.append)
+    added = fault == "rows added after planning"
+    factory = (lambda: sqlite3.connect(path)) if added else (lambda: _FailingConnection(path))
+    with DDBDataLoader(
+        DBAPIBackend(factory),
+        "SELECT * FROM t ORDER BY id",
+        "y",
+        input_col=["x"],
+        fetch_bytes=FETCH_BYTES,
+        batch_size=100,
+        shuffle=shuffle,
+        seed=1,
+    ) as loader:
+        monkeypatch.setattr(_FailingCursor, "armed", True)
+        if added:  # the reader is paused mid-result when the stream finds too many rows
+            with contextlib.closing(sqlite3.connect(path)) as writer:
+                writer.executemany("INSERT INTO t VALUES (?, ?, ?)", [(i, 0, 0) for i in range(7, 107)])
+                writer.commit()
+        expected = (ValueError, "data changed") if added else (sqlite3.OperationalError, "disk I/O error")
+        with pytest.raises(expected[0], match=expected[1]):
+            list(loader)
+    assert wait_until(lambda: not any(n.startswith("ddbloader-stream") for n in live_threads()))
+    assert died == []

@@ -17,9 +17,9 @@ Two figures:
 * ``rank_correlation``: Spearman's correlation between a sample's position in the epoch and its
   first row's position in the query's order (groups in plan order), over at most
   :data:`CORRELATION_SAMPLES` samples spread evenly over the epoch. Near 0: no trace of row
-  order; near +1 (or -1): the epoch walks the rows front to back (or back to front). A combed
-  range piece (see :mod:`ddbloader._sql.pieces`) spreads its rows over its band, so its rows are
-  placed there by their rank within the piece: an approximation of their exact positions.
+  order; near +1 (or -1): the epoch walks the rows front to back (or back to front). A range
+  piece's rows are placed where the planning query ranked them (its runs: see
+  :mod:`ddbloader._sql.pieces`), so the figure is the served order's, not a model of it.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ import numpy as np
 from .._core.config import LoaderConfig
 from .._core.errors import warn_caller
 from .._epoch.schedule import BatchSchedule
-from .._sql.plan import GroupPlan, QueryPlan, WorkUnit
+from .._sql.plan import QueryPlan, WorkUnit
 
 __all__ = [
     "CORRELATION_SAMPLES",
@@ -120,44 +120,38 @@ class _Positions:
     """Where each partition's rows lie in the query's order, over the plan's groups laid end to end
     (a sample's group and first row become one coordinate: one lookup for a whole batch).
 
-    One entry per partition, or per stripe of a combed piece of windows (its windows start at
-    their own rows of the series, whose coordinates are their positions)."""
+    One entry per partition, or per run of a range piece (its rows as the planning query ranked
+    them: :attr:`~ddbloader._sql.pieces.KeyRanges.runs`, or a combed piece of windows' stripes),
+    so a sample is placed at the row the pieces as read serve it from."""
 
     def __init__(self, plan: QueryPlan) -> None:
         groups = plan.groups
-        counts = np.fromiter((len(g.partitions) for g in groups), np.int64, len(groups))
-        sizes = np.fromiter((p.rows for g in groups for p in g.partitions), np.float64, int(counts.sum()))
         group_rows = np.fromiter((float(g.rows) for g in groups), np.float64, len(groups))
         self._firsts = np.cumsum(group_rows) - group_rows
-        ends = np.concatenate([[0.0], np.cumsum(sizes)])
-        first_partitions = np.cumsum(counts) - counts  # (a plan of no groups: empty, not [0])
-        # each partition's first row within its group, moved to where its group begins
-        starts = ends[:-1] - np.repeat(ends[first_partitions], counts) + np.repeat(self._firsts, counts)
-        bases = starts.copy()
-        scales = np.ones(len(sizes))
-        kept = np.ones(len(sizes), bool)
-        stripes: list[tuple[float, int]] = []
-        for group, first, group_first in zip(groups, first_partitions.tolist(), self._firsts, strict=True):
-            members = slice(first, first + len(group.partitions))
-            if group.combed_windows:
-                kept[members] = False
-                stripes += [
-                    (group_first + low, first + position)
-                    for position, p in enumerate(group.partitions)
-                    if p.windows is not None
-                    for low, _ in p.windows.starts
-                ]
-            elif any(p.ranges is not None and p.ranges.band is not None for p in group.partitions):
-                _comb(group, members, starts, bases, scales)
-        stripe_starts = np.array([at for at, _ in stripes], np.float64)
-        entries = np.concatenate([starts[kept], stripe_starts])
-        order = np.argsort(entries, kind="stable")
-        self._starts = entries[order]
-        self._partitions = np.concatenate(
-            [np.flatnonzero(kept), np.array([at for _, at in stripes], np.int64)]
-        ).astype(np.int64)[order]
-        self._bases = np.concatenate([bases[kept], stripe_starts])[order]
-        self._scales = np.concatenate([scales[kept], np.ones(len(stripes))])[order]
+        starts: list[float] = []  # an entry's first row in the group's partitions laid end to end
+        bases: list[float] = []  # the position in the query's order of that row
+        partitions: list[int] = []
+        index = 0
+        for group, group_first in zip(groups, self._firsts.tolist(), strict=True):
+            at = 0  # the partition's first row among its group's partitions
+            subquery = 0  # where the partition's subquery begins in the group, in the query's order
+            previous: Any = None
+            for p in group.partitions:
+                if not (p.ranges is not None and p.ranges.runs and _same_subquery(p, previous)):
+                    subquery = at
+                previous = p
+                # a combed series' samples are numbered by their rows of the series
+                origin = 0 if group.combed_windows else at
+                for offset, first in _runs(p, group.combed_windows):
+                    starts.append(group_first + origin + offset)
+                    bases.append(group_first + (0 if group.combed_windows else subquery) + first)
+                    partitions.append(index)
+                at += p.rows
+                index += 1
+        order = np.argsort(np.array(starts, np.float64), kind="stable")
+        self._starts = np.array(starts, np.float64)[order]
+        self._bases = np.array(bases, np.float64)[order]
+        self._partitions = np.array(partitions, np.int64)[order]
 
     def of(
         self, groups: np.ndarray[Any, Any], rows: np.ndarray[Any, Any]
@@ -167,42 +161,35 @@ class _Positions:
         at = self._firsts[groups] + rows
         # side="right": a partition of no rows starts where the next one does, and holds none
         entry = np.searchsorted(self._starts, at, side="right") - 1
-        position = self._bases[entry] + (at - self._starts[entry]) * self._scales[entry]
+        position = self._bases[entry] + (at - self._starts[entry])
         return self._partitions[entry], position
 
 
-def _comb(
-    group: GroupPlan,
-    members: slice,
-    starts: np.ndarray[Any, Any],
-    bases: np.ndarray[Any, Any],
-    scales: np.ndarray[Any, Any],
-) -> None:
-    """Place ``group``'s combed pieces (its partitions are ``members`` of the plan's arrays): each
-    begins where its band does in the query's order, its consecutive rows its band's rows over its
-    own apart."""
-    partitions = group.partitions
-    sizes = [float(p.rows) for p in partitions]
-    offset = members.start
-    position = 0
-    while position < len(partitions):
-        ranges = partitions[position].ranges
-        end = position + 1
-        if ranges is not None and ranges.band is not None:
-            while end < len(partitions) and _same_band(partitions[end], partitions[position]):
-                end += 1
-            band_rows = sum(sizes[position:end])
-            for member in range(position, end):
-                bases[offset + member] = starts[offset + position]
-                scales[offset + member] = band_rows / max(sizes[member], 1.0)
-        position = end
+def _runs(partition: Any, combed_windows: bool) -> list[tuple[int, int]]:
+    """``(row within the partition, row within its subquery)`` where each run of ``partition``:
+    one for a partition read as it lies; a range piece's runs (a part of a piece read in parts:
+    the runs it holds), or a combed piece of windows' stripes (where its windows start)."""
+    ranges = partition.ranges
+    if combed_windows and partition.windows is not None:
+        return [(low, low) for low, _ in partition.windows.starts]
+    if ranges is None or not ranges.runs:
+        return [(0, 0)]
+    found = []
+    offset = 0  # the run's first row within the piece
+    begin, end = partition.first_row, partition.first_row + partition.rows
+    for first, rows in ranges.runs:
+        low, high = max(offset, begin), min(offset + rows, end)
+        if low < high:
+            found.append((low - begin, first + low - offset))
+        offset += rows
+    return found
 
 
-def _same_band(a: Any, b: Any) -> bool:
+def _same_subquery(a: Any, b: Any) -> bool:
     return bool(
-        a.ranges is not None
+        b is not None
+        and a.ranges is not None
         and b.ranges is not None
-        and a.ranges.band == b.ranges.band
         and repr(a.repartition_value) == repr(b.repartition_value)
     )
 

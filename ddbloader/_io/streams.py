@@ -27,6 +27,7 @@ cursor from the first piece not yet delivered.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -121,9 +122,13 @@ class _Rows:
         return taken
 
     def close(self) -> None:
+        """End the reader (the engine's cursor stays open: close this before dropping it, whose
+        connection the reader's own cleanup may still use). A failure while closing is not
+        raised: the rows were delivered, or the error that ended the read is the one to report."""
         close = getattr(self._tables, "close", None)
         if callable(close):
-            close()
+            with contextlib.suppress(Exception):
+                close()
 
 
 class _Done(Exception):
@@ -261,6 +266,8 @@ class _Stream:
             self.cancel()
             return True
         except BaseException as error:  # every failure must reach the consumer, whatever its type
+            if rows is not None:  # before the retry drops the cursor its reader may still use
+                rows.close()
             if self._retry_after(error, attempt, spec):
                 return False
             failure = ThreadFailure(error, f"streaming {spec.describe()}")

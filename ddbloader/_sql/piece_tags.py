@@ -21,20 +21,20 @@ client splits it by the pieces' runs (:func:`ddbloader._io.unit_split.windowed_r
 DuckDB, one thread, the 9 pieces of a 2M-row series read two to a query cost 0.7 of their
 CPU read one by one.
 
-Only pieces the reader orders (:attr:`~ddbloader._sql.pieces.KeyRanges.sort`: the order key is
-one integer, date or timestamp column, never NULL in a ranged piece) are tagged: their ranges
+Only pieces the reader orders (:attr:`~ddbloader._sql.pieces.KeyRanges.sort`: the ORDER BY is
+one ascending integer, date or timestamp column, never NULL in the subquery) are tagged: their ranges
 are merged by comparing the bounds in Python, whose order is then the engine's, and the query
 needs no ORDER BY (each piece's rows are put in order after the split, as when read alone).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from sqlglot import exp
 
-from .pieces import KeyRanges, paren
+from .pieces import KeyRanges, Point, Term, compare, paren, search
 from .rewrites import WrappedQuery
 
 __all__ = ["TAG_ALIAS", "TagRegions", "tag_regions", "tagged_sql", "union_regions"]
@@ -56,8 +56,8 @@ def tag_regions(pieces: Sequence[KeyRanges]) -> TagRegions:
     their point; no region is tagged twice, and the points increase strictly.
     """
     spans = sorted(
-        ((low, high, tag) for tag, piece in enumerate(pieces) for low, high in piece.ranges),
-        key=lambda span: (span[0] is not None, span[0]),
+        ((_value(low), _value(high), tag) for tag, piece in enumerate(pieces) for low, high in piece.ranges),
+        key=lambda span: (span[0] is not None, _Directed(span[0], _descending(pieces))),
     )
     points: list[Any] = []
     tags: list[int | None] = [None]
@@ -83,27 +83,66 @@ def union_regions(pieces: Sequence[KeyRanges]) -> TagRegions:
     pieces' runs (:func:`ddbloader._io.unit_split.windowed_rows`), not by a tag. Requires
     bounds that Python orders as the engine does, as :func:`tag_regions` does.
     """
+    descending = _descending(pieces)
     merged: list[list[Any]] = []
     spans = sorted(
-        (list(span) for piece in pieces for span in piece.ranges),
-        key=lambda span: (span[0] is not None, span[0]),
+        ([_value(low), _value(high)] for piece in pieces for low, high in piece.ranges),
+        key=lambda span: (span[0] is not None, _Directed(span[0], descending)),
     )
     for low, high in spans:
         last = merged[-1] if merged else None
-        if last is not None and (last[1] is None or low is None or low <= last[1]):
-            last[1] = None if high is None or last[1] is None else max(last[1], high)
+        if last is not None and (last[1] is None or low is None or _Directed(low, descending) <= last[1]):
+            later = high is not None and last[1] is not None and _Directed(last[1], descending) < high
+            last[1] = None if high is None or last[1] is None else (high if later else last[1])
         else:
             merged.append([low, high])
-    return tag_regions([KeyRanges(tuple((low, high) for low, high in merged))])
+    ranges = tuple((_point(low), _point(high)) for low, high in merged)
+    return tag_regions([KeyRanges(ranges, (False,), sort=pieces[0].sort)])
+
+
+class _Directed:
+    """A bound value ordered as the query orders its key (reversed for DESC)."""
+
+    def __init__(self, value: Any, descending: bool) -> None:
+        self.value = value
+        self.descending = descending
+
+    def __lt__(self, other: Any) -> bool:
+        value = other.value if isinstance(other, _Directed) else other
+        if self.value is None or value is None:  # unbounded: sorted apart, by the key's first part
+            return False
+        return bool(self.value > value) if self.descending else bool(self.value < value)
+
+    def __le__(self, other: Any) -> bool:
+        value = other.value if isinstance(other, _Directed) else other
+        return bool(self.value >= value) if self.descending else bool(self.value <= value)
+
+
+def _descending(pieces: Sequence[KeyRanges]) -> bool:
+    sort = pieces[0].sort
+    return sort is not None and sort[1]
+
+
+def _value(point: Point | None) -> Any:
+    """The one value of a tagged piece's bound (its ORDER BY is one term, never NULL)."""
+    if point is None:
+        return None
+    (value,) = point
+    return value
+
+
+def _point(value: Any) -> Point | None:
+    return None if value is None else (value,)
 
 
 def tagged_sql(
-    query: WrappedQuery, columns: Sequence[exp.Expr], key: exp.Expr, tags: Sequence[int | None]
+    query: WrappedQuery, columns: Sequence[exp.Expr], term: Term, tags: Sequence[int | None]
 ) -> str:
     """The query of the pieces whose regions are ``tags`` (see :func:`tag_regions`), each row
     tagged with its piece's index as :data:`TAG_ALIAS`, the last column (after the row hash of a
-    query that carries one); its parameters the ``columns``' values, then
-    the points. Without an ORDER BY: the reader orders each piece's rows.
+    query that carries one); its parameters the ``columns``' values, then the points. ``term``:
+    the one ORDER BY term the pieces are cut on, never NULL. Without an ORDER BY: the reader
+    orders each piece's rows.
 
     The SQL depends on ``tags`` and the number of ``columns`` only, not on the bounds' values.
     """
@@ -112,41 +151,34 @@ def tagged_sql(
     start, stop = 0, len(tags) - 1
     # the enclosing range's ends are the first and the last point (each parameter is used: an
     # engine may refuse one that is not)
-    if tags[0] is None:  # bounded below: the region below the first point holds no piece
-        sides.append(exp.GTE(this=paren(key), expression=_parameter(first)))
+    if tags[0] is None:  # bounded below: the region before the first point holds no piece
+        sides.append(compare([term], (False,), _BOUND, first, after=True))
         start = 1
     if tags[-1] is None:
-        sides.append(exp.LT(this=paren(key), expression=_parameter(first + len(tags) - 2)))
+        sides.append(compare([term], (False,), _BOUND, first + len(tags) - 2, after=False))
         stop -= 1
     if not sides:
-        sides.append(exp.Not(this=exp.Is(this=paren(key), expression=exp.Null())))
-    tree = _search(key, first, tags, start, stop)
+        sides.append(exp.Not(this=exp.Is(this=paren(term.expression), expression=exp.Null())))
+    points = [_BOUND] * (len(tags) - 1)
+    tree = search([term], (False,), points, first, _leaf(tags), start, stop)
     sides.append(exp.Not(this=exp.Is(this=exp.Paren(this=tree.copy()), expression=exp.Null())))
     select = query.filtered_where(columns, exp.and_(*sides), ordered=False)
     assert isinstance(select, exp.Select)
     # regions of one piece (a union, see union_regions): every row's tag is 0, found again for
     # nothing in the select
     tag = exp.Literal.number(0) if set(tags) <= {0, None} else tree
+    # a signed type the client can mark a missing tag in (ClickHouse types the CASE UInt8)
+    tag = exp.cast(tag, exp.DataType.build("bigint"))
     return query.render(select.select(tag.as_(TAG_ALIAS), copy=False))
 
 
-def _search(key: exp.Expr, first: int, tags: Sequence[int | None], start: int, stop: int) -> exp.Expr:
-    """The tag of ``key``'s region, known to lie in ``[start, stop]``: a balanced tree of CASEs
-    over the points (parameters ``first`` on)."""
-    if start == stop:
-        tag = tags[start]
+#: A point of one non-NULL value: its comparisons bind the value as a parameter.
+_BOUND: Point = (0,)
+
+
+def _leaf(tags: Sequence[int | None]) -> Callable[[int], exp.Expr]:
+    def leaf(region: int) -> exp.Expr:
+        tag = tags[region]
         return exp.Null() if tag is None else exp.Literal.number(tag)
-    middle = (start + stop + 1) // 2  # region >= middle exactly when key >= point middle - 1
-    return exp.Case(
-        ifs=[
-            exp.If(
-                this=exp.LT(this=paren(key), expression=_parameter(first + middle - 1)),
-                true=_search(key, first, tags, start, middle - 1),
-            )
-        ],
-        default=_search(key, first, tags, middle, stop),
-    )
 
-
-def _parameter(number: int) -> exp.Parameter:
-    return exp.Parameter(this=exp.Literal.number(number))
+    return leaf

@@ -3,19 +3,21 @@
 With ``shuffle=True`` a subquery whose planned bytes exceed ``fetch_bytes`` would otherwise be
 read by one query in consecutive pieces (:mod:`ddbloader._io.streams`), front to back: one big
 table's epoch would walk it in row order. Instead planning cuts it into *range pieces*, each the
-rows whose leading ORDER BY key ``k`` falls in some ranges ``a <= k < b``, each read by a query
-of its own, so the plan holds them as partitions of their group and the epoch visits them in a
-random order like repartitions (windows continue across consecutive pieces through the kept
-edge rows, as across repartitions).
+rows whose ORDER BY tuple falls in some ranges ``a <= (k1, k2, ...) < b`` (lexicographic, each
+term by its own direction and NULL placement), each read by a query of its own, so the plan
+holds them as partitions of their group and the epoch visits them in a random order like
+repartitions (windows continue across consecutive pieces through the kept edge rows, as across
+repartitions).
 
-How the ranges are found: a query ranks the subquery's rows by ``k`` and cuts the ranks into
-*tiles*, each a key range with its exact row count (:mod:`ddbloader._sql.range_cutter`); the
-pieces are made of tiles.
+How the ranges are found: a query ranks the subquery's rows by the query's own ORDER BY (the
+engine's order, ties, NULLs, NaN and all) and cuts the ranks into *tiles*, each starting at its
+first row's tuple, with its exact row count (:mod:`ddbloader._sql.range_cutter`); the pieces are
+made of tiles.
 
 Two layouts (:func:`layout`):
 
 * *contiguous* (windows, ``span > 1``, where they cannot be combed): each piece is one range of
-  consecutive tiles, the pieces in the query's order (descending keys for ``DESC``), so the rows
+  consecutive tiles, the pieces in the query's order, so the rows
   of the pieces in plan order are the subquery's rows in its order, and windows straddle pieces
   as they straddle partitions.
 * *combed* (one row per sample): within a *band* of at most :data:`COMB_BAND` pieces' rows, tile
@@ -26,16 +28,18 @@ Two layouts (:func:`layout`):
   exact, each stripe widened by the rows its windows run into (:mod:`ddbloader._sql.window_pieces`).
 
 Invariants (checked by the tests without an engine): the tiles' ranges are disjoint and cover
-every key, each tile is in exactly one piece, a piece's row count is the sum of its tiles',
-so the pieces cover the subquery's rows exactly once. Each piece's count is checked again
-when it is read (the stream refuses a piece whose rows differ from the plan).
+every tuple, each tile is in exactly one piece, a piece's row count is the sum of its tiles',
+so the pieces cover the subquery's rows exactly once. Where the engine's comparisons agree with
+its ORDER BY; so the cutter counts every piece's predicate at planning, and an engine that
+disagrees (NaN, -0.0 and 0.0 on some) is not cut. Each piece's count is checked again when it is
+read (the stream refuses a piece whose rows differ from the plan).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -49,9 +53,13 @@ __all__ = [
     "COMB_STRIPES",
     "CONTIGUOUS_TILES",
     "KeyRanges",
+    "Point",
+    "Term",
     "band_members",
+    "compare",
     "layout",
     "paren",
+    "search",
 ]
 
 #: Thin ranges per combed piece: a batch drawn from one piece holds rows from this many places
@@ -64,19 +72,38 @@ COMB_BAND = 64
 CONTIGUOUS_TILES = 8
 
 
-#: ``(low, high)``: ``low <= k < high``; None is unbounded on that side.
-Range = tuple[Any, Any]
+#: A tile boundary: the first row's values of the ORDER BY terms (a tuple, one value per term).
+Point = tuple[Any, ...]
+#: ``(low, high)``: the rows at or after ``low`` and before ``high`` in the query's order; None
+#: is unbounded on that side.
+Range = tuple[Point | None, Point | None]
+
+
+class Term(Protocol):
+    """One ORDER BY term over the query's result, as the engine orders it."""
+
+    @property
+    def expression(self) -> exp.Expr: ...
+    @property
+    def descending(self) -> bool: ...
+    @property
+    def nulls_first(self) -> bool: ...
 
 
 @dataclass(frozen=True)
 class KeyRanges:
-    """The rows of one range piece: order key in one of ``ranges``, or NULL (``nulls``).
+    """The rows of one range piece: those whose ORDER BY tuple lies in one of ``ranges``.
 
-    Invariants: ``ranges`` ascending and disjoint; empty exactly when ``nulls``.
+    Ranges compare rows lexicographically by the whole tuple of ORDER BY terms, each term by its
+    direction and NULL placement, as the query orders them (see :func:`predicate`).
+
+    Invariants: ``ranges`` disjoint, in the query's order, and never adjacent.
     """
 
-    ranges: tuple[Range, ...] = ()
-    nulls: bool = False
+    ranges: tuple[Range, ...]
+    #: Per term, whether the subquery held a NULL there when it was cut: the predicate tests for
+    #: NULL only where one may be (a row added later shows at the fetch, by its count).
+    nullable: tuple[bool, ...]
     #: A combed piece's band (its subquery's pieces combed together share one); None if contiguous.
     band: int | None = None
     #: ``(result column, descending)`` when the piece's query has no ORDER BY and its reader puts
@@ -85,12 +112,15 @@ class KeyRanges:
     #: A combed piece of a windowed series: where its rows lie in the series and which start
     #: windows (see :mod:`ddbloader._sql.window_pieces`); None for every other piece.
     windows: WindowRows | None = None
+    #: Where the piece's rows lie in its subquery, in the query's order: ``(first row, rows)`` per
+    #: range, as the planning query ranked them (what ``stats()`` places each sample by).
+    runs: tuple[tuple[int, int], ...] = ()
 
     def in_order(self, table: pa.Table) -> pa.Table:
         """``table`` (this piece's rows, as its query returned them) in the query's order: as it
         is without :attr:`sort`; else stably sorted by the :attr:`sort` column, which is then the
         query's whole order over the piece (its only ORDER BY term, of an integer, date or
-        timestamp type whose order Arrow's equals, and never NULL in a ranged piece), so equal
+        timestamp type whose order Arrow's equals, and never NULL in the subquery), so equal
         keys stay in the engine's order as an ORDER BY leaves them in the engine's. Costs one
         pass over the key when the rows came sorted (DuckDB's scan of a table stored in key
         order), a sort and a gather otherwise."""
@@ -105,116 +135,203 @@ class KeyRanges:
         order = pc.array_sort_indices(keys, order="descending" if descending else "ascending")
         return table.take(order)
 
+    def points(self) -> tuple[Point, ...]:
+        """The ranges' ends in the query's order, without the unbounded ones (strictly in order:
+        ranges are disjoint and never adjacent, adjacent tiles being merged)."""
+        return tuple(point for low, high in self.ranges for point in (low, high) if point is not None)
+
     def bounds(self) -> tuple[Any, ...]:
         """The bound values, in the order :meth:`predicate` numbers their parameters: the
-        enclosing range's, then (with several ranges) every range's ends in ascending order."""
+        enclosing range's ends, then (with several ranges) every range's ends, each point's
+        non-NULL values in term order."""
         low, high = self._enclosing()
-        enclosing = tuple(value for value in (low, high) if value is not None)
-        return enclosing + (self._points() if len(self.ranges) > 1 else ())
+        points = [point for point in (low, high) if point is not None]
+        if len(self.ranges) > 1:
+            points.extend(self.points())
+        return tuple(value for point in points for value in point if value is not None)
 
-    def predicate(self, key: exp.Expr, first: int) -> exp.Expr:
-        """This piece's condition on ``key``, parameters numbered from ``first``.
+    def predicate(self, terms: Sequence[Term], first: int) -> exp.Expr:
+        """This piece's condition on the ORDER BY ``terms``, parameters numbered from ``first``.
 
-        One range: ``key >= a AND key < b``. Several: the enclosing range (which engines can
-        prune on, and which no NULL passes) AND a binary search over the ranges' ends written as
-        nested CASEs, ``log2`` of them per row where a disjunction of the ranges costs two per
-        range (32 ranges: a third of the CPU on DuckDB)."""
-        if self.nulls:
-            return exp.Is(this=paren(key), expression=exp.Null())
+        One range: ``tuple >= a AND tuple < b`` in the query's order (for one ascending term
+        never NULL: ``k >= $a AND k < $b``). Several: the enclosing range (which engines can prune
+        on) AND a binary search over the ranges' ends written as nested CASEs, ``log2`` of them
+        per row where a disjunction of the ranges costs two per range (32 ranges: a third of the
+        CPU on DuckDB)."""
         low, high = self._enclosing()
         number = first
         sides: list[exp.Expr] = []
-        if low is not None:
-            sides.append(exp.GTE(this=paren(key), expression=_parameter(number)))
-            number += 1
-        if high is not None:
-            sides.append(exp.LT(this=paren(key), expression=_parameter(number)))
-            number += 1
-        if not sides:
-            sides.append(exp.Not(this=exp.Is(this=paren(key), expression=exp.Null())))
+        for point, after in ((low, True), (high, False)):
+            if point is not None:
+                sides.append(compare(terms, self.nullable, point, number, after=after))
+                number += _values(point)
         if len(self.ranges) > 1:
-            # region r: r of the points are <= key; the piece holds the odd regions (the even
-            # ones when the first range is unbounded below, whose low is no point)
-            points = len(self._points())
+            # region r: r of the points are at or before the row; the piece holds the odd
+            # regions (the even ones when the first range is unbounded below, whose low is no point)
             odd = 1 if self.ranges[0][0] is not None else 0
-            sides.append(_search(key, number, 0, points, odd))
+            sides.append(self._search(terms, number, 0, len(self.points()), odd))
+        if not sides:
+            return exp.true()
         return exp.and_(*sides) if len(sides) > 1 else sides[0]
 
+    def _search(self, terms: Sequence[Term], first: int, start: int, stop: int, odd: int) -> exp.Expr:
+        """Whether the row's region (how many of the points, parameters ``first`` on, are at or
+        before it), known to lie in ``[start, stop]``, is a held one."""
+        held = exp.true(), exp.false()
+        return search(terms, self.nullable, self.points(), first, lambda r: held[(r - odd) % 2], start, stop)
+
     def shape(self) -> tuple[Any, ...]:
-        """What :meth:`predicate`'s SQL depends on besides the key and the bounds' values, and
+        """What :meth:`predicate`'s SQL depends on besides the terms and the bounds' values, and
         whether the piece's query is ordered by the engine: equal shapes, equal SQL."""
-        low, high = self._enclosing()
-        return (self.nulls, low is None, high is None, len(self.ranges), self.sort is None)
+        nulls = tuple(
+            None if point is None else tuple(value is None for value in point)
+            for span in self.ranges
+            for point in span
+        )
+        return (nulls, self.nullable, self.sort is None)
 
     def describe(self) -> str:
-        """The ranges for messages: ``[a, b) ∪ [c, d)`` or ``NULL``."""
-        if self.nulls:
-            return "NULL"
-        shown = [
-            f"[{'-inf' if lo is None else repr(lo)}, {'+inf' if hi is None else repr(hi)})"
-            for lo, hi in self.ranges
-        ]
+        """The ranges for messages: ``[a, b) ∪ [c, d)``."""
+        shown = [f"[{_show(low, '-inf')}, {_show(high, '+inf')})" for low, high in self.ranges]
         more = f" ∪ ... ({len(shown)} ranges)" if len(shown) > 3 else ""
         return " ∪ ".join(shown[:3]) + more
 
     def _enclosing(self) -> Range:
         return (self.ranges[0][0], self.ranges[-1][1]) if self.ranges else (None, None)
 
-    def _points(self) -> tuple[Any, ...]:
-        """The ranges' ends, ascending, without the unbounded ones (strictly increasing: ranges
-        are disjoint and never adjacent, adjacent tiles being merged)."""
-        return tuple(value for low, high in self.ranges for value in (low, high) if value is not None)
+
+def _show(point: Point | None, unbounded: str) -> str:
+    if point is None:
+        return unbounded
+    return repr(point[0]) if len(point) == 1 else repr(point)
 
 
-def _search(key: exp.Expr, first: int, start: int, stop: int, odd: int) -> exp.Expr:
-    """Whether ``key``'s region (how many of the points, parameters ``first`` on, are <= it),
-    known to lie in ``[start, stop]``, is a held one: a balanced tree of CASEs."""
-    if start == stop:
-        return exp.true() if start % 2 == odd else exp.false()
-    middle = (start + stop + 1) // 2  # region >= middle exactly when key >= point middle - 1
-    return exp.Case(
-        ifs=[
-            exp.If(
-                this=exp.LT(this=paren(key), expression=_parameter(first + middle - 1)),
-                true=_search(key, first, start, middle - 1, odd),
+def _values(point: Point) -> int:
+    """How many parameters ``point`` binds: its non-NULL values (a NULL is written as SQL)."""
+    return sum(value is not None for value in point)
+
+
+def compare(
+    terms: Sequence[Term], nullable: Sequence[bool], point: Point, first: int, *, after: bool
+) -> exp.Expr:
+    """Whether a row comes at or after ``point`` (``after``), else strictly before it, in the
+    query's order of the ``terms``: lexicographic, each term by its direction and NULL
+    placement; ``point``'s non-NULL values are parameters numbered from ``first``.
+
+    Written without NOT, so a comparison with a NULL (unknown) only ever stands where the answer
+    is false: the condition is exact in SQL's three-valued logic."""
+    number = first
+    levels: list[tuple[exp.Expr, exp.Expr]] = []  # per term but the last: (strictly beyond, equal)
+    last: exp.Expr = exp.true()
+    for index, (term, value) in enumerate(zip(terms, point, strict=True)):
+        key = paren(term.expression)
+        parameter: exp.Expr | None = None if value is None else _parameter(number)
+        number += value is not None
+        can_null = nullable[index]
+        if index == len(terms) - 1:
+            last = _side(key, parameter, term, can_null, after=after, inclusive=after)
+        else:
+            equal: exp.Expr = (
+                exp.Is(this=key.copy(), expression=exp.Null())
+                if parameter is None
+                else exp.EQ(this=key.copy(), expression=parameter.copy())
             )
-        ],
-        default=_search(key, first, middle, stop, odd),
+            levels.append((_side(key, parameter, term, can_null, after=after, inclusive=False), equal))
+    for beyond, equal in reversed(levels):
+        last = _or(beyond, _and(equal, last))
+    return last
+
+
+def search(
+    terms: Sequence[Term],
+    nullable: Sequence[bool],
+    points: Sequence[Point],
+    first: int,
+    leaf: Callable[[int], exp.Expr],
+    start: int = 0,
+    stop: int | None = None,
+) -> exp.Expr:
+    """``leaf(r)`` of the row's region ``r`` (how many of ``points``, in the query's order and
+    their non-NULL values parameters ``first`` on, are at or before the row), known to lie in
+    ``[start, stop]`` (default: any): a balanced tree of CASEs, ``log2`` comparisons per row."""
+    stop = len(points) if stop is None else stop
+    offsets = np.cumsum([first] + [_values(point) for point in points]).tolist()
+
+    def tree(start: int, stop: int) -> exp.Expr:
+        if start == stop:
+            return leaf(start)
+        middle = (
+            start + stop + 1
+        ) // 2  # region >= middle exactly when the row is at or after point middle - 1
+        before = compare(terms, nullable, points[middle - 1], offsets[middle - 1], after=False)
+        return exp.Case(ifs=[exp.If(this=before, true=tree(start, middle - 1))], default=tree(middle, stop))
+
+    return tree(start, stop)
+
+
+def _side(
+    key: exp.Expr, parameter: exp.Expr | None, term: Term, can_null: bool, *, after: bool, inclusive: bool
+) -> exp.Expr:
+    """One term: the key after (``after``) or before the value, or equal to it (``inclusive``)."""
+    null = exp.Is(this=key.copy(), expression=exp.Null())
+    # NULLs come after every value when they come last (ascending or not)
+    nulls_beyond = term.nulls_first != after
+    if parameter is None:  # the value is NULL
+        if inclusive:  # at or after NULL: everything when NULLs come first, else the NULLs
+            return exp.true() if term.nulls_first else null
+        # strictly beyond NULL: the values when NULLs come first (after) or last (before)
+        return exp.Not(this=null) if after == term.nulls_first else exp.false()
+    greater = after != term.descending
+    kind: type[exp.Binary] = (
+        (exp.GTE if inclusive else exp.GT) if greater else (exp.LTE if inclusive else exp.LT)
     )
+    compared: exp.Expr = kind(this=key.copy(), expression=parameter.copy())
+    return _or(compared, null) if can_null and nulls_beyond else compared
+
+
+def _or(left: exp.Expr, right: exp.Expr) -> exp.Expr:
+    if left == exp.false():
+        return right
+    if right == exp.false():
+        return left
+    return exp.or_(left, right)
+
+
+def _and(left: exp.Expr, right: exp.Expr) -> exp.Expr:
+    if left == exp.true():
+        return right
+    if right == exp.true():
+        return left
+    return exp.and_(left, right)
 
 
 def layout(
-    tiles: Sequence[tuple[Any, int]],
-    null_rows: int,
-    pieces: int,
-    band: int,
-    *,
-    descending: bool,
-    nulls_first: bool,
+    tiles: Sequence[tuple[Point, int]], nullable: tuple[bool, ...], pieces: int, band: int
 ) -> list[tuple[KeyRanges, int]]:
     """The range pieces of a subquery, in plan order, each with its row count. Pure.
 
     Args:
-        tiles: ``(lowest key, rows)`` of each non-empty tile, ascending by key (distinct keys);
-            tile ``i`` is the keys ``[low_i, low_{i+1})``, the first unbounded below and the last
-            above.
-        null_rows: rows whose key is NULL (one piece of their own when any).
-        pieces: how many pieces to cut the keyed rows into (at most one per tile).
+        tiles: ``(first row's tuple, rows)`` of each non-empty tile, in the query's order (the
+            tuples distinct); tile ``i`` is the rows from ``low_i`` to before ``low_{i+1}``, the
+            first unbounded before and the last after.
+        nullable: per ORDER BY term, whether the subquery holds a NULL there.
+        pieces: how many pieces to cut the rows into (at most one per tile).
         band: 1 for contiguous pieces; more to comb up to that many pieces together.
-        descending: the ORDER BY sorts the key descending (contiguous pieces come in that order).
-        nulls_first: the ORDER BY puts NULL keys first (their piece comes first).
     """
     cut = band_members(tiles, pieces, band) if tiles else []
     lows = [low for low, _ in tiles]
-    result = [
-        (KeyRanges(_merged(members, lows), band=owner), sum(tiles[i][1] for i in members))
-        for members, owner in cut
-    ]
-    if descending:
-        result.reverse()
-    if null_rows:
-        nulls = (KeyRanges(nulls=True), null_rows)
-        result = [nulls, *result] if nulls_first else [*result, nulls]
+    firsts = np.cumsum([0] + [rows for _, rows in tiles]).tolist()
+    result = []
+    for members, owner in cut:
+        runs: list[list[int]] = []
+        for index in members:
+            if runs and runs[-1][0] + runs[-1][1] == firsts[index]:
+                runs[-1][1] += tiles[index][1]
+            else:
+                runs.append([firsts[index], tiles[index][1]])
+        placed = tuple((first, rows) for first, rows in runs)
+        ranges = KeyRanges(_merged(members, lows), nullable, band=owner, runs=placed)
+        result.append((ranges, sum(tiles[i][1] for i in members)))
     return result
 
 
@@ -222,7 +339,7 @@ def band_members(
     tiles: Sequence[tuple[Any, int]], pieces: int, band: int
 ) -> list[tuple[list[int], int | None]]:
     """Which tiles (ascending indices) each piece holds, and its band (None: contiguous), in plan
-    order for an ascending key: :func:`layout`'s cut of non-empty ``tiles``. Pure."""
+    order: :func:`layout`'s cut of non-empty ``tiles``. Pure."""
     total = sum(rows for _, rows in tiles)
     count = max(min(pieces, len(tiles)), 1)
     cut: list[tuple[list[int], int | None]] = []

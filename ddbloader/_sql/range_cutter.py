@@ -1,14 +1,17 @@
-"""RangeCutter: the planning queries that find a big subquery's tiles by its order key.
+"""RangeCutter: the planning queries that find a big subquery's tiles by its whole ORDER BY.
 
-One query per subquery ranks its rows by the leading ORDER BY key ``k`` (``RANK()``, so equal
-keys share a rank) and cuts the ranks into *tiles* of about equal rows; each tile is a key range
-``[lowest key of the tile, lowest key of the next)`` with its exact row count. Equal keys always
-share a tile, so a piece never splits them. NULL keys form their own piece, placed where the
-ORDER BY puts NULLs. The pieces are laid out from the tiles by :func:`ddbloader._sql.pieces.layout`.
-"""
+One query per subquery ranks its rows by the query's own ORDER BY tuple (``RANK()`` over every
+term, with its direction and NULL placement, so rows the engine orders as equal share a rank)
+and cuts the ranks into *tiles* of about equal rows; each tile runs from its first row's tuple to
+the next tile's, with its exact row count, so the boundaries are the engine's, whatever it does
+with ties, NULLs, NaN or -0.0. Where a term is a float, a second query counts the rows of every
+tile by the comparisons the pieces' queries will make; where those disagree with the ORDER BY
+the subquery is not cut (the caller warns and reads it front to back). The pieces are laid out
+from the tiles by :func:`ddbloader._sql.pieces.layout`."""
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -18,7 +21,7 @@ from sqlglot import exp
 
 from .binding import binds_exactly
 from .ordering import is_carried, read_direction, same_name
-from .pieces import COMB_BAND, COMB_STRIPES, CONTIGUOUS_TILES, KeyRanges, layout, paren
+from .pieces import COMB_BAND, COMB_STRIPES, CONTIGUOUS_TILES, KeyRanges, Point, layout, paren, search
 from .query import Query, UserQuery
 from .window_pieces import WindowTile, window_layout
 
@@ -26,19 +29,22 @@ __all__ = ["CONTEXT_SHARE", "OrderKey", "RangeCutter"]
 
 _KEY_ALIAS = "_ddb_k"
 _TILE_ALIAS = "_ddb_tile"
+_RANK_ALIAS = "_ddb_rank"
+_FIRST_ALIAS = "_ddb_first"
 _LOW_ALIAS = "_ddb_low"
 _ROWS_ALIAS = "_ddb_rows"
+_NULLS_ALIAS = "_ddb_nulls"
+_REGION_ALIAS = "_ddb_region"
 #: A combed piece of windows has at most ``rows / CONTEXT_SHARE`` rows of context (its stripes'
 #: ``span - 1`` rows each), so it holds at most 1.25 pieces' rows: fewer stripes for long windows.
 CONTEXT_SHARE = 4
 _AHEAD_ALIAS = "_ddb_ahead"
-_BEHIND_ALIAS = "_ddb_behind"
 _TIES_ALIAS = "_ddb_ties"
 
 
 @dataclass(frozen=True)
 class OrderKey:
-    """The key range pieces are cut on: the query's leading ORDER BY term over its result."""
+    """One term of the ORDER BY that pieces are cut on, over the query's result."""
 
     expression: exp.Expr
     descending: bool
@@ -55,8 +61,8 @@ class RangeCutter:
 
     Built once per plan; :attr:`reason` is None when range pieces are possible, else a sentence
     naming why (the caller warns and reads the big subqueries in consecutive pieces instead).
-    Samples of ``span`` rows, ``stride`` apart: one row (``span == 1``) are combed; windows are combed where a
-    subquery is a whole series whose order key is distinct (see
+    Samples of ``span`` rows, ``stride`` apart: one row (``span == 1``) are combed; windows are
+    combed where a subquery is a whole series whose ORDER BY tuple is distinct (see
     :mod:`ddbloader._sql.window_pieces`), else cut into contiguous pieces.
     """
 
@@ -76,18 +82,20 @@ class RangeCutter:
         self._stride = stride
         #: whether samples are windows (several rows each)
         self.windowed = span > 1
-        self.key: OrderKey | None = None
+        #: the ORDER BY terms besides the partition keys, in order
+        self.terms: tuple[OrderKey, ...] = ()
         self.reason: str | None = None
         #: Per (query, piece shape): the query (kept, so its id stays its own) and the piece's SQL,
         #: which the bounds' values do not change.
         self._sql: dict[tuple[int, tuple[Any, ...]], tuple[Query, str]] = {}
+        self._floats = False  # an ORDER BY term of the subquery last cut is a float (see _agrees)
         #: ``KeyRanges.sort`` for combed pieces read whole (see :func:`_client_sort`).
         self.sort: tuple[int, bool] | None = None
         if not isinstance(query, UserQuery):
             self.reason = "this engine's queries cannot be cut by key ranges"
             return
-        ordered = query.order_key(keys)
-        if ordered is None:
+        ordered = query.order_terms(keys)
+        if not ordered:
             self.reason = (
                 "the query has no ORDER BY"
                 if not query.is_ordered()
@@ -95,23 +103,32 @@ class RangeCutter:
                 "cannot be resolved against the query's result columns"
             )
             return
-        term = ordered.this
-        text = term.name if isinstance(term, exp.Column) else term.sql(dialect=query.dialect)
-        if is_carried(term):
-            self.reason = f"the leading ORDER BY term {text!r} is not a result column (select it)"
-            return
-        try:  # the engine's own direction and NULL placement, whatever its session settings
-            direction = run(query.direction_probe(ordered), "asking the engine how the ORDER BY sorts", ())
-        except Exception as error:  # the engine's refusal is a reason to fall back, not to fail
-            self.reason = f"the engine could not say how it sorts by {text!r} ({_first_line(error)})"
-            return
-        descending, nulls_first, default_descending = read_direction(direction)
-        if default_descending:
-            self.reason = "the session sorts descending by default (DuckDB's default_order)"
-            return
-        self.key = OrderKey(term, descending, nulls_first, text)
+        terms = []
+        for ordered_term in ordered:
+            term = ordered_term.this
+            text = term.name if isinstance(term, exp.Column) else term.sql(dialect=query.dialect)
+            if is_carried(term):
+                self.reason = f"the ORDER BY term {text!r} is not a result column (select it)"
+                return
+            try:  # the engine's own direction and NULL placement, whatever its session settings
+                probe = query.direction_probe(ordered_term)
+                direction = run(probe, "asking the engine how the ORDER BY sorts", ())
+            except Exception as error:  # the engine's refusal is a reason to fall back, not to fail
+                self.reason = f"the engine could not say how it sorts by {text!r} ({_first_line(error)})"
+                return
+            descending, nulls_first, default_descending = read_direction(direction)
+            if default_descending:
+                self.reason = "the session sorts descending by default (DuckDB's default_order)"
+                return
+            terms.append(OrderKey(term, descending, nulls_first, text))
+        self.terms = tuple(terms)
         if schema is not None:
             self.sort = _client_sort(query, keys, schema)
+
+    @property
+    def text(self) -> str:
+        """The ORDER BY terms pieces are cut on, for messages."""
+        return ", ".join(term.text for term in self.terms)
 
     def cut(
         self,
@@ -123,15 +140,15 @@ class RangeCutter:
         series: bool = False,
     ) -> list[tuple[KeyRanges, int]] | None:
         """The range pieces of the subquery of ``columns = params`` (``rows`` rows), in plan
-        order; None when the key's type does not bind back exactly or the engine refused the
-        ranking query (then :attr:`reason` says which). ``series``: the subquery is its group's
-        only one, so windowed pieces may be combed.
+        order; None when a term's type does not bind back exactly, the engine refused the ranking
+        query, or its comparisons disagree with its ORDER BY (then :attr:`reason` says which).
+        ``series``: the subquery is its group's only one, so windowed pieces may be combed.
 
         Raises:
-            ValueError: the ranking query found more rows than counting the subquery did (the
-                data changed during planning).
+            ValueError: the ranking query found another number of rows than counting the
+                subquery did (the data changed during planning).
         """
-        assert isinstance(self._query, UserQuery) and self.key is not None
+        assert isinstance(self._query, UserQuery) and self.terms
         # Rows combed across pieces are numbered piece after piece, which is the series' sample
         # numbering only where every row is a sample; otherwise a sample is placed by its series
         # row (``i * stride``), which only a series' combed pieces of windows map back.
@@ -142,90 +159,117 @@ class RangeCutter:
         stripes = COMB_STRIPES if combed else CONTIGUOUS_TILES
         if edge:  # each stripe's context adds edge rows: at most 1/CONTEXT_SHARE of a piece's
             stripes = max(min(stripes, rows // pieces // (CONTEXT_SHARE * edge)), 1)
-        tile_count = pieces * stripes
-        sql = self._query.render(self._tiles_tree(columns, tile_count, edge))
+        sql = self._query.render(self._tiles_tree(columns, pieces * stripes, edge))
         try:
-            table = self._run(sql, "ranking the rows of a big subquery by its order key", params)
+            table = self._run(sql, f"ranking the rows of a big subquery by {self.text}", params)
         except Exception as error:  # the engine's refusal is a reason to fall back, not to fail
             if edge:  # its window functions, maybe: cut contiguous pieces instead
                 return self.cut(columns, params, rows, pieces)
-            self.reason = f"the engine could not rank the rows by {self.key.text!r} ({_first_line(error)})"
+            self.reason = f"the engine could not rank the rows by {self.text!r} ({_first_line(error)})"
             return None
-        if not binds_exactly(table.schema.field(_LOW_ALIAS)):
-            self.reason = (
-                f"the order key {self.key.text!r} is of type {table.schema.field(_LOW_ALIAS).type}, "
-                f"whose values do not bind back to the engine exactly"
-            )
+        lows = self._points(table, _LOW_ALIAS)
+        if lows is None:
             return None
-        try:
-            lows = table.column(_LOW_ALIAS).to_pylist()
-        except (OverflowError, ValueError) as error:  # e.g. 'infinity' dates: no Python value
-            self.reason = f"a value of the order key {self.key.text!r} has no Python value ({error})"
-            return None
+        self._floats = any(
+            pa.types.is_floating(table.schema.field(f"{_LOW_ALIAS}{i}").type) for i in range(len(self.terms))
+        )
         counts = [int(n) for n in table.column(_ROWS_ALIAS).to_pylist()]
-        tiles = list(zip(lows, counts, strict=True))
-        keyed = sum(counts)
-        if keyed > rows:
+        if sum(counts) != rows:
             raise ValueError(
-                f"ranking a subquery by {self.key.text!r} found {keyed} rows, but counting it found "
+                f"ranking a subquery by {self.text!r} found {sum(counts)} rows, but counting it found "
                 f"{rows}: the data changed while the loader was being built; build it again"
             )
-        if pa.types.is_floating(table.schema.field(_LOW_ALIAS).type) and self._unequal_to_themselves(
-            columns, params
-        ):
-            self.reason = (
-                f"the order key {self.key.text!r} holds NaN, which this engine finds unequal to itself, "
-                f"so no key range would hold those rows"
-            )
-            return None
+        nullable = tuple(
+            any(int(n) for n in table.column(f"{_NULLS_ALIAS}{i}").to_pylist())
+            for i in range(len(self.terms))
+        )
+        tiles = list(zip(lows, counts, strict=True))
         if windows:
             # a window of one row has no context to cut by key, so its ties do not matter
             tied = bool(edge) and any(int(n) for n in table.column(_TIES_ALIAS).to_pylist())
-            if not tied and keyed == rows:
-                ahead = table.column(_AHEAD_ALIAS).to_pylist() if edge else lows
-                behind = table.column(_BEHIND_ALIAS).to_pylist() if edge else lows
-                windowed = [WindowTile(*tile) for tile in zip(lows, counts, ahead, behind, strict=True)]
-                return window_layout(
-                    windowed, pieces, COMB_BAND, self._span, self._stride, descending=self.key.descending
-                )
-            # keys shared by several rows (whose order between queries is the engine's) or NULL
-            # keys (which windows cross into): contiguous pieces, which need neither
+            aheads = self._points(table, _AHEAD_ALIAS) if edge else lows
+            if aheads is None:
+                return None
+            if not tied:
+                windowed = [WindowTile(*tile) for tile in zip(lows, counts, aheads, strict=True)]
+                marks = _marks(windowed, edge)
+                pieces_of = window_layout(windowed, nullable, pieces, COMB_BAND, self._span, self._stride)
+                return pieces_of if self._agrees(columns, params, nullable, marks, rows) else None
+            # tuples shared by several rows, whose order between queries is the engine's:
+            # contiguous pieces, which cut no context by tuple
             combed = False
-        nulls_first = self.key.nulls_first
-        if keyed and rows > keyed:
-            nulls_first = self._nulls_come_first(columns, params)
-        return layout(
-            tiles,
-            rows - keyed,
-            pieces,
-            COMB_BAND if combed else 1,
-            descending=self.key.descending,
-            nulls_first=nulls_first,
+        firsts = itertools.accumulate(counts[:-1], initial=0)
+        marks = [(first, low) for first, (low, _) in zip(firsts, tiles, strict=True) if first]
+        if not self._agrees(columns, params, nullable, marks, rows):
+            return None
+        return layout(tiles, nullable, pieces, COMB_BAND if combed else 1)
+
+    def _points(self, table: pa.Table, alias: str) -> list[Point] | None:
+        """Per tile, the tuple of the terms' columns ``alias0, alias1, ...``; None when a term's
+        type does not bind back to the engine exactly or a value has no Python value."""
+        columns = []
+        for index, term in enumerate(self.terms):
+            field = table.schema.field(f"{alias}{index}")
+            if not binds_exactly(field):
+                self.reason = (
+                    f"the order key {term.text!r} is of type {field.type}, whose values do not bind "
+                    f"back to the engine exactly"
+                )
+                return None
+            try:
+                columns.append(table.column(field.name).to_pylist())
+            except (OverflowError, ValueError) as error:  # e.g. 'infinity' dates: no Python value
+                self.reason = f"a value of the order key {term.text!r} has no Python value ({error})"
+                return None
+        return [tuple(values) for values in zip(*columns, strict=True)]
+
+    def _agrees(
+        self,
+        columns: Sequence[exp.Expr],
+        params: tuple[Any, ...],
+        nullable: tuple[bool, ...],
+        marks: Sequence[tuple[int, Point]],
+        rows: int,
+    ) -> bool:
+        """Whether the engine's comparisons place the subquery's rows as its ORDER BY ranked
+        them: ``marks`` are ``(row, tuple of that row)`` at the ends the pieces are cut at, and
+        counting the rows between consecutive marks by the pieces' own comparisons must give
+        the rows between them. False, with :attr:`reason` set, where they disagree (NaN or
+        -0.0 on some engines): a piece would then read other rows than the plan counted. Asked
+        only where a term is a float (what engines compare otherwise than they order: a scan
+        of the subquery, a third of the planning on DuckDB), else True."""
+        assert isinstance(self._query, UserQuery)
+        marks = sorted(dict(marks).items())
+        if not marks or not self._floats:
+            return True
+        points = [point for _, point in marks]
+        region = search(self.terms, nullable, points, len(columns) + 1, exp.Literal.number)
+        filtered = self._query.filtered_where(columns, exp.true(), ordered=False)
+        regions = exp.select(region.as_(_REGION_ALIAS)).from_(_subquery(filtered, "_ddb_r"))
+        counted = (
+            exp.select(exp.column(_REGION_ALIAS), exp.Count(this=exp.Star()).as_(_ROWS_ALIAS))
+            .from_(_subquery(regions, "_ddb_c"))
+            .group_by(exp.column(_REGION_ALIAS))
         )
-
-    def _unequal_to_themselves(self, columns: Sequence[exp.Expr], params: tuple[Any, ...]) -> bool:
-        """Whether some key of the subquery compares unequal to itself (NaN on engines such as
-        ClickHouse; DuckDB, PostgreSQL and Spark find NaN equal to NaN and above every number)."""
-        assert isinstance(self._query, UserQuery) and self.key is not None
-        key = paren(self.key.expression)
-        odd = self._query.filtered_where(columns, exp.NEQ(this=key, expression=key.copy()), ordered=False)
-        probe = exp.select(exp.Count(this=exp.Star()).as_(_ROWS_ALIAS)).from_(_subquery(odd, "_ddb_n"))
-        table = self._run(self._query.render(probe), "looking for NaN order keys", params)
-        return bool(table.column(_ROWS_ALIAS)[0].as_py())
-
-    def _nulls_come_first(self, columns: Sequence[exp.Expr], params: tuple[Any, ...]) -> bool:
-        """Whether the engine puts the subquery's NULL keys before the others in the query's own
-        order: asked of the engine, whose session may order NULLs otherwise than its dialect's
-        default (DuckDB's ``default_null_order``), when the ORDER BY does not say."""
-        assert isinstance(self._query, UserQuery) and self.key is not None
-        first = self._query.filtered_where(columns, exp.true(), ordered=True)
-        assert isinstance(first, exp.Select)
-        first = first.limit(1)
-        probe = exp.select(
-            exp.Is(this=paren(self.key.expression), expression=exp.Null()).as_(_KEY_ALIAS)
-        ).from_(_subquery(first, "_ddb_f"))
-        table = self._run(self._query.render(probe), "asking where the engine orders NULL keys", params)
-        return bool(table.column(_KEY_ALIAS)[0].as_py())
+        bounds = tuple(value for point in points for value in point if value is not None)
+        table = self._run(
+            self._query.render(counted),
+            f"checking the pieces' comparisons of {self.text}",
+            (*params, *bounds),
+        )
+        found = {int(r): int(n) for r, n in zip(*table.to_pydict().values(), strict=True)}
+        ends = [0, *(row for row, _ in marks), rows]
+        expected = {r: ends[r + 1] - ends[r] for r in range(len(ends) - 1) if ends[r + 1] > ends[r]}
+        if found == expected:
+            return True
+        wrong = next(r for r in sorted(set(found) | set(expected)) if found.get(r) != expected.get(r))
+        self.reason = (
+            f"the engine's comparisons of {self.text!r} do not agree with its own ORDER BY (between two "
+            f"piece boundaries it ranked {expected.get(wrong, 0)} rows, its comparisons find "
+            f"{found.get(wrong, 0)}; NaN or -0.0 and 0.0 in a float key do this on some engines), so "
+            f"pieces cut by those comparisons would not hold the rows planned"
+        )
+        return False
 
     def piece_sql(self, columns: Sequence[exp.Expr], ranges: KeyRanges, query: Query | None = None) -> str:
         """The piece's query: the subquery's rows in ``ranges``, in the query's order; its key
@@ -234,33 +278,39 @@ class RangeCutter:
         ``ranges.sort`` says the reader orders the rows. Every call of one cutter passes the
         same ``columns`` (the plan's keys): the SQL is kept per query and piece shape."""
         query = self._query if query is None else query
-        assert isinstance(query, UserQuery) and self.key is not None
+        assert isinstance(query, UserQuery) and self.terms
         shape = (id(query), ranges.shape())
         if shape not in self._sql:  # rendering costs ~10 ms at 32 ranges; combed pieces share a shape
-            predicate = ranges.predicate(self.key.expression, len(columns) + 1)
+            predicate = ranges.predicate(self.terms, len(columns) + 1)
             tree = query.filtered_where(columns, predicate, ordered=ranges.sort is None)
             self._sql[shape] = (query, query.render(tree))
         return self._sql[shape][1]
 
     def _tiles_tree(self, columns: Sequence[exp.Expr], tiles: int, edge: int = 0) -> exp.Expr:
-        """``(tile, lowest key, rows)`` per non-empty tile of the subquery's non-NULL keys, by tile:
-        a row's tile is ``(rank - 1) * tiles // rows`` (equal keys share their rank). With an
-        ``edge`` (windows' ``span - 1``), also whether a key of it is shared (the most any row's
-        ``ROW_NUMBER() - RANK()`` reaches: 0 only where no row ties with an earlier one; a third of
-        the cost of counting distinct keys on DuckDB) and the keys ``edge`` rows after and before
-        its first row (as :class:`WindowTile` reads them: the keys grow with the rows, so the
-        least of a tile's is its first row's; before-keys of a tile that starts within ``edge``
-        rows of the first are not used)."""
-        assert isinstance(self._query, UserQuery) and self.key is not None
-        key = self.key.expression
-        filtered = self._query.filtered_where(
-            columns, exp.Not(this=exp.Is(this=paren(key), expression=exp.Null())), ordered=False
-        )
-        keys = exp.select(paren(key).as_(_KEY_ALIAS)).from_(_subquery(filtered, "_ddb_r"))
-        column = exp.column(_KEY_ALIAS)
-        rank = exp.Window(
-            this=exp.Anonymous(this="RANK"), order=exp.Order(expressions=[exp.Ordered(this=column)])
-        )
+        """Per non-empty tile of the subquery, by tile: its first row's tuple (``_ddb_low0``,
+        ...), its rows, and per term whether the subquery holds a NULL there. A row's tile is
+        ``(rank - 1) * tiles // rows`` (rows the ORDER BY ties share their rank); a tile's first
+        rows are those of its least rank, which all tie. With an ``edge`` (windows' ``span - 1``),
+        also whether a tuple of it is shared (the most any row's ``ROW_NUMBER() - RANK()``
+        reaches: 0 only where no row ties with an earlier one) and the tuple ``edge`` rows after
+        its first row (``_ddb_ahead0``, ...: meaningless past the last row, whatever the engine
+        returns there)."""
+        assert isinstance(self._query, UserQuery) and self.terms
+        filtered = self._query.filtered_where(columns, exp.true(), ordered=False)
+        names = [f"{_KEY_ALIAS}{i}" for i in range(len(self.terms))]
+        keys = exp.select(
+            *(paren(term.expression).as_(name) for term, name in zip(self.terms, names, strict=True))
+        ).from_(_subquery(filtered, "_ddb_r"))
+
+        def order() -> exp.Order:
+            return exp.Order(
+                expressions=[
+                    exp.Ordered(this=exp.column(name), desc=term.descending, nulls_first=term.nulls_first)
+                    for term, name in zip(self.terms, names, strict=True)
+                ]
+            )
+
+        rank = exp.Window(this=exp.Anonymous(this="RANK"), order=order())
         everything = exp.Window(this=exp.Count(this=exp.Star()))
         # FLOOR of a division, not an integer division: every engine spells that alike, and the
         # tile only has to grow with the rank
@@ -275,27 +325,59 @@ class RangeCutter:
                 expression=everything,
             )
         )
-        ranked = exp.select(column, tile.as_(_TILE_ALIAS)).from_(_subquery(keys, "_ddb_s"))
-        outputs: list[exp.Expr] = [
-            exp.column(_TILE_ALIAS),
-            exp.Min(this=column).as_(_LOW_ALIAS),
-            exp.Count(this=exp.Star()).as_(_ROWS_ALIAS),
-        ]
+        ranked = exp.select(*map(exp.column, names), rank.copy().as_(_RANK_ALIAS), tile.as_(_TILE_ALIAS))
+        ranked = ranked.from_(_subquery(keys, "_ddb_s"))
+        outputs: list[exp.Expr] = [exp.column(_TILE_ALIAS)]
+        for index, name in enumerate(names):
+            outputs.append(exp.Min(this=exp.column(name)).as_(f"{_LOW_ALIAS}{index}"))
+        outputs.append(exp.Min(this=exp.column(_ROWS_ALIAS)).as_(_ROWS_ALIAS))
+        by_tile = exp.Window(this=exp.Count(this=exp.Star()), partition_by=[exp.column(_TILE_ALIAS)])
+        first = exp.Window(this=exp.Min(this=exp.column(_RANK_ALIAS)), partition_by=[exp.column(_TILE_ALIAS)])
+        marked = exp.select("*", first.as_(_FIRST_ALIAS), by_tile.as_(_ROWS_ALIAS))
+        for index, name in enumerate(names):
+            nulls = exp.Sub(
+                this=exp.Window(this=exp.Count(this=exp.Star())),
+                expression=exp.Window(this=exp.Count(this=exp.column(name))),
+            )
+            marked = marked.select(nulls.as_(f"{_NULLS_ALIAS}{index}"))
+            outputs.append(exp.Max(this=exp.column(f"{_NULLS_ALIAS}{index}")).as_(f"{_NULLS_ALIAS}{index}"))
         if edge:
-            order = exp.Order(expressions=[exp.Ordered(this=column.copy())])
-            for kind, alias in ((exp.Lead, _AHEAD_ALIAS), (exp.Lag, _BEHIND_ALIAS)):
-                shifted = kind(this=column.copy(), offset=exp.Literal.number(edge))
-                ranked = ranked.select(exp.Window(this=shifted, order=order.copy()).as_(alias))
-                outputs.append(exp.Min(this=exp.column(alias)).as_(alias))
-            number = exp.Window(this=exp.Anonymous(this="ROW_NUMBER"), order=order.copy())
+            for index, name in enumerate(names):
+                shifted = exp.Lead(this=exp.column(name), offset=exp.Literal.number(edge))
+                ranked = ranked.select(exp.Window(this=shifted, order=order()).as_(f"{_AHEAD_ALIAS}{index}"))
+                outputs.append(
+                    exp.Min(this=exp.column(f"{_AHEAD_ALIAS}{index}")).as_(f"{_AHEAD_ALIAS}{index}")
+                )
+            number = exp.Window(this=exp.Anonymous(this="ROW_NUMBER"), order=order())
             ranked = ranked.select(exp.Sub(this=number, expression=rank.copy()).as_(_TIES_ALIAS))
-            outputs.append(exp.Max(this=exp.column(_TIES_ALIAS)).as_(_TIES_ALIAS))
+            most = exp.Window(
+                this=exp.Max(this=exp.column(_TIES_ALIAS)), partition_by=[exp.column(_TILE_ALIAS)]
+            )
+            marked = marked.select(most.as_(f"{_TIES_ALIAS}_t"))
+            outputs.append(exp.Max(this=exp.column(f"{_TIES_ALIAS}_t")).as_(_TIES_ALIAS))
+        marked = marked.from_(_subquery(ranked, "_ddb_t"))
         return (
             exp.select(*outputs)
-            .from_(_subquery(ranked, "_ddb_t"))
+            .from_(_subquery(marked, "_ddb_m"))
+            .where(exp.EQ(this=exp.column(_RANK_ALIAS), expression=exp.column(_FIRST_ALIAS)))
             .group_by(exp.column(_TILE_ALIAS))
             .order_by(exp.column(_TILE_ALIAS))
         )
+
+
+def _marks(tiles: Sequence[WindowTile], edge: int) -> list[tuple[int, Point]]:
+    """``(row, tuple)`` of every end a combed windowed piece is cut at: each tile's first row but
+    the first, and the row ``edge`` after it (its context's end) where that is not past the end."""
+    total = sum(tile.rows for tile in tiles)
+    marks: list[tuple[int, Point]] = []
+    first = 0
+    for index, tile in enumerate(tiles):
+        if index:
+            marks.append((first, tile.low))
+        if edge and first + edge < total:
+            marks.append((first + edge, tile.ahead))
+        first += tile.rows
+    return marks
 
 
 def _client_sort(query: UserQuery, keys: Sequence[exp.Expr], schema: pa.Schema) -> tuple[int, bool] | None:

@@ -25,7 +25,7 @@ from .fingerprint import HASH_SUM_ALIAS, Fingerprint, planned_sum
 from .pieces import KeyRanges
 from .plan import pieces
 from .query import Query, UserQuery
-from .range_cutter import RangeCutter
+from .range_cutter import OrderKey, RangeCutter
 
 __all__ = ["Piece", "Ranged", "range_pieces"]
 
@@ -48,7 +48,7 @@ def range_pieces(
     config: LoaderConfig,
     geometry: WindowGeometry,
     schema: pa.Schema | None = None,
-) -> tuple[Ranged, exp.Expr | None]:
+) -> tuple[Ranged, OrderKey | None]:
     """With shuffle, the subqueries larger than ``fetch_bytes`` cut into range pieces (see
     :mod:`ddbloader._sql.pieces`): combed without windows, and with them where a subquery is its
     group's only one and its order key is distinct (:mod:`ddbloader._sql.window_pieces`), else
@@ -57,8 +57,8 @@ def range_pieces(
     pieces (front to back). With ``verify=True`` (``counted`` carries the row hash) each piece's
     rows are counted and hashed by one more query, so each piece is checked at its fetch. With
     the query's ``schema``, a combed piece read whole whose order the reader can restore (see
-    :attr:`KeyRanges.sort`) is queried without an ORDER BY. Returns the pieces and the order key
-    they are cut on (None when none are)."""
+    :attr:`KeyRanges.sort`) is queried without an ORDER BY. Returns the pieces and the leading
+    ORDER BY term they are cut on, which tagged pieces compare (None when none are cut)."""
     big = [
         (index, position, params, rows, count, sum(cell[2] > 0 for cell in row) == 1)
         for index, (_, row) in enumerate(cells)
@@ -91,15 +91,14 @@ def range_pieces(
     if cutter.reason is not None:
         warn_caller(
             f"shuffle=True, but {len(big)} subquer{'y is' if len(big) == 1 else 'ies are'} larger than "
-            f"fetch_bytes={config.fetch_bytes} and cannot be cut into pieces by ranges of the order key: "
+            f"fetch_bytes={config.fetch_bytes} and cannot be cut into pieces by ranges of the ORDER BY: "
             f"{cutter.reason}; they are read front to back in consecutive pieces, so their samples come "
             f"close to row order. To shuffle them across the epoch, order the query by a result column "
             f"(ORDER BY a column it selects, of an integer, float, text, date or timestamp type), split "
             f"it with a repartition_col, or set fetch_bytes=0 (each subquery read whole)"
         )
         return {}, None
-    assert cutter.key is not None
-    return ranged, cutter.key.expression
+    return ranged, cutter.terms[0]
 
 
 def _sorted_by_reader(
@@ -109,8 +108,9 @@ def _sorted_by_reader(
     order key fit, the piece is combed (a contiguous piece of windows keeps the engine's order, as
     its neighbours do: equal keys straddle no piece but the order of ties is the engine's) and
     read whole (one piece of the budget, or a windowed one, which is never cut: a piece read in
-    parts needs the engine's order to cut them) and keyed (NULL keys all tie: nothing to order)."""
-    if cutter.sort is None or ranges.nulls:
+    parts needs the engine's order to cut them), the key never NULL in the subquery
+    (whose pieces :mod:`ddbloader._sql.piece_tags` may then tag by comparing bounds in Python)."""
+    if cutter.sort is None or any(ranges.nullable):
         return ranges
     if ranges.windows is None and (cutter.windowed or len(pieces(rows, row_bytes, budget)) != 1):
         return ranges

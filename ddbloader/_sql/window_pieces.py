@@ -12,9 +12,9 @@ and a piece needs nothing from its neighbours (any visit order serves every wind
 Where the rows sit: a piece's query reads the key ranges of its stripes widened by their contexts
 (merged where they touch); its rows in the query's order are *runs* of consecutive rows of the
 series, and :class:`WindowRows` says where each run starts in the series and which rows start
-windows. Exact only when the order key alone orders the series (no two rows share a key): the
-context is cut by key, and a key shared by rows on both sides of a context's end would make the
-rows a window reads depend on the engine's order of ties. The cutter checks that before combing.
+windows. Exact only when the ORDER BY tuple orders the series totally (no two rows share it): the
+context is cut by tuple, and a tuple shared by rows on both sides of a context's end would make
+the rows a window reads depend on the engine's order of ties. The cutter checks that before combing.
 Samples of one row taken every ``stride > 1`` rows are combed this way too, with no context (so
 ties do not matter): rows combed as rows are numbered piece after piece, which is the series'
 numbering only when every row is a sample.
@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from .pieces import KeyRanges, band_members
+from .pieces import KeyRanges, Point, band_members
 from .window_rows import WindowRows
 
 __all__ = ["WindowTile", "window_layout"]
@@ -36,62 +36,57 @@ __all__ = ["WindowTile", "window_layout"]
 
 @dataclass(frozen=True)
 class WindowTile:
-    """One tile of a series ranked by its (distinct) order key ``k``, ascending.
+    """One tile of a series ranked by its ORDER BY tuple (every row's distinct), in the query's order.
 
-    ``low``: its lowest key; ``rows``: how many rows; ``ahead``: the key ``span - 1`` rows after its
-    first row (None past the last row); ``behind``: the key ``span - 1`` rows before its first row
-    (None before the first row, or where the engine did not say).
+    ``low``: its first row's tuple; ``rows``: how many rows; ``ahead``: the tuple ``span - 1``
+    rows after its first row (unused where that is past the last row, whatever the engine
+    returned there: ClickHouse's LEAD gives a default value, not NULL).
     """
 
-    low: Any
+    low: Point
     rows: int
-    ahead: Any
-    behind: Any
+    ahead: Point
 
 
 def window_layout(
-    tiles: Sequence[WindowTile], pieces: int, band: int, span: int, stride: int, *, descending: bool
+    tiles: Sequence[WindowTile], nullable: tuple[bool, ...], pieces: int, band: int, span: int, stride: int
 ) -> list[tuple[KeyRanges, int]]:
-    """The combed pieces of a series whose order key is distinct, in plan order, each with the
-    rows its query returns (stripes and contexts). Pure.
+    """The combed pieces of a series whose ORDER BY tuples are distinct, in plan order, each with
+    the rows its query returns (stripes and contexts). Pure.
 
     Args:
-        tiles: the series' tiles, ascending by key, no key NULL, and every row's key distinct
-            when ``span > 1`` (with ``span == 1`` a tile's ``ahead`` and ``behind`` are its ``low``).
+        tiles: the series' tiles, in the query's order, every row's tuple distinct when
+            ``span > 1`` (with ``span == 1`` a tile's ``ahead`` is its ``low``).
+        nullable: per ORDER BY term, whether the series holds a NULL there.
         pieces: how many pieces to cut the rows into (at most one per tile).
         band: how many pieces to comb together at most.
         span: rows a window needs; each stripe carries the ``span - 1`` rows after it in the
-            query's order (lower keys when ``descending``).
+            query's order.
         stride: rows between the starts of consecutive windows.
-        descending: the query orders the key descending.
     """
     total = sum(tile.rows for tile in tiles)
     firsts = np.cumsum([0] + [tile.rows for tile in tiles]).tolist()
     edge = span - 1
     result = []
     for members, owner in band_members([(t.low, t.rows) for t in tiles], pieces, band):
-        # rank intervals [a, b) with their keys: the stripes widened by their contexts, merged
+        # row intervals [a, b) with their tuples: the stripes widened by their contexts, merged
         widened: list[list[Any]] = []
         for index in members:
             low, high = firsts[index], firsts[index + 1]
             low_key = None if index == 0 else tiles[index].low
             high_key = None if index + 1 == len(tiles) else tiles[index + 1].low
-            if descending and low > 0:
-                low, low_key = max(low - edge, 0), (None if low <= edge else tiles[index].behind)
-            elif not descending and high < total:
-                high, high_key = min(high + edge, total), tiles[index + 1].ahead
+            if high < total:
+                high = min(high + edge, total)
+                high_key = None if high == total else tiles[index + 1].ahead
             if widened and low <= widened[-1][1]:
                 widened[-1][1:4:2] = [high, high_key]
             else:
                 widened.append([low, high, low_key, high_key])
-        runs = [(low, high - low) for low, high, _, _ in widened]
-        starts = [(firsts[i], firsts[i + 1]) for i in members]
-        if descending:  # the query's rows run from the highest key: row r is rank total - 1 - r
-            runs = [(total - low - rows, rows) for low, rows in reversed(runs)]
-            starts = [(total - high, total - low) for low, high in reversed(starts)]
-        windows = WindowRows(tuple(runs), tuple(starts), stride)
+        runs = tuple((low, high - low) for low, high, _, _ in widened)
+        starts = tuple((firsts[i], firsts[i + 1]) for i in members)
+        windows = WindowRows(runs, starts, stride)
         ranges = tuple((low_key, high_key) for _, _, low_key, high_key in widened)
-        result.append((KeyRanges(ranges, band=owner, windows=windows), sum(rows for _, rows in runs)))
-    if descending:
-        result.reverse()
+        result.append(
+            (KeyRanges(ranges, nullable, band=owner, windows=windows), sum(rows for _, rows in runs))
+        )
     return result
