@@ -11,6 +11,7 @@ use ``any_db`` run on it.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import sqlite3
 from collections.abc import Callable, Iterator, Sequence
@@ -33,7 +34,7 @@ from ddbloader import DDBDataLoader, DDBIterableDataset
 from ddbloader._core.engine import Cursor
 from ddbloader._sql.fingerprint import HASH_ALIAS, planned_sum, row_hash, strip_hash
 from ddbloader._sql.query import UserQuery
-from ddbloader.backends import DuckDBBackend, connect
+from ddbloader.backends import ADBCBackend, DuckDBBackend, connect
 
 #: 3 groups × 4 days × 50 rows; ``id`` is unique, so every row differs from every other.
 ROWS = 600
@@ -107,7 +108,9 @@ def _postgres(server: pgserver.PostgresServer, table: pa.Table) -> Iterator[Db]:
     with admin.cursor() as cursor:
         cursor.adbc_ingest("fp", table, mode="create")
     try:
-        yield Db("postgres", server.uri, execute)
+        # each query reads what is committed when it runs (no snapshot), so that changes made
+        # after planning reach the fetches, which verify=True must then catch
+        yield Db("postgres", functools.partial(ADBCBackend, server.uri, snapshot=False), execute)
     finally:
         execute("DROP TABLE fp")
         admin.close()

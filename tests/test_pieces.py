@@ -601,7 +601,11 @@ def test_verify_checks_each_range_piece(engine: TableEngine, window_size: int | 
         assert [(x.tolist(), y.tolist()) for x, y in verified] == [(x.tolist(), y.tolist()) for x, y in plain]
         if order == "u":  # tagged: read two to a query
             assert verified.stats().queries <= len(pieces) // PIECES_PER_QUERY + 1
+        before = [(x.tolist(), y.tolist()) for x, y in plain]
         _update(engine, "UPDATE t SET y = y + 1 WHERE id = 123")
+        if engine.name == "postgres":  # the loader reads its own snapshot (backends/postgres.py)
+            assert [(x.tolist(), y.tolist()) for x, y in verified] == before
+            return
         with pytest.raises(
             ValueError, match=r"returned the \d+ rows planning counted, but their content differs"
         ):

@@ -21,7 +21,18 @@ from sqlglot import exp
 
 from .binding import binds_exactly
 from .ordering import is_carried, read_direction, same_name
-from .pieces import COMB_BAND, COMB_STRIPES, CONTIGUOUS_TILES, KeyRanges, Point, layout, paren, search
+from .parsing import NULLS_STATED
+from .pieces import (
+    COMB_BAND,
+    COMB_STRIPES,
+    CONTIGUOUS_TILES,
+    KeyRanges,
+    Point,
+    compare,
+    layout,
+    paren,
+    search,
+)
 from .query import Query, UserQuery
 from .window_pieces import WindowTile, window_layout
 
@@ -223,6 +234,28 @@ class RangeCutter:
                 return None
         return [tuple(values) for values in zip(*columns, strict=True)]
 
+    def _at_or_after(
+        self,
+        filtered: exp.Expr,
+        points: Sequence[Point],
+        nullable: tuple[bool, ...],
+        first: int,
+        params: tuple[Any, ...],
+    ) -> list[int]:
+        """How many of the subquery's rows the pieces' own comparisons place at or after each of
+        ``points`` (their values parameters ``first`` on, as :func:`search` numbers them)."""
+        assert isinstance(self._query, UserQuery)
+        sums, number = [], first
+        for index, point in enumerate(points):
+            at = compare(self.terms, nullable, point, number, after=True)
+            one = exp.Case(ifs=[exp.If(this=at, true=exp.Literal.number(1))], default=exp.Literal.number(0))
+            sums.append(exp.Sum(this=one).as_(f"{_ROWS_ALIAS}{index}"))
+            number += sum(value is not None for value in point)
+        counted = exp.select(*sums).from_(_subquery(filtered, "_ddb_a"))
+        purpose = f"checking the pieces' comparisons of {self.text}"
+        table = self._run(self._query.render(counted), purpose, params)
+        return [int(table.column(i)[0].as_py() or 0) for i in range(len(points))]
+
     def _agrees(
         self,
         columns: Sequence[exp.Expr],
@@ -260,9 +293,17 @@ class RangeCutter:
         found = {int(r): int(n) for r, n in zip(*table.to_pydict().values(), strict=True)}
         ends = [0, *(row for row, _ in marks), rows]
         expected = {r: ends[r + 1] - ends[r] for r in range(len(ends) - 1) if ends[r + 1] > ends[r]}
-        if found == expected:
+        # the regions test "before a point"; a piece's lower end tests "at or after" it, which an
+        # engine may answer otherwise for the same row (NaN is neither before nor after 7.0)
+        after = self._at_or_after(filtered, points, nullable, len(columns) + 1, (*params, *bounds))
+        expected_after = [rows - row for row, _ in marks]
+        if found == expected and after == expected_after:
             return True
-        wrong = next(r for r in sorted(set(found) | set(expected)) if found.get(r) != expected.get(r))
+        if found == expected:
+            at = next(i for i, (a, b) in enumerate(zip(after, expected_after, strict=True)) if a != b)
+            found, expected, wrong = {0: after[at]}, {0: expected_after[at]}, 0
+        else:
+            wrong = next(r for r in sorted(set(found) | set(expected)) if found.get(r) != expected.get(r))
         self.reason = (
             f"the engine's comparisons of {self.text!r} do not agree with its own ORDER BY (between two "
             f"piece boundaries it ranked {expected.get(wrong, 0)} rows, its comparisons find "
@@ -305,7 +346,14 @@ class RangeCutter:
         def order() -> exp.Order:
             return exp.Order(
                 expressions=[
-                    exp.Ordered(this=exp.column(name), desc=term.descending, nulls_first=term.nulls_first)
+                    # NULL placement stated even where it is the dialect's default: the session's
+                    # may differ (DuckDB's default_null_order), and the pieces assume the engine's
+                    exp.Ordered(
+                        this=exp.column(name),
+                        desc=term.descending,
+                        nulls_first=term.nulls_first,
+                        **{NULLS_STATED: True},
+                    )
                     for term, name in zip(self.terms, names, strict=True)
                 ]
             )

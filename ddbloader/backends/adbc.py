@@ -197,13 +197,16 @@ class ADBCBackend:
     Args:
         source: a ``postgresql://`` URI, an ADBC DB-API connection, or a callable returning one.
         dialect: sqlglot dialect; default: from the driver's ``vendor_name``.
+        snapshot: on PostgreSQL, read one snapshot from construction to :meth:`close` (see
+            :mod:`ddbloader.backends.postgres`); False: each query reads what is committed when
+            it runs (then ``verify=True`` is the check that rows did not change).
 
     Raises:
         ImportError: the URI's driver is not installed.
         TypeError: the dialect cannot be told from the driver; pass ``dialect=``.
     """
 
-    def __init__(self, source: Any, *, dialect: str | None = None) -> None:
+    def __init__(self, source: Any, *, dialect: str | None = None, snapshot: bool = True) -> None:
         self._spare: Any = None
         if isinstance(source, str):
             if not source.startswith(POSTGRES_SCHEMES):
@@ -247,7 +250,7 @@ class ADBCBackend:
         if self.engine.startswith("adbc"):
             self.engine = f"{vendor or 'adbc'} {self.engine.removeprefix('adbc ')}"
         self.read_only_sql = read_only_statement(found)
-        if found == "postgres":
+        if found == "postgres" and snapshot:
             try:
                 self._holder = SnapshotHolder(replicate(_autocommit(self._open()), self._session))
             except BaseException:
