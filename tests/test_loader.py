@@ -894,7 +894,7 @@ def test_the_dataloader_attributes_torch_code_reads(series: duckdb.DuckDBPyConne
 
 
 @pytest.mark.parametrize(("argument", "value"), [("group_col", "nope"), ("repartition_col", "part + nope")])
-def test_an_unknown_key_column_names_the_argument_and_the_result_columns(
+def test_an_unknown_key_column_names_the_argument_and_the_column(
     series: duckdb.DuckDBPyConnection, argument: str, value: str
 ) -> None:
     message = f"cannot split this query by {argument} '{re.escape(value)}'.* 'nope' is not one of its result"
