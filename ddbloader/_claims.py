@@ -121,34 +121,26 @@ class EpochClaims:
 
     def _next_batches(self, num_workers: int) -> int:
         """The batches the next iteration yields on this rank, summed over ``num_workers`` workers:
-        a whole epoch's, or the rest of a resumed one (a worker whose saved count this state does
-        not know is counted whole)."""
+        a whole epoch's, or the rest of a resumed one, as each worker's claim would count them (a
+        worker whose place a single other worker's state cannot tell is counted whole).
+
+        Raises:
+            ValueError: a single worker's state under another world or worker count (as the
+                iteration would: see :meth:`~ddbloader._epoch.state.Resume.continued_by`).
+        """
         sharding = self.sharding
-        resume = self._resume
-        if resume is not None:
-            stretches, _ = self._next_run(sharding, resume.worker, num_workers)
-            if stretches:  # an elastic resume: the rest, split anew
-                total = sum(u.samples for u in self._remainder(self._epoch, stretches))
-                samples = shard_samples(total, sharding.world_size, sharding.even_batches)
-                return sum(
-                    batch_count(
-                        len(part_range(samples, num_workers, w)),
-                        self.config.batch_size,
-                        self.config.drop_last,
-                    )
-                    for w in range(num_workers)
-                )
-        samples = shard_samples(self.plan.samples, sharding.world_size, sharding.even_batches)
         total = 0
         for worker in range(num_workers):
-            batches = batch_count(
-                len(part_range(samples, num_workers, worker)), self.config.batch_size, self.config.drop_last
-            )
             try:
-                _, skip = self._next_run(sharding, worker, num_workers)
-            except ValueError:  # another worker's single state: only that worker knows its place
-                skip = 0
-            total += batches - min(skip, batches)
+                total += self._pending(worker, num_workers)[1]
+            except ValueError:
+                resume = self._resume
+                place = (sharding.world_size, sharding.even_batches, num_workers)
+                if resume is None or (resume.world_size, resume.even_batches, resume.num_workers) != place:
+                    raise
+                samples = shard_samples(self.plan.samples, sharding.world_size, sharding.even_batches)
+                share = len(part_range(samples, num_workers, worker))
+                total += batch_count(share, self.config.batch_size, self.config.drop_last)
         return total
 
     def _next_run(self, sharding: Sharding, worker: int, num_workers: int) -> tuple[tuple[Stretch, ...], int]:

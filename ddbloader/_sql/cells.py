@@ -125,7 +125,7 @@ def parse_query(backend: Backend, sql: str) -> Query:
         engine_says = check(sql) if isinstance(error.__cause__, SqlglotError) and callable(check) else None
         if engine_says is None:
             raise
-        raise ValueError(f"sql does not parse as {backend.engine} SQL: {engine_says}") from error
+        raise ValueError(f"sql does not parse as {backend.dialect} SQL: {engine_says}") from error
 
 
 def pin_pivots(cursor: Cursor, query: Query) -> Query:
