@@ -5,10 +5,11 @@ Usage::
     python benchmarks/digests.py            # "name digest" lines, one per configuration
     python benchmarks/digests.py | diff benchmarks/digests.txt -   # no output: identical
 
-``digests.txt`` holds the digests of the current code. They last changed when the windowed range
-pieces of a group of one subquery with a distinct order key were combed (the five
-``shuf-win*-streamed*``/``smallunits`` configurations; before, when a shuffled partition larger
-than ``fetch_bytes`` became range pieces); the executor of the schedule left every digest as it was.
+``digests.txt`` holds the digests of the current code. They last changed, all of them, when
+floating columns came out in ``torch.get_default_dtype()`` (float32) instead of float64: every
+batch's bytes, and the fetch units and pieces cut from ``fetch_bytes`` by the halved row width
+(before, when the windowed range pieces of a group of one subquery with a distinct order key were
+combed: the five ``shuf-win*-streamed*``/``smallunits`` configurations).
 
 A refactoring of the epoch machinery must leave every digest as it was (the batches
 bit-identical for a given seed): shuffle on and off, windows, repartitions, small and large

@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+import torch
 from torch.utils.data import get_worker_info
 
 from ._core.config import LoaderConfig
@@ -117,6 +119,30 @@ class EpochClaims:
         batches = batch_count(share, self.config.batch_size, self.config.drop_last)
         return self._epoch, batches - min(skip, batches)
 
+    def _next_batches(self, num_workers: int) -> int:
+        """The batches the next iteration yields on this rank, summed over ``num_workers`` workers:
+        a whole epoch's, or the rest of a resumed one, as each worker's claim would count them (a
+        worker whose place a single other worker's state cannot tell is counted whole).
+
+        Raises:
+            ValueError: a single worker's state under another world or worker count (as the
+                iteration would: see :meth:`~ddbloader._epoch.state.Resume.continued_by`).
+        """
+        sharding = self.sharding
+        total = 0
+        for worker in range(num_workers):
+            try:
+                total += self._pending(worker, num_workers)[1]
+            except ValueError:
+                resume = self._resume
+                place = (sharding.world_size, sharding.even_batches, num_workers)
+                if resume is None or (resume.world_size, resume.even_batches, resume.num_workers) != place:
+                    raise
+                samples = shard_samples(self.plan.samples, sharding.world_size, sharding.even_batches)
+                share = len(part_range(samples, num_workers, worker))
+                total += batch_count(share, self.config.batch_size, self.config.drop_last)
+        return total
+
     def _next_run(self, sharding: Sharding, worker: int, num_workers: int) -> tuple[tuple[Stretch, ...], int]:
         """The stretches of the next epoch served before it and the batches of its own schedule to
         skip (see :meth:`~ddbloader._epoch.state.Resume.continued_by`); none for an ordinary epoch."""
@@ -167,6 +193,8 @@ class EpochClaims:
                 f"(give the DataLoader pin_memory=True), or serve the loader with num_workers=0"
             )
         sharding = self.sharding
+        if self._fixed_sharding is None:
+            _refuse_a_rank_without_a_process_group()
         self._agree(sharding)
         epoch, config = self._epoch, self.config
         stretches, saved = self._next_run(sharding, iteration.worker, iteration.num_workers)
@@ -251,6 +279,28 @@ class EpochClaims:
                 f"the world size changed from {world} to {now} during an epoch: the "
                 f"epoch was split for {world} ranks; finish the epoch before changing the process group"
             )
+
+
+def _refuse_a_rank_without_a_process_group() -> None:
+    """Refuse to serve one of several ranks (torchrun's ``WORLD_SIZE``/``RANK`` in the
+    environment) while no process group says which: every rank would serve the whole epoch.
+
+    Raises:
+        RuntimeError: ``WORLD_SIZE`` > 1 in the environment and torch.distributed not initialised.
+    """
+    world = os.environ.get("WORLD_SIZE", "1")
+    if not world.isdigit() or int(world) <= 1:
+        return
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return
+    raise RuntimeError(
+        f"this process was launched as rank {os.environ.get('RANK', '?')} of {world} (WORLD_SIZE and RANK "
+        f"in the environment, as torchrun sets them), but no torch.distributed process group is "
+        f"initialised, so every rank would serve the whole epoch: call "
+        f"torch.distributed.init_process_group() before the first batch (with Accelerate on a CPU "
+        f"machine, Accelerator(cpu=True), which initialises one), or give the loader rank= and "
+        f"world_size= (rank=0, world_size=1 serves every process the whole epoch)"
+    )
 
 
 class Iteration:

@@ -26,7 +26,9 @@ _MAX_WORKERS = 256
 class DDBIterableDataset(IterableDataset[Delivered]):
     """``DDBDataLoader``'s arguments, served through ``torch.utils.data.DataLoader``.
 
-    Use ``DataLoader(dataset, batch_size=None, num_workers=N)``: batching happens here. Each
+    Use ``DataLoader(dataset, batch_size=None, num_workers=N)``: batching happens here; a DataLoader
+    that would batch again with torch's default collate (any other ``batch_size``, 1 by default) is
+    refused at ``iter()``, naming ``batch_size=None``. Each
     worker serves a disjoint, contiguous share of this rank's samples and opens its own
     connection from ``source``, which must then be a database path, a URI or a factory (a
     connection object cannot cross processes). The set of samples of an epoch is the same for
@@ -87,6 +89,7 @@ class DDBIterableDataset(IterableDataset[Delivered]):
         self._dispatched: bool | None = None
 
     def __iter__(self) -> Iterator[Delivered]:
+        _refuse_batching_again(self)
         info = get_worker_info()
         if info is None and self._under_dispatcher() and not self._dispatched:
             return iter(())  # a dispatcher's other processes receive their batches from the main one
@@ -101,14 +104,21 @@ class DDBIterableDataset(IterableDataset[Delivered]):
         if info.num_workers > _MAX_WORKERS:
             raise ValueError(f"DDBIterableDataset serves at most {_MAX_WORKERS} DataLoader workers")
         slot = info.id
-        self.loader.set_epoch(int(self._worker_epochs[slot]))
+        epoch = int(self._worker_epochs[slot])
+        if self.loader._resume is not None and epoch > self.loader.epoch:
+            # this copy was made before an earlier worker in this slot claimed the loaded epoch:
+            # that position is served, not dropped (set_epoch would warn that it is)
+            self.loader._resume = None
+        self.loader.set_epoch(epoch)
         return self.loader.iterate(slot, info.num_workers, functools.partial(self._claimed, slot))
 
     def _claimed(self, slot: int, epoch: int) -> None:
         self._worker_epochs[slot] = epoch + 1
 
     def __len__(self) -> int:
-        """Batches per epoch under a DataLoader with this dataset's ``num_workers`` (default 1).
+        """The batches the next iteration yields under a DataLoader with this dataset's
+        ``num_workers`` (default 1): a whole epoch, or the rest of a resumed one (see
+        :meth:`DDBDataLoader.batches`).
 
         Under Accelerate's dispatcher: the whole epoch's (it yields them all in the main process
         and counts ``num_processes`` of them as one step).
@@ -219,6 +229,37 @@ class DDBIterableDataset(IterableDataset[Delivered]):
                 "batches of every epoch: leave the DataLoader's drop_last off and give drop_last= to "
                 "DDBIterableDataset"
             )
+
+
+def _refuse_batching_again(dataset: DDBIterableDataset) -> None:
+    """Refuse a DataLoader that would batch this dataset's batches with torch's default collate.
+
+    ``DataLoader(dataset)`` batches automatically (``batch_size=1`` by default): its fetcher, which
+    calls ``iter()`` here in the main process or in a worker, would stack batches of
+    ``batch_size`` samples into a tensor with an extra leading dimension. Refused rather than
+    adapted: serving it single samples would silently change what the DataLoader's
+    ``batch_size`` or ddbloader's means. A ``collate_fn`` of the user's (HF ``Trainer``'s) takes
+    the list of batches itself and is left alone.
+
+    Raises:
+        ValueError: the calling fetcher batches automatically with ``default_collate``.
+    """
+    fetch = sys.modules.get("torch.utils.data._utils.fetch")
+    frame: Any = sys._getframe(2)
+    for _ in range(4):  # the fetcher calls iter(dataset) in its __init__
+        if frame is None or fetch is None:
+            return
+        owner = frame.f_locals.get("self")
+        if isinstance(owner, fetch._IterableDatasetFetcher) and owner.dataset is dataset:
+            if owner.auto_collation and owner.collate_fn is default_collate:
+                raise ValueError(
+                    "DataLoader(DDBIterableDataset(...)) batches automatically (its batch_size is not "
+                    "None; the default is 1), so torch's default_collate would stack ddbloader's batches "
+                    "and add a leading dimension: the dataset batches itself (its batch_size=), so give "
+                    "DataLoader(dataset, batch_size=None)"
+                )
+            return
+        frame = frame.f_back
 
 
 def _accelerate_wrapper(dataset: DDBIterableDataset) -> Any:

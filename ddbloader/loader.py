@@ -28,11 +28,10 @@ from ._core.errors import warn_caller
 from ._diagnostics.mixing import MixingWatch
 from ._diagnostics.summary import plan_rows
 from ._epoch.elastic import Stretch
-from ._epoch.shard import Sharding, part_range, resolve_sharding, shard_samples
+from ._epoch.shard import Sharding, resolve_sharding
 from ._epoch.state import Resume
 from ._modes import Handover, tf_dataset
 from ._pipeline.arena import Arena
-from ._pipeline.batch import batch_count
 from ._pipeline.epoch import EpochIterator
 from ._resources import LoaderResources
 from ._samples import DataLoaderFace
@@ -70,7 +69,8 @@ class DDBDataLoader(DataLoaderFace, LoaderCheckpoint, LoaderResources):
         shuffle: random group, partition and sample order, and batches drawn across groups.
         window_size: ``n`` or ``[x_rows, y_rows]``; ``None`` means one row per sample.
         window_stride: rows between sample starts (a second value is accepted and ignored).
-        input_col: the columns of x, in order; default: every numeric column.
+        input_col: the columns of x, in order; default: every numeric column, less target_col
+            without windows (DolphinDB keeps it: name it here to feed it).
         exclude_col: columns left out of x.
         repartition_col: split each group further by this column or SQL expression.
         repartition_scheme: the repartition values, in order; ``None`` discovers them.
@@ -83,7 +83,10 @@ class DDBDataLoader(DataLoaderFace, LoaderCheckpoint, LoaderResources):
         prefetch_batch: batches assembled ahead (0 assembles in the consumer's thread).
         prepartition_num: partitions per active group held at once (the one being served too).
         group_pool_size: groups active at once.
-        dtype: dtype of x and y, or a pair ``(x_dtype, y_dtype)``; default: numpy promotion.
+        dtype: dtype of x and y, or a pair ``(x_dtype, y_dtype)``; default: the columns' common type,
+            a floating one in ``torch.get_default_dtype()`` (float32): integer-only x or y keeps its
+            integer type, integers with NULLs become floating with NaN. DolphinDB's float64 for
+            DOUBLE columns: ``dtype=torch.float64``.
         pin_memory: ``"auto"`` pins host batches when CUDA is available; never in a DataLoader
             worker process (give the DataLoader ``pin_memory=True``: it pins in the main process).
         fetch_threads: partition fetch threads, each with its own cursor.
@@ -229,8 +232,9 @@ class DDBDataLoader(DataLoaderFace, LoaderCheckpoint, LoaderResources):
         self._tokens = itertools.count()
 
     def __len__(self) -> int:
-        """Batches this rank yields per epoch (the same on every rank) under the current world size;
-        for an epoch resumed from another world size, the batches of its rest (see :meth:`batches`)."""
+        """The batches the next iteration yields on this rank (the same on every rank): a whole
+        epoch under the current world size, or after ``load_state_dict`` the rest of the resumed
+        epoch, whatever world size saved it (see :meth:`batches`)."""
         return self.batches()
 
     @property
@@ -241,25 +245,12 @@ class DDBDataLoader(DataLoaderFace, LoaderCheckpoint, LoaderResources):
         return resolve_sharding(None, None, self._even_batches)
 
     def batches(self, num_workers: int = 1) -> int:
-        """Batches per epoch on this rank when its share is split over ``num_workers`` workers.
-
-        When the next epoch resumes a state saved under another world size (or worker count), its
-        rest is what this rank serves of it instead: the samples no old rank had handed out.
+        """The batches the next iteration yields on this rank when its share is split over
+        ``num_workers`` workers: a whole epoch's, or after ``load_state_dict`` the rest of the
+        resumed epoch (under the saving world: the batches after the saved one; under another
+        world size or worker count: this rank's share of the samples no old rank handed out).
         """
-        sharding = self.sharding
-        total = self.plan.samples
-        resume = self._resume
-        if resume is not None:
-            stretches, _ = self._next_run(sharding, resume.worker, num_workers)
-            if stretches:
-                total = sum(u.samples for u in self._remainder(self._epoch, stretches))
-        samples = shard_samples(total, sharding.world_size, sharding.even_batches)
-        return sum(
-            batch_count(
-                len(part_range(samples, num_workers, w)), self.config.batch_size, self.config.drop_last
-            )
-            for w in range(num_workers)
-        )
+        return self._next_batches(num_workers)
 
     @property
     def epoch(self) -> int:

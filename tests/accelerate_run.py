@@ -33,7 +33,7 @@ from ddbloader import DDBDataLoader, DDBIterableDataset
 
 
 def train(accelerator: Accelerator, loader: Any) -> dict[str, Any]:
-    model = torch.nn.Linear(3, 1, dtype=torch.float64)
+    model = torch.nn.Linear(3, 1)
     optimiser = torch.optim.SGD(model.parameters(), lr=0.01)
     model, optimiser, prepared = accelerator.prepare(model, optimiser, loader)
     seen: dict[int, list[int]] = {}

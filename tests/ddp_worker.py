@@ -46,7 +46,7 @@ def sample_names(x: torch.Tensor) -> list[int]:
 
 def train_one_epoch(loader: DDBDataLoader) -> dict[str, Any]:
     torch.manual_seed(0)
-    model = DistributedDataParallel(torch.nn.Linear(3, 1, dtype=torch.float64))
+    model = DistributedDataParallel(torch.nn.Linear(3, 1))
     optimiser = torch.optim.SGD(model.parameters(), lr=0.1)
     steps, losses = 0, []
     for x, y in loader:

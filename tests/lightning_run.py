@@ -36,7 +36,7 @@ ARGS: dict[str, Any] = {
 class Tiny(L.LightningModule):
     def __init__(self) -> None:
         super().__init__()
-        self.layer = torch.nn.Linear(3, 1, dtype=torch.float64)
+        self.layer = torch.nn.Linear(3, 1)
         self.seen: dict[int, list[int]] = {}
 
     def training_step(self, batch: Any, index: int) -> torch.Tensor:

@@ -48,13 +48,13 @@ def test_later_epochs_come_from_memory_with_the_same_batches(series: duckdb.Duck
 
 
 def test_a_budget_below_the_planned_bytes_warns_and_caches_nothing(series: duckdb.DuckDBPyConnection) -> None:
-    # 88 rows of x (f0, f1) and y, float64: 88 * 24 bytes
-    with pytest.warns(UserWarning, match=r"cache_bytes=2,111 is less than the 2,112 bytes"):
-        _, fetches = epochs_and_fetches(series, 2, cache_bytes=2111)
+    # 88 rows of x (f0, f1) and y, float32 (torch's default): 88 * 12 bytes
+    with pytest.warns(UserWarning, match=r"cache_bytes=1,055 is less than the 1,056 bytes"):
+        _, fetches = epochs_and_fetches(series, 2, cache_bytes=1055)
     assert fetches[1] == fetches[0] > 0
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        _, fetches = epochs_and_fetches(series, 2, cache_bytes=2112)
+        _, fetches = epochs_and_fetches(series, 2, cache_bytes=1056)
     assert fetches[0] > 0 and fetches[1] == 0
 
 

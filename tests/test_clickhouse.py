@@ -135,7 +135,7 @@ def test_low_cardinality_and_nullable_columns_load(clickhouse: ClickHouseEngine)
     with DDBDataLoader(clickhouse.uri, sql, "y", batch_size=3, input_col="v", group_col="sym") as loader:
         assert [g.value for g in loader.plan.groups] == ["a", "b"]
         ((x, _),) = list(loader)
-    assert x[:, 0].tolist()[:2] == [1.0, 3.0]  # group a first; v has a NULL, so float64 with NaN
+    assert x[:, 0].tolist()[:2] == [1.0, 3.0]  # group a first; v has a NULL, so floating with NaN
 
 
 def test_a_fetch_unit_is_one_query(clickhouse: ClickHouseEngine) -> None:

@@ -62,12 +62,12 @@ def first_batch(loader: DDBDataLoader) -> tuple[torch.Tensor, torch.Tensor]:
         (["i32"], torch.int32, [[i] for i in range(ROWS)]),
         (["i64"], torch.int64, [[i] for i in range(ROWS)]),
         (["i16", "i8"], torch.int16, [[i, i] for i in range(ROWS)]),
-        (["i32", "f64"], torch.float64, [[i, i * 0.5] for i in range(ROWS)]),
-        (["i32", "f32"], torch.float64, [[i, i * 0.25] for i in range(ROWS)]),
+        (["i32", "f64"], torch.float32, [[i, i * 0.5] for i in range(ROWS)]),
+        (["i32", "f32"], torch.float32, [[i, i * 0.25] for i in range(ROWS)]),
         (["f32"], torch.float32, [[i * 0.25] for i in range(ROWS)]),
-        (["u64", "i64"], torch.float64, [[i, i] for i in range(ROWS)]),
-        (["dec"], torch.float64, [[round(i / 4, 2)] for i in range(ROWS)]),
-        (["huge"], torch.float64, [[i] for i in range(ROWS)]),
+        (["u64", "i64"], torch.float32, [[i, i] for i in range(ROWS)]),
+        (["dec"], torch.float32, [[round(i / 4, 2)] for i in range(ROWS)]),
+        (["huge"], torch.float32, [[i] for i in range(ROWS)]),
         (["flag"], torch.bool, [[i % 2 == 0] for i in range(ROWS)]),
         (["flag", "i8"], torch.int8, [[int(i % 2 == 0), i] for i in range(ROWS)]),
     ],
@@ -84,12 +84,12 @@ def test_column_types_map_to_one_common_dtype(
 
 
 @pytest.mark.parametrize(("column", "scale"), [("inull", 10), ("bnull", 10), ("flagnull", None)])
-def test_integer_or_boolean_column_with_nulls_becomes_float64_with_nan(
+def test_integer_or_boolean_column_with_nulls_becomes_floating_with_nan(
     db: duckdb.DuckDBPyConnection, column: str, scale: int | None
 ) -> None:
     x, y = first_batch(load(db, target_col=column, input_col=[column, "i32"]))
-    assert x.dtype == torch.float64
-    assert y.dtype == torch.float64
+    assert x.dtype == torch.float32
+    assert y.dtype == torch.float32
     for i in range(ROWS):
         if i in NULL_ROWS:
             assert math.isnan(x[i, 0]) and math.isnan(y[i, 0])
@@ -101,7 +101,7 @@ def test_integer_or_boolean_column_with_nulls_becomes_float64_with_nan(
 
 def test_nulls_only_promote_the_tensor_that_holds_them(db: duckdb.DuckDBPyConnection) -> None:
     x, y = first_batch(load(db, target_col="i64", input_col=["inull", "i32"]))
-    assert x.dtype == torch.float64
+    assert x.dtype == torch.float32
     assert y.dtype == torch.int64
     assert y[:, 0].tolist() == list(range(ROWS))
 
@@ -111,7 +111,7 @@ def test_integer_column_without_nulls_in_a_nullable_query_stays_integer(
 ) -> None:
     # The nulls are filtered out by the query, so no row of the result has one.
     sql = f"SELECT inull FROM d WHERE i32 NOT IN {NULL_ROWS}"
-    x, _ = first_batch(load(db, sql, target_col="inull"))
+    x, _ = first_batch(load(db, sql, target_col="inull", input_col="inull"))
     assert x.dtype == torch.int32
     assert x[:, 0].tolist() == [10, 20, 40, 50]
 
@@ -122,7 +122,8 @@ def test_integer_column_without_nulls_in_a_nullable_query_stays_integer(
         (torch.float32, torch.float32, torch.float32),
         (torch.float16, torch.float16, torch.float16),
         ((torch.float32, torch.int64), torch.float32, torch.int64),
-        ((None, torch.int16), torch.float64, torch.int16),
+        ((None, torch.int16), torch.float32, torch.int16),
+        (torch.float64, torch.float64, torch.float64),
         ("float32", torch.float32, torch.float32),
     ],
 )
@@ -135,6 +136,40 @@ def test_dtype_override(
     assert x[:, 1].tolist() == [i * 0.5 for i in range(ROWS)]
     assert [math.isnan(v) for v in x[:, 2].tolist()] == [i in NULL_ROWS for i in range(ROWS)]
     assert y[:, 0].tolist() == list(range(ROWS))
+
+
+@pytest.mark.parametrize("default", [torch.float64, torch.float16])
+def test_floating_columns_come_out_in_torchs_default_dtype(
+    db: duckdb.DuckDBPyConnection, default: torch.dtype
+) -> None:
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(default)
+    try:
+        x, y = first_batch(load(db, target_col="f64", input_col=["i32", "f32"]))
+    finally:
+        torch.set_default_dtype(before)
+    assert (x.dtype, y.dtype) == (default, default)
+    assert x[:, 1].tolist() == [i * 0.25 for i in range(ROWS)]
+
+
+def test_floating_x_feeds_a_linear_layer_without_a_cast(db: duckdb.DuckDBPyConnection) -> None:
+    x, y = first_batch(load(db, target_col="f64", input_col=["f64", "i32", "dec"]))
+    assert torch.nn.Linear(3, 1)(x).shape == (ROWS, 1)
+    assert y.dtype == torch.get_default_dtype()
+
+
+def test_a_default_dtype_without_a_numpy_equivalent_is_refused_naming_the_way_out(
+    db: duckdb.DuckDBPyConnection,
+) -> None:
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        with pytest.raises(TypeError, match=r"default dtype torch.bfloat16 .* pass dtype=torch.float32"):
+            load(db, target_col="f64", input_col=["i32"])
+        x, _ = first_batch(load(db, target_col="f64", input_col=["i32"], dtype=torch.float32))
+    finally:
+        torch.set_default_dtype(before)
+    assert x.dtype == torch.float32
 
 
 # --- which columns ----------------------------------------------------------------------------
@@ -153,8 +188,8 @@ def test_unnamed_non_numeric_columns_are_left_out_with_one_warning(db: duckdb.Du
         assert repr(name) in message
     assert ours[0].filename == __file__  # points at the caller's line
     x, y = first_batch(loader)
-    assert loader.plan.layout.x_names == ("i32", "f64")
-    assert x.tolist() == [[i, i * 0.5] for i in range(ROWS)]
+    assert loader.plan.layout.x_names == ("i32",)  # without windows the target is not in x
+    assert x.tolist() == [[i] for i in range(ROWS)]
     assert y.tolist() == [[i * 0.5] for i in range(ROWS)]
 
 
@@ -171,25 +206,31 @@ def test_excluding_the_non_numeric_columns_silences_the_warning(db: duckdb.DuckD
     loader.close()
 
 
-def test_without_windows_a_target_left_in_x_is_warned_about_once(db: duckdb.DuckDBPyConnection) -> None:
-    with pytest.warns(UserWarning, match=r"target_col \['f64'\] stays in x") as caught:
-        loader = load(db, "SELECT i32, f64 FROM d", target_col="f64")
-    assert len(caught) == 1
-    assert "exclude_col=['f64']" in str(caught[0].message)
-    x, y = first_batch(loader)
-    assert torch.equal(x[:, 1:], y)  # DolphinDB's rule: it stays
-
-
 @pytest.mark.filterwarnings("error")
 @pytest.mark.parametrize(
-    "kwargs",
-    [{"exclude_col": "f64"}, {"input_col": ["i32", "f64"]}, {"window_size": 2}],
-    ids=["excluded", "named", "windowed"],
+    ("kwargs", "x_names"),
+    [
+        ({}, ("i32",)),
+        ({"exclude_col": "f64"}, ("i32",)),
+        ({"input_col": ["i32", "f64"]}, ("i32", "f64")),  # DolphinDB's rule, one argument away
+        ({"window_size": 2}, ("i32", "f64")),  # with windows the target's past is a feature
+    ],
+    ids=["default", "excluded", "named", "windowed"],
 )
-def test_no_target_warning_when_excluded_named_or_windowed(
-    db: duckdb.DuckDBPyConnection, kwargs: dict[str, Any]
+def test_without_windows_the_target_is_in_x_only_when_input_col_names_it(
+    db: duckdb.DuckDBPyConnection, kwargs: dict[str, Any], x_names: tuple[str, ...]
 ) -> None:
-    load(db, "SELECT i32, f64 FROM d ORDER BY i32", target_col="f64", **kwargs).close()
+    loader = load(db, "SELECT i32, f64 FROM d ORDER BY i32", target_col="f64", **kwargs)
+    assert loader.plan.layout.x_names == x_names
+    x, y = first_batch(loader)
+    if "window_size" not in kwargs:
+        assert x.tolist() == [[i, i * 0.5][: len(x_names)] for i in range(ROWS)]
+        assert y.tolist() == [[i * 0.5] for i in range(ROWS)]
+
+
+def test_a_query_of_only_the_target_says_how_to_feed_it(db: duckdb.DuckDBPyConnection) -> None:
+    with pytest.raises(ValueError, match=r"x has no columns.*name it in input_col"):
+        load(db, "SELECT f64 FROM d", target_col="f64")
 
 
 @pytest.mark.parametrize("parameter", ["input_col", "target_col"])
@@ -206,21 +247,39 @@ def test_named_non_numeric_column_is_a_type_error(
         load(db, **kwargs)
 
 
+@pytest.mark.parametrize("grouped", [{}, {"group_col": "i16"}], ids=["ungrouped", "group_col"])
 @pytest.mark.parametrize(
-    ("kwargs", "parameter", "bad"),
+    ("kwargs", "parameter", "bad", "close"),
     [
-        ({"target_col": "nope"}, "target_col", "nope"),
-        ({"target_col": ["i32", "Nope"]}, "target_col", "Nope"),
-        ({"target_col": "i32", "input_col": ["i32", "nope"]}, "input_col", "nope"),
-        ({"target_col": "i32", "exclude_col": ["nope"]}, "exclude_col", "nope"),
-        ({"target_col": "I32"}, "target_col", "I32"),  # names are case-sensitive
+        ({"target_col": "nope"}, "target_col", "nope", None),
+        ({"target_col": ["i32", "f46"]}, "target_col", "f46", "f64"),
+        ({"target_col": "i32", "input_col": ["i32", "f6"]}, "input_col", "f6", "f64"),
+        ({"target_col": "i32", "exclude_col": ["i_32"]}, "exclude_col", "i_32", "i32"),
+        ({"target_col": "i32", "key_col": ["i326"]}, "key_col", "i326", "i32"),
+        ({"target_col": "I32"}, "target_col", "I32", "i32"),  # names are case-sensitive
     ],
 )
-def test_unknown_column_is_a_value_error_naming_it(
-    db: duckdb.DuckDBPyConnection, kwargs: dict[str, Any], parameter: str, bad: str
+def test_unknown_column_is_a_value_error_naming_the_argument_and_the_closest_column(
+    db: duckdb.DuckDBPyConnection,
+    kwargs: dict[str, Any],
+    parameter: str,
+    bad: str,
+    close: str | None,
+    grouped: dict[str, Any],
 ) -> None:
-    with pytest.raises(ValueError, match=rf"{parameter} names '{bad}', which is not a column of the query"):
-        load(db, "SELECT i32, f64 FROM d", **kwargs)
+    """The same error with or without group_col (it used to blame group_col, as a ValueError)."""
+    hint = rf" \(did you mean '{close}'\?\)" if close else ""
+    message = rf"^{parameter} names '{bad}'{hint}, which is not a column of the query"
+    with pytest.raises(ValueError, match=message):
+        load(db, "SELECT i16, i32, f64 FROM d", **kwargs, **grouped)
+
+
+@pytest.mark.parametrize("grouped", [{}, {"group_col": "i16"}], ids=["ungrouped", "group_col"])
+def test_a_named_string_column_is_a_type_error_with_or_without_group_col(
+    db: duckdb.DuckDBPyConnection, grouped: dict[str, Any]
+) -> None:
+    with pytest.raises(TypeError, match=r"^input_col names 'txt' of type string, which is not numeric"):
+        load(db, "SELECT i16, i32, txt FROM d", target_col="i32", input_col=["txt"], **grouped)
 
 
 def test_column_order_follows_input_col(db: duckdb.DuckDBPyConnection) -> None:
@@ -235,13 +294,12 @@ def test_column_order_follows_input_col(db: duckdb.DuckDBPyConnection) -> None:
 def test_column_order_follows_the_query_without_input_col(db: duckdb.DuckDBPyConnection) -> None:
     loader = load(db, "SELECT f64, i16, i32 FROM d", target_col="i32")
     x, _ = first_batch(loader)
-    assert loader.plan.layout.x_names == ("f64", "i16", "i32")
-    assert x.tolist() == [[i * 0.5, i, i] for i in range(ROWS)]
+    assert loader.plan.layout.x_names == ("f64", "i16")
+    assert x.tolist() == [[i * 0.5, i] for i in range(ROWS)]
 
 
-def test_target_stays_in_x_unless_excluded(db: duckdb.DuckDBPyConnection) -> None:
-    with pytest.warns(UserWarning, match=r"target_col \['f64'\] stays in x"):
-        kept = load(db, "SELECT i32, f64 FROM d", target_col="f64")
+def test_target_stays_in_x_with_windows_unless_excluded(db: duckdb.DuckDBPyConnection) -> None:
+    kept = load(db, "SELECT i32, f64 FROM d ORDER BY i32", target_col="f64", window_size=2)
     assert kept.plan.layout.x_names == ("i32", "f64")
     kept.close()
     dropped = load(db, "SELECT i32, f64 FROM d", target_col="f64", exclude_col="f64")
@@ -268,9 +326,9 @@ def test_a_column_the_query_returns_twice_loads_under_the_planned_names(
     # DuckDB names the second `i32` `i32_1` once the query is wrapped (as planning wraps it); the
     # partitions, fetched unwrapped, must still line up with those names.
     loader = load(db, "SELECT i32, i32 * 2, i32, f64 FROM d ORDER BY i32", target_col="i32_1")
-    assert loader.plan.layout.x_names == ("i32", "(i32 * 2)", "i32_1", "f64")
+    assert loader.plan.layout.x_names == ("i32", "(i32 * 2)", "f64")
     x, y = first_batch(loader)
-    assert x.tolist() == [[i, 2 * i, i, i * 0.5] for i in range(ROWS)]
+    assert x.tolist() == [[i, 2 * i, i * 0.5] for i in range(ROWS)]
     assert y.tolist() == [[i] for i in range(ROWS)]
 
 
@@ -304,7 +362,7 @@ def test_array_columns_stack_into_columns_by_length_as_dolphindb_shapes_them(
     assert x.shape == (ROWS - 2, 2, 2, 3) and y.shape == (ROWS - 2, 1, 1, 3)
     assert x[1, 1].tolist() == [[-2, -2.5, -2.25], [2, 2.5, 2.25]]  # column order follows input_col
     assert y[1, 0, 0].tolist() == [3, 6, 9]
-    assert "x: [6, 2, 2, 3] float64" in repr(windowed)
+    assert "x: [6, 2, 2, 3] float32" in repr(windowed)
 
 
 def test_array_and_scalar_columns_do_not_mix(db: duckdb.DuckDBPyConnection) -> None:

@@ -275,7 +275,7 @@ def test_pin_memory_auto_on_cpu_pins_nothing_and_still_loads(db: duckdb.DuckDBPy
         x, y = next(iter(loader))
     assert not x.is_pinned()
     assert not y.is_pinned()
-    assert x.shape == (8, 7)
+    assert x.shape == (8, 6)
 
 
 def test_offset_defaults_to_the_x_window_with_windows_and_zero_without(db: duckdb.DuckDBPyConnection) -> None:

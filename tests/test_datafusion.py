@@ -62,7 +62,7 @@ def test_the_engine_refuses_what_is_not_a_query(
 def test_the_loader_reads_the_views_of_the_passed_context(ctx: datafusion.SessionContext) -> None:
     ctx.sql("CREATE VIEW doubled AS SELECT g, y * 2 AS y FROM t").collect()
     sql = "SELECT g, y FROM doubled ORDER BY y"
-    with DDBDataLoader(ctx, sql, "y", batch_size=3, group_col="g") as loader:
+    with DDBDataLoader(ctx, sql, "y", batch_size=3, input_col="y", group_col="g") as loader:
         assert [y[:, 0].tolist() for _, y in loader] == [[1.0, 3.0, 5.0]]
         assert [p.rows for g in loader.plan.groups for p in g.partitions] == [2, 1]
 

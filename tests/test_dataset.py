@@ -262,3 +262,45 @@ def test_worker_epochs_differ_without_set_epoch(
     data.set_epoch(1)
     assert names(loader) == reference[1], "set_epoch reaches the workers, persistent ones too"
     data.close()
+
+
+def _set_epoch_warnings_are_errors(_: int) -> None:
+    warnings.filterwarnings("error", message="set_epoch")
+
+
+def test_epochs_after_a_resume_under_workers_are_whole_and_warn_nothing(
+    db_path: str, every_sample: Counter[int]
+) -> None:
+    """Workers are copies of the dataset made before each epoch, holding the loaded position: once
+    the resumed epoch is served, the next must not warn that set_epoch drops it (nothing is dropped,
+    and the advice, set_epoch of the loaded epoch, would serve its rest again)."""
+    with DDBDataLoader(db_path, SERIES_SQL, "y", **ARGS) as single:
+        iterator = iter(single)
+        taken = names(next(iterator) for _ in range(2))
+        state = single.state_dict()
+    data = dataset(db_path, num_workers=2)
+    data.load_state_dict(state)
+    loader = DataLoader(data, batch_size=None, num_workers=2, worker_init_fn=_set_epoch_warnings_are_errors)
+    rest = names(loader)
+    assert flat(taken) + flat(rest) == every_sample
+    for _ in range(2):
+        assert flat(names(loader)) == every_sample
+
+
+@pytest.mark.parametrize("num_workers", [0, 1])
+def test_a_dataloader_that_would_batch_the_batches_again_is_refused(db_path: str, num_workers: int) -> None:
+    data = dataset(db_path)
+    for options in ({}, {"batch_size": 4}):
+        with pytest.raises(
+            ValueError, match=r"default_collate would stack .* DataLoader\(dataset, batch_size=None\)"
+        ):
+            next(iter(DataLoader(data, num_workers=num_workers, **options)))
+    # a collate_fn of the user's takes the list of batches itself (HF Trainer's data collator)
+    x, _ = next(iter(DataLoader(data, batch_size=1, num_workers=num_workers, collate_fn=_first)))
+    assert x.shape == (13, 3, 1)
+    x, _ = next(iter(DataLoader(data, batch_size=None, num_workers=num_workers)))
+    assert x.shape == (13, 3, 1)
+
+
+def _first(batches: list[Any]) -> Any:
+    return batches[0]

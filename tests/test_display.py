@@ -72,8 +72,8 @@ def test_repr_names_one_repartition_in_the_singular_and_an_unsplit_group_whole(
 
 
 def test_repr_counts_subqueries_and_the_pieces_of_those_streamed(con: duckdb.DuckDBPyConnection) -> None:
-    make_series(con, [[300, 5], [10]])  # 16-byte rows: 300 of them are 3 pieces of 100 rows
-    options: dict[str, Any] = {"group_col": "gid", "repartition_col": "part", "fetch_bytes": 1600}
+    make_series(con, [[300, 5], [10]])  # 8-byte rows (float32 x and y): 300 of them are 3 pieces of 100
+    options: dict[str, Any] = {"group_col": "gid", "repartition_col": "part", "fetch_bytes": 800}
     with DDBDataLoader(con, SERIES_SQL, "y", input_col=["f0"], **options) as loader:
         expected = "2 groups × 1–2 repartitions = 3 partitions (1 streamed in 3 pieces)"
         assert f"groups × repartitions: {expected}," in repr(loader)
@@ -96,8 +96,8 @@ def test_repr_of_an_unsplit_query_without_windows(series: duckdb.DuckDBPyConnect
     assert "grouped by" not in text and "repartitioned by" not in text
     assert "windows per epoch: 88," in text
     assert "batches per epoch: 8 (drop_last)" in text
-    assert "x: [10, 1] float64" in text
-    assert "bytes per batch: 160 B" in text
+    assert "x: [10, 1] float32" in text
+    assert "bytes per batch: 80 B" in text
 
 
 def test_repr_of_a_rank_names_it(series: duckdb.DuckDBPyConnection) -> None:
@@ -123,7 +123,7 @@ def test_html_repr_holds_the_same_rows_and_the_columns(series: duckdb.DuckDBPyCo
 @pytest.mark.filterwarnings("ignore:target_col .* stays in x:UserWarning")  # tests/test_columns.py checks it
 def test_html_repr_escapes_column_names(con: duckdb.DuckDBPyConnection) -> None:
     con.execute("""CREATE TABLE t AS SELECT i::DOUBLE AS "<b>x</b>", i::DOUBLE AS "a&b" FROM range(5) r(i)""")
-    with DDBDataLoader(con, "SELECT * FROM t", "a&b") as loader:
+    with DDBDataLoader(con, "SELECT * FROM t", "a&b", input_col=["<b>x</b>", "a&b"]) as loader:
         page = loader._repr_html_()
     assert "<b>x</b>" not in page
     assert "&lt;b&gt;x&lt;/b&gt;, a&amp;b" in page
@@ -135,8 +135,8 @@ def test_html_repr_shortens_long_column_lists(con: duckdb.DuckDBPyConnection) ->
     con.execute(f"CREATE TABLE wide AS SELECT {columns} FROM range(3) r(i)")
     with DDBDataLoader(con, "SELECT * FROM wide", "c0") as loader:
         page = loader._repr_html_()
-    assert "c11, … (30 columns)" in page
-    assert "c12" not in page
+    assert "c12, … (29 columns)" in page  # c0, the target, is not in x
+    assert "c13" not in page
 
 
 def test_rendering_fetches_nothing(

@@ -177,6 +177,7 @@ def test_any_layout_shards_exactly(
 ) -> None:
     """Cuts inside groups and partitions (streamed ones too), windows straddling partitions, ranks
     split over workers."""
+    assume(any(sum(sizes) > window for sizes in parts))  # else refused at construction (test_plan)
     make_series(con, parts)
     layout = {
         "window_size": window,
@@ -334,3 +335,59 @@ def test_torchrun_two_ranks_shard_evenly_and_train(ranks_source: tuple[str, str]
     assert training[0]["steps"] == training[1]["steps"] == reports[0]["loaders"]["shuffled_pad"]["len"]
     assert all(math.isfinite(loss) for t in training for loss in t["losses"])
     assert training[0]["weights"] == training[1]["weights"], "DDP kept the replicas in sync"
+
+
+_LAUNCHED_RANK = """
+import json, sys
+import torch.distributed as dist
+from ddbloader import DDBDataLoader
+
+SQL = "SELECT f0, y FROM series ORDER BY rid"
+
+def first_batch(**kwargs):
+    with DDBDataLoader(sys.argv[1], SQL, "y", batch_size=4, **kwargs) as loader:
+        try:
+            return [len(loader), len(next(iter(loader))[0])]
+        except RuntimeError as error:
+            return str(error)
+
+report = {"no group": first_batch(), "explicit": first_batch(rank=1, world_size=2)}
+dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{sys.argv[2]}", rank=0, world_size=1)
+report["group"] = first_batch()
+dist.destroy_process_group()
+print(json.dumps(report))
+"""
+
+
+def test_a_rank_launched_without_a_process_group_is_refused_before_the_first_batch(
+    db_path: str, tmp_path: Path
+) -> None:
+    """torchrun's environment (WORLD_SIZE=2, RANK=1) and no init_process_group: every rank would
+    serve the whole epoch; explicit rank/world_size or a process group serve their share."""
+    script = tmp_path / "launched_rank.py"
+    script.write_text(_LAUNCHED_RANK)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+        "WORLD_SIZE": "2",
+        "RANK": "1",
+        "LOCAL_RANK": "1",
+        "OMP_NUM_THREADS": "1",
+    }
+    done = subprocess.run(
+        [sys.executable, str(script), db_path, str(free_port())],
+        check=False,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["no group"].startswith("this process was launched as rank 1 of 2 (WORLD_SIZE and RANK")
+    assert "torch.distributed.init_process_group()" in report["no group"]
+    assert "Accelerator(cpu=True)" in report["no group"]
+    with duckdb.connect(db_path, read_only=True) as con:
+        rows = con.execute("SELECT count(*) FROM series").fetchone()[0]
+    assert report["explicit"] == [math.ceil(math.ceil(rows / 2) / 4), 4]
+    assert report["group"] == [math.ceil(rows / 4), 4]  # the process group's world of 1

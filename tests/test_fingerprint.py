@@ -51,10 +51,10 @@ ARGS: dict[str, Any] = {
 MODES: dict[str, dict[str, Any]] = {
     "partitions": {"fetch_bytes": 0, "repartition_col": "d"},
     "units": {"repartition_col": "d"},
-    # 200 rows of 16 bytes a group: read front to back in 4 pieces each without shuffle, cut into
-    # range pieces of the order key with it
-    "streamed": {"fetch_bytes": 64 * 16, "shuffle": False},
-    "range pieces": {"fetch_bytes": 64 * 16},
+    # 200 rows of 8 bytes (float32) a group: read front to back in 4 pieces each without shuffle,
+    # cut into range pieces of the order key with it
+    "streamed": {"fetch_bytes": 64 * 8, "shuffle": False},
+    "range pieces": {"fetch_bytes": 64 * 8},
 }
 
 

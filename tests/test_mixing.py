@@ -72,16 +72,14 @@ def test_measure_is_the_brute_force_of_the_schedule(
     assert figures.rank_correlation == pytest.approx(expected, abs=1e-12)
 
 
-@pytest.mark.filterwarnings("ignore:target_col .* stays in x:UserWarning")  # tests/test_columns.py checks it
-def test_a_shuffled_epoch_of_no_groups_is_empty_and_measured(con: duckdb.DuckDBPyConnection) -> None:
-    """A query whose groups are all empty: the first shuffled epoch ends (its mixing measured over
-    a plan of no groups) instead of raising."""
+def test_an_epoch_of_no_units_is_measured_as_empty(con: duckdb.DuckDBPyConnection) -> None:
+    """A share with nothing to serve (a query without rows is refused at construction): its
+    mixing is measured as no batches, no samples, and an undefined rank correlation."""
     con.execute("CREATE TABLE nothing (g INTEGER, f DOUBLE, y DOUBLE)")
-    with pytest.warns(UserWarning, match="0 samples"):
-        loader = DDBDataLoader(con, "SELECT * FROM nothing ORDER BY g", "y", group_col="g", shuffle=True)
-    with loader:
-        assert len(loader.plan.groups) == 0
-        assert list(loader) == []
-        assert np.isnan(loader.stats().rank_correlation)
+    with pytest.raises(ValueError, match="can make no sample"):
+        DDBDataLoader(con, "SELECT * FROM nothing ORDER BY g", "y", group_col="g", shuffle=True)
+    con.execute("INSERT INTO nothing VALUES (1, 0.5, 1.5)")
+    with DDBDataLoader(con, "SELECT * FROM nothing ORDER BY g", "y", group_col="g", shuffle=True) as loader:
         figures = measure(loader.plan, [], loader.config, 0, 0)
     assert (figures.batches, figures.samples) == (0, 0)
+    assert np.isnan(figures.rank_correlation)

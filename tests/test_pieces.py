@@ -159,8 +159,9 @@ def test_a_tie_larger_than_a_piece_stays_whole() -> None:
 # --- against the engines -----------------------------------------------------------------------
 
 ROWS = 900
-#: ``f`` and ``y`` are 16 bytes a row: 100 rows fit fetch_bytes, so the 900-row query is cut.
-FETCH_BYTES = 100 * 16
+#: ``f`` and ``y`` (DOUBLE, loaded as torch's default float32) are 8 bytes a row: 100 rows fit
+#: fetch_bytes, so the 900-row query is cut.
+FETCH_BYTES = 100 * 8
 
 
 def _table() -> pa.Table:
@@ -344,7 +345,7 @@ def test_combed_pieces_the_reader_orders_over_extreme_and_zoned_keys(con: duckdb
         for direction in ("", " DESC"):
             sql = f"SELECT id, f, y, {key} AS sk FROM t ORDER BY sk{direction}"
             with DDBDataLoader(
-                con, sql, "y", input_col=["f"], shuffle=True, seed=1, fetch_bytes=4096, key_col=["id"]
+                con, sql, "y", input_col=["f"], shuffle=True, seed=1, fetch_bytes=2048, key_col=["id"]
             ) as loader:
                 partitions = loader.plan.groups[0].partitions
                 got = sorted(int(i) for _, _, k in loader for i in k["id"].tolist())
@@ -372,7 +373,7 @@ def test_the_reader_orders_each_subquery_by_the_term_after_its_keys(con: duckdb.
         sql = f"SELECT id, g, r, u, f, y FROM t ORDER BY {order}"
         options: dict[str, Any] = {"input_col": ["f"], "shuffle": True, "seed": 1, "key_col": ["id"]}
         with DDBDataLoader(
-            con, sql, "y", group_col="g", repartition_col="r", fetch_bytes=4096, **options
+            con, sql, "y", group_col="g", repartition_col="r", fetch_bytes=2048, **options
         ) as loader:
             got = sorted(int(i) for _, _, k in loader for i in k["id"].tolist())
             read = [p for group in loader.plan.groups for p in group.partitions if p.ranges]
@@ -522,7 +523,7 @@ def test_a_shuffled_epoch_of_one_big_partition_is_not_in_row_order(con: duckdb.D
         batch_size=256,
         shuffle=True,
         seed=0,
-        fetch_bytes=100_000,
+        fetch_bytes=50_000,  # 8-byte rows (float32 f and y): pieces of 6,250 rows
         key_col=["id"],
     ) as loader:
         ids = [int(v) for _, _, keys in loader for v in keys["id"].tolist()]

@@ -271,9 +271,11 @@ def test_window_functions_see_the_whole_querys_rows(db: duckdb.DuckDBPyConnectio
     # Windowed by `gid` alone, the query is split on its result: the numbering runs over each
     # gid's rows whatever the repartition (issue 12: it used to restart in every repartition).
     sql = "SELECT gid, part, y FROM series QUALIFY row_number() OVER (PARTITION BY gid ORDER BY pos) > 2"
-    with DDBDataLoader(db, sql, target_col="y", group_col="gid", repartition_col="part") as loader:
+    with DDBDataLoader(
+        db, sql, target_col="y", input_col="y", group_col="gid", repartition_col="part"
+    ) as loader:
         assert planned(loader.plan) == tally(db, sql, "gid", "part")
-    with DDBDataLoader(db, sql, target_col="y", group_col="gid") as loader:
+    with DDBDataLoader(db, sql, target_col="y", input_col="y", group_col="gid") as loader:
         assert planned(loader.plan) == {(g,): sum(sizes) - 2 for g, sizes in enumerate(PARTS)}
 
 
@@ -392,7 +394,7 @@ def test_null_values_of_both_keys_warn_separately(nulls: duckdb.DuckDBPyConnecti
 
 def test_explicit_scheme_does_not_warn_about_nulls(nulls: duckdb.DuckDBPyConnection) -> None:
     with DDBDataLoader(
-        nulls, "SELECT g, v FROM n", target_col="v", group_col="g", group_scheme=[1, 0]
+        nulls, "SELECT g, v FROM n", target_col="v", input_col="v", group_col="g", group_scheme=[1, 0]
     ) as loader:
         assert [g.rows for g in loader.plan.groups] == [11, 11]
 
@@ -405,18 +407,18 @@ def test_window_larger_than_a_group_warns_naming_it(db: duckdb.DuckDBPyConnectio
     loader.close()
 
 
-def test_window_larger_than_the_whole_query_warns(db: duckdb.DuckDBPyConnection) -> None:
-    with pytest.warns(UserWarning) as caught:
-        loader = DDBDataLoader(
-            db, "SELECT f0, y FROM series WHERE gid = 3 ORDER BY pos", target_col="y", window_size=5
-        )
-    assert [str(w.message) for w in caught] == [
-        "samples need 6 consecutive rows, more than group(s) ['<all rows>'] have; they yield no samples",
-        "the plan has 0 samples (3 rows in 1 partitions, 6 rows per sample): the loader yields nothing; "
-        "check the query, the schemes and window_size",
-    ]
-    assert len(loader) == 0
-    assert run_all(loader) == []
+def test_window_larger_than_the_whole_query_is_refused_naming_why(db: duckdb.DuckDBPyConnection) -> None:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(ValueError) as raised:
+            DDBDataLoader(
+                db, "SELECT f0, y FROM series WHERE gid = 3 ORDER BY pos", target_col="y", window_size=5
+            )
+    assert str(raised.value) == (
+        "the loader can make no sample: a sample needs 6 consecutive rows (x window 5, y window 1, "
+        "offset 5), but the query returns only 3; check the query, the schemes and window_size"
+    )
+    assert not [str(w.message) for w in caught if "no samples" in str(w.message)]  # one message, not two
 
 
 @pytest.mark.parametrize(
@@ -429,20 +431,23 @@ def test_window_larger_than_the_whole_query_warns(db: duckdb.DuckDBPyConnection)
         {"repartition_col": "part", "shuffle": True, "seed": 1},
     ],
 )
-def test_a_query_without_rows_yields_zero_batches(
+def test_a_query_without_rows_is_refused_at_construction(
     db: duckdb.DuckDBPyConnection, kwargs: dict[str, Any]
 ) -> None:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        loader = DDBDataLoader(
-            db, "SELECT gid, part, f0, y FROM series WHERE f0 < 0", target_col="y", exclude_col="y", **kwargs
-        )
-    assert str(caught[-1].message).startswith("the plan has 0 samples (0 rows in 0 partitions")
+        with pytest.raises(
+            ValueError, match=r"^the loader can make no sample: the query \(.*\) returns no rows"
+        ):
+            DDBDataLoader(
+                db,
+                "SELECT gid, part, f0, y FROM series WHERE f0 < 0",
+                target_col="y",
+                exclude_col="y",
+                **kwargs,
+            )
     if "group_scheme" in kwargs:
         assert str(caught[0].message).startswith("group_scheme value(s) [0, 1] match no rows")
-    assert len(loader) == 0
-    assert loader.plan.samples == 0
-    assert run_all(loader) == []
 
 
 # --- sources --------------------------------------------------------------------------------
@@ -500,7 +505,9 @@ def test_missing_database_path_is_a_file_not_found_error_naming_it(tmp_path: Pat
 def test_discovered_repartitions_are_sorted_in_every_group(db: duckdb.DuckDBPyConnection) -> None:
     # Group 0 has only part 2, group 2 parts 1 and 2: the order must not follow first appearance.
     sql = "SELECT gid, part, y FROM series WHERE gid = 0 AND part = 2 OR gid = 2 AND part IN (1, 2)"
-    with DDBDataLoader(db, sql, target_col="y", group_col="gid", repartition_col="part") as loader:
+    with DDBDataLoader(
+        db, sql, target_col="y", input_col="y", group_col="gid", repartition_col="part"
+    ) as loader:
         assert [[s.repartition_value for s in g.partitions] for g in loader.plan.groups] == [[2], [1, 2]]
 
 

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import SERIES_SQL, FaultyBackend, make_series, wait_until
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from ddbloader import DDBDataLoader
@@ -98,6 +98,7 @@ class Case:
             "prefetch_batch": self.prefetch_batch,
             "fetch_bytes": self.fetch_bytes,
             "timeout": 30.0,
+            "dtype": torch.float64,  # the byte budgets above count 16-byte rows (x and y float64)
         }
 
 
@@ -134,7 +135,7 @@ def cases(draw: st.DrawFn) -> Case:
     parts = draw(st.lists(st.lists(size, min_size=1, max_size=4), min_size=1, max_size=4))
     windowed = draw(st.booleans())
     x_window, y_window = (draw(st.integers(1, 4)), draw(st.integers(1, 3))) if windowed else (1, 1)
-    return Case(
+    case = Case(
         parts=parts,
         windowed=windowed,
         x_window=x_window,
@@ -156,6 +157,8 @@ def cases(draw: st.DrawFn) -> Case:
         # Rows are 16 bytes (f0 and y): one partition per query, units of a few rows, everything.
         fetch_bytes=draw(st.sampled_from([0, 48, 200, 64 * 2**20])),
     )
+    assume(expected_starts(case))  # a loader that can make no sample is refused at construction
+    return case
 
 
 @st.composite
@@ -165,13 +168,15 @@ def streamed_cases(draw: st.DrawFn) -> Case:
     case = draw(cases())
     size = st.one_of(st.integers(0, 12), st.integers(MIN_PIECE_ROWS, 4 * MIN_PIECE_ROWS))
     parts = draw(st.lists(st.lists(size, min_size=1, max_size=3), min_size=1, max_size=3))
-    return replace(
+    streamed = replace(
         case,
         parts=parts,
         grouped=len(parts) > 1 or case.grouped,
         batch_size=draw(st.integers(1, 40)),
         fetch_bytes=draw(st.sampled_from([16 * MIN_PIECE_ROWS, 40 * MIN_PIECE_ROWS, 16 * 2**20])),
     )
+    assume(expected_starts(streamed))
+    return streamed
 
 
 def as_windows(x: torch.Tensor, y: torch.Tensor, windowed: bool) -> tuple[torch.Tensor, torch.Tensor]:

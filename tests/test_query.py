@@ -596,7 +596,12 @@ def check_value_matches_only_itself(con: duckdb.DuckDBPyConnection, value: str, 
     expected = ids_matching(con, value)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        samples, ids = loaded_ids(con, **{column: "g", scheme: [value]})
+        if expected:
+            samples, ids = loaded_ids(con, **{column: "g", scheme: [value]})
+        else:  # a loader that can make no sample is refused at construction
+            with pytest.raises(ValueError, match=r"can make no sample: the query .* returns no rows"):
+                loaded_ids(con, **{column: "g", scheme: [value]})
+            samples, ids = 0, []
     unmatched = [str(w.message) for w in caught if "match no rows" in str(w.message)]
     message = f"{scheme} value(s) {[value]!r} match no rows of {column} 'g', so they load nothing"
     assert [m.startswith(message) for m in unmatched] == ([] if expected else [True])

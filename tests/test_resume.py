@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -259,3 +260,89 @@ def test_a_resume_does_not_fetch_edge_rows_no_remaining_window_reaches(
     _, rest, fetches = resume_last_two(con, faulty, options)
     assert [x[0, :, 0].tolist() for x, _ in rest] == [[11.0, 12.0, 13.0], [12.0, 13.0, 14.0]]
     assert fetches == 1
+
+
+@pytest.mark.parametrize(
+    ("state", "error", "message"),
+    [
+        (None, TypeError, r"load_state_dict takes a ddbloader state, .*got NoneType None"),
+        ([("epoch", 1)], TypeError, r"got list \[\('epoch', 1\)\]"),
+        (
+            {"_snapshot": {}, "_num_yielded": 3, "_sampler_iter_state": None},
+            ValueError,
+            r"not a ddbloader state .*it lacks \['version', 'epoch', .*torchdata StatefulDataLoader's state",
+        ),
+        (
+            {"model": {}, "optimizer": {}},
+            ValueError,
+            r"not a ddbloader state .*its keys: \['model', 'optimizer'\]",
+        ),
+    ],
+    ids=["none", "list", "stateful-dataloader", "foreign-dict"],
+)
+def test_what_is_not_a_loader_state_is_refused_naming_what_it_got(
+    series: duckdb.DuckDBPyConnection, state: Any, error: type[Exception], message: str
+) -> None:
+    with factory(series, batch_size=4)() as loader:
+        with pytest.raises(error, match=message):
+            loader.load_state_dict(state)
+        assert len(list(loader)) == len(loader)  # the loader is as it was
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("epoch", -3),
+        ("epoch", "1"),
+        ("seed", 1.5),
+        ("batches", -1),
+        ("world_size", 0),
+        ("rank", None),
+        ("batch_size", True),
+        ("shuffle", 1),
+        ("drop_last", "no"),
+        ("group_pool_size", 0),
+        ("even_batches", "even"),
+        ("partitions", -1),
+        ("plan", 7),
+        ("worker", -1),
+        ("num_workers", 0),
+        ("resumed", "[]"),
+        ("version", "4"),
+    ],
+)
+def test_every_state_field_is_checked_at_load_not_at_the_first_batch(
+    series: duckdb.DuckDBPyConnection, field: str, value: Any
+) -> None:
+    make = factory(series, batch_size=4, shuffle=True, seed=3)
+    with make() as saver:
+        whole = len(saver)
+        iterator = iter(saver)
+        next(iterator)
+        state = json_roundtrip(saver.state_dict())
+    with make() as loader:
+        with pytest.raises(ValueError, match=rf"^state has {field}={re.escape(repr(value))}, which is not "):
+            loader.load_state_dict({**state, field: value})
+        loader.load_state_dict(state)  # the state itself loads, and resumes after its batch
+        assert len(list(loader)) == whole - 1
+
+
+@pytest.mark.parametrize("cut", [0, 3, "last"])
+def test_len_after_a_resume_is_the_batches_the_next_iteration_yields(
+    series: duckdb.DuckDBPyConnection, cut: int | str
+) -> None:
+    """As after an elastic resume (tests/test_elastic.py): the rest of the epoch, then whole epochs."""
+    make = factory(series, batch_size=4, shuffle=True, seed=3, **GROUPED)
+    with make() as saver:
+        whole = len(saver)
+        taken = whole if cut == "last" else int(cut)
+        iterator = iter(saver)
+        for _ in range(taken):
+            next(iterator)
+        state = json_roundtrip(saver.state_dict())
+    with make() as loader:
+        loader.load_state_dict(state)
+        assert len(loader) == whole - taken
+        assert len(list(loader)) == whole - taken
+        assert len(loader) == whole
+        assert len(list(loader)) == whole

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import SERIES_SQL, FaultyBackend, make_series
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from ddbloader import DDBDataLoader
@@ -187,7 +187,7 @@ def test_same_seed_identical_batches_despite_fetch_jitter(
 @st.composite
 def shuffled_configs(draw: st.DrawFn) -> dict[str, Any]:
     windowed = draw(st.booleans())
-    return {
+    config = {
         "parts": draw(st.lists(st.lists(st.integers(1, 8), min_size=1, max_size=4), min_size=1, max_size=4)),
         "shuffle": True,
         "seed": draw(st.integers(0, 2**63 - 1)),
@@ -197,6 +197,10 @@ def shuffled_configs(draw: st.DrawFn) -> dict[str, Any]:
         "window_stride": draw(st.integers(1, 3)) if windowed else None,
         "group_pool_size": draw(st.integers(1, 3)),
     }
+    # a loader that can make no sample is refused at construction (tests/test_plan.py)
+    span = sum(config["window_size"]) if windowed else 1
+    assume(max(sum(sizes) for sizes in config["parts"]) >= span)
+    return config
 
 
 @pytest.mark.filterwarnings("ignore:the plan has 0 samples:UserWarning")  # drawn configurations

@@ -28,9 +28,10 @@ from ddbloader.backends import DBAPIBackend, DuckDBBackend
 
 pytestmark = pytest.mark.timeout(60)
 
-#: One group, one subquery of 10 pieces of MIN_PIECE_ROWS rows (x = f0 and y: 16 bytes a row).
+#: One group, one subquery of 10 pieces of MIN_PIECE_ROWS rows (x = f0 and y, DOUBLE loaded as
+#: torch's default float32: 8 bytes a row).
 ROWS = 10 * MIN_PIECE_ROWS
-FETCH_BYTES = 16 * MIN_PIECE_ROWS
+FETCH_BYTES = 8 * MIN_PIECE_ROWS
 
 
 class _ReadCursor:

@@ -16,7 +16,7 @@ import pyarrow.compute as pc
 import pytest
 import torch
 from conftest import SERIES_SQL, FaultyBackend, make_series
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from ddbloader import DDBDataLoader
@@ -109,6 +109,8 @@ def test_a_derived_column_is_partition_local_and_every_sample_comes_once_determi
     threads: int,
     tensor_form: bool,
 ) -> None:
+    # a loader that can make no sample is refused at construction (tests/test_plan.py)
+    assume(any(sum(sizes) > window for sizes in parts))
     connection = duckdb.connect()
     make_series(connection, parts)
     transform = tensors(diff_f0_tensors) if tensor_form else diff_f0
@@ -412,8 +414,8 @@ def test_standardize_uses_the_global_stats_in_every_partition(series: duckdb.Duc
         series, SERIES_SQL, "y", 1000, input_col=["f0", "pos"], transform=transform, **SPLIT
     ) as loader:
         ((x, _),) = list(loader)
-    assert x.dtype == torch.float64
-    assert x.mean(0).tolist() == pytest.approx([0.0, 0.0], abs=1e-9)
+    assert x.dtype == torch.float32
+    assert x.mean(0).tolist() == pytest.approx([0.0, 0.0], abs=1e-6)
     assert x.std(0, unbiased=False).tolist() == pytest.approx([1.0, 1.0])
 
 

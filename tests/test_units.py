@@ -192,7 +192,14 @@ def test_unit_blocks_give_each_wanted_partition_the_rows_of_its_own_subquery(
 
 
 def _loader(con: duckdb.DuckDBPyConnection, **kwargs: Any) -> DDBDataLoader:
-    options: dict[str, Any] = {"input_col": ["f0"], "group_col": "gid", "batch_size": 4, "shuffle": True}
+    # float64: the budgets below count 16-byte rows (f0 and y)
+    options: dict[str, Any] = {
+        "input_col": ["f0"],
+        "group_col": "gid",
+        "batch_size": 4,
+        "shuffle": True,
+        "dtype": torch.float64,
+    }
     options.update(kwargs)
     return DDBDataLoader(con, SERIES_SQL, "y", **options)
 
@@ -321,6 +328,7 @@ def test_the_pieces_of_a_streamed_subquery_are_visited_together_in_order_and_joi
             repartition_col="part",
             window_size=3,
             fetch_bytes=64 * 16,
+            dtype=torch.float64,
         )
     with made as loader:
         plan, config = loader.plan, loader.config
@@ -351,10 +359,10 @@ def test_neighbouring_tagged_pieces_are_visited_one_after_the_other_and_share_a_
     """Combed range pieces the reader orders (one integer ORDER BY column) are tagged: runs of up
     to PIECES_PER_QUERY neighbours are visited one after the other, in a shuffled order of runs,
     and each run is one fetch unit; no piece is in two units."""
-    # 7 pieces of 2,048 rows of 16 bytes: three units of two, the last piece read alone
+    # 7 pieces of 2,048 rows of 8 bytes (float32 f and y): three units of two, the last piece alone
     con.execute("CREATE TABLE big AS SELECT i AS id, i * 0.5 AS f, i * 1.0 AS y FROM range(7 * 2048) r(i)")
     options: dict[str, Any] = {"input_col": ["f"], "batch_size": 64, "shuffle": True, "seed": 1}
-    with DDBDataLoader(con, "SELECT * FROM big ORDER BY id", "y", fetch_bytes=2048 * 16, **options) as loader:
+    with DDBDataLoader(con, "SELECT * FROM big ORDER BY id", "y", fetch_bytes=2048 * 8, **options) as loader:
         plan, config = loader.plan, loader.config
         group = plan.groups[0]
         count = len(group.partitions)

@@ -24,7 +24,7 @@ from ddbloader import DDBIterableDataset
 class Tiny(torch.nn.Module):
     def __init__(self) -> None:
         super().__init__()
-        self.layer = torch.nn.Linear(3, 1, dtype=torch.float64)
+        self.layer = torch.nn.Linear(3, 1)
         self.seen: list[list[int]] = []
 
     def forward(self, x: torch.Tensor, labels: torch.Tensor, rid: torch.Tensor) -> dict[str, torch.Tensor]:

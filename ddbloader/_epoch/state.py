@@ -180,15 +180,79 @@ def resume_of(state: Mapping[str, Any]) -> Resume:
     return Resume(tuple(stretches), world, even, workers, worker, batches, known)
 
 
+def _positive(value: Any) -> bool:
+    return _natural(value, 1)
+
+
+#: Every key a state may hold, and what its value must be; those a state must hold are _REQUIRED.
+_FIELDS: dict[str, tuple[str, Any]] = {
+    "version": ("an int", _natural),
+    "epoch": ("an int >= 0", _natural),
+    "batches": ("an int >= 0 (or one per worker)", lambda v: isinstance(v, (list, tuple)) or _natural(v)),
+    "seed": ("an int >= 0", _natural),
+    "samples": ("an int >= 0", _natural),
+    "world_size": ("an int >= 1", _positive),
+    "rank": ("an int >= 0", _natural),
+    "batch_size": ("an int >= 1", _positive),
+    "shuffle": ("a bool", lambda v: isinstance(v, bool)),
+    "drop_last": ("a bool", lambda v: isinstance(v, bool)),
+    "group_pool_size": ("an int >= 1", _positive),
+    "even_batches": ("'pad' or 'drop'", lambda v: v in ("pad", "drop")),
+    "partitions": ("an int >= 0", _natural),
+    "plan": ("a fingerprint string", lambda v: isinstance(v, str)),
+    "worker": ("an int >= 0", _natural),
+    "num_workers": ("an int >= 1", _positive),
+    "resumed": ("a list", lambda v: isinstance(v, (list, tuple))),
+}
+_REQUIRED = ("version", "epoch", "batches", "seed", "samples", "world_size", "even_batches")
+
+
+def _check_fields(state: Any) -> None:
+    """Refuse what is not a ddbloader state, or a field of the wrong type, naming it.
+
+    Raises:
+        TypeError: ``state`` is not a mapping.
+        ValueError: a key missing (not a ddbloader state) or a value of the wrong type.
+    """
+    if not isinstance(state, Mapping):
+        raise TypeError(
+            f"load_state_dict takes a ddbloader state, the dict state_dict() returns; got "
+            f"{type(state).__name__} {state!r:.80}"
+        )
+    missing = [k for k in _REQUIRED if k not in state]
+    if missing:
+        keys = sorted(map(str, state))
+        hint = (
+            ": this is a torchdata StatefulDataLoader's state; load it into the StatefulDataLoader, or "
+            "DDBIterableDataset.merge_worker_states(it) into a dataset"
+            if "_snapshot" in state or "dataset_state" in state
+            else ""
+        )
+        raise ValueError(
+            f"not a ddbloader state (from DDBDataLoader.state_dict()): it lacks {missing}; its keys: "
+            f"{keys[:12]}{' ...' if len(keys) > 12 else ''}{hint}"
+        )
+    for key, (kind, valid) in _FIELDS.items():
+        if key in state and not valid(state[key]):
+            raise ValueError(
+                f"state has {key}={state[key]!r}, which is not {kind}: not a state_dict() of a loader"
+            )
+
+
 def check_state(state: Mapping[str, Any], config: LoaderConfig, plan: QueryPlan) -> Resume:
     """Refuse a state whose saved position would not name the same samples in this loader's epoch;
     else say where it stopped. Another world size, worker count or even_batches is accepted.
 
+    Every field is checked by type first, so a malformed state fails here, never at the first batch.
+
     Raises:
-        ValueError: the state belongs to another plan (sample count, or partition count:
-            streamed pieces depend on ``fetch_bytes``), batch size, shuffle, drop_last,
-            group_pool_size or version, or is malformed; the message names what differs.
+        TypeError: ``state`` is not a mapping (``None``, say).
+        ValueError: not a ddbloader state (a key missing, a value of the wrong type), or a state
+            of another plan (sample count, or partition count: streamed pieces depend on
+            ``fetch_bytes``), batch size, shuffle, drop_last, group_pool_size or version; the
+            message names what differs.
     """
+    _check_fields(state)
     if state.get("version") not in _READABLE:
         raise ValueError(
             f"state version {state.get('version')!r} is not {STATE_VERSION}: it was saved by a "

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
+from sqlglot.errors import SqlglotError
 
 from .._core.engine import Backend, Cursor
 from .._core.errors import add_note, warn_caller
@@ -108,12 +109,23 @@ def probe_partition(
 
 
 def parse_query(backend: Backend, sql: str) -> Query:
-    """The user's query, parsed by the backend when it brings its own parser (DolphinDB)."""
+    """The user's query, parsed by the backend when it brings its own parser (DolphinDB).
+
+    When the query does not parse and the backend's own parser can say why (``syntax_error``:
+    DuckDB parses without running anything), the engine's message is the one raised.
+    """
     parse = getattr(backend, "query", None)
     if callable(parse):
         parsed: Query = parse(sql)
         return parsed
-    return UserQuery(sql, backend.dialect)
+    try:
+        return UserQuery(sql, backend.dialect)
+    except ValueError as error:
+        check = getattr(backend, "syntax_error", None)
+        engine_says = check(sql) if isinstance(error.__cause__, SqlglotError) and callable(check) else None
+        if engine_says is None:
+            raise
+        raise ValueError(f"sql does not parse as {backend.dialect} SQL: {engine_says}") from error
 
 
 def pin_pivots(cursor: Cursor, query: Query) -> Query:

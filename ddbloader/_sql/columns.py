@@ -10,6 +10,7 @@ tell an image's size from no image) — on the first rows of the smallest partit
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
@@ -18,6 +19,7 @@ import pyarrow as pa
 import torch
 
 from .._core.config import PartitionTransform
+from .._core.dtypes import numpy_dtype
 from .._core.errors import add_note, warn_caller
 from .arrow_types import ColumnType, arrow_column_type, renamed
 from .layout import ColumnChoice, ColumnLayout
@@ -58,6 +60,10 @@ def nullable_candidates(schema: pa.Schema, names: Collection[str]) -> list[str]:
     return _columns_where(schema, names, lambda t: pa.types.is_integer(t) or pa.types.is_boolean(t))
 
 
+_TARGET_HINT = (
+    " (without windows target_col is not in x; to feed it, as DolphinDB does, name it in input_col)"
+)
+
 _LIST_HINT = (
     "; it holds variable-length lists: cast it to a fixed-size array of its length L, "
     "e.g. CAST({name} AS DOUBLE[L]) in DuckDB, so that x is [B, C, L]"
@@ -89,6 +95,18 @@ def _stacked(parameter: str, chosen: Sequence[str], types: Mapping[str, ColumnTy
     return True
 
 
+def _unknown(parameter: str, name: str, origin: str, available: Sequence[str]) -> ValueError:
+    """The error for a name that is not a column: the argument, the name, the closest column."""
+    close = (
+        difflib.get_close_matches(name, available, n=1)
+        or [n for n in available if n.lower() == name.lower()][:1]
+    )
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return ValueError(
+        f"{parameter} names {name!r}{hint}, which is not a column of {origin}; columns: {list(available)}"
+    )
+
+
 def _check_named(
     names: Sequence[str], parameter: str, columns: Sequence[tuple[str, ColumnType]], origin: str
 ) -> None:
@@ -96,9 +114,7 @@ def _check_named(
     types = dict(columns)
     for name in names:
         if name not in available:
-            raise ValueError(
-                f"{parameter} names {name!r}, which is not a column of {origin}; columns: {available}"
-            )
+            raise _unknown(parameter, name, origin, available)
         if available.count(name) > 1:
             raise ValueError(f"{parameter} names {name!r}, but {origin} returns several columns of that name")
         if types[name].dtype is None:
@@ -110,14 +126,28 @@ def _check_named(
             )
 
 
-def _warn_target_in_x(x_names: Sequence[str], config: ColumnChoice) -> None:
-    """Without windows, a target left in x (DolphinDB's rule) hands the model its own answer."""
-    leaked = [n for n in config.target_col if n in x_names]
-    if leaked and config.input_col is None and not config.windowed:
-        warn_caller(
-            f"target_col {leaked} stays in x (DolphinDB's rule), so without windows each sample's x "
-            f"holds its own y; leave it out with exclude_col={[*config.exclude_col, *leaked]}"
-        )
+def _default_float() -> np.dtype[Any]:
+    """torch's default floating dtype (``torch.get_default_dtype()``) as numpy's, read at planning.
+
+    Raises:
+        TypeError: it has no numpy equivalent (``torch.bfloat16``): batches are built in numpy.
+    """
+    default = torch.get_default_dtype()
+    try:
+        return numpy_dtype(default)
+    except (TypeError, RuntimeError) as exc:
+        raise TypeError(
+            f"torch's default dtype {default} has no numpy equivalent, and floating columns come out "
+            f"in it unless dtype= says otherwise: pass dtype=torch.float32 (and cast on the device)"
+        ) from exc
+
+
+def _tensor_dtype(given: np.dtype[Any] | None, columns: list[np.dtype[Any]]) -> np.dtype[Any]:
+    """``dtype=`` if given; else the columns' common type, floating ones in torch's default."""
+    if given is not None:
+        return given
+    promoted: np.dtype[Any] = np.result_type(*columns)
+    return _default_float() if promoted.kind == "f" else promoted
 
 
 def _resolve(
@@ -134,14 +164,14 @@ def _resolve(
     _check_named(config.target_col, "target_col", columns, origin)
     for name in config.exclude_col:
         if name not in names:
-            raise ValueError(
-                f"exclude_col names {name!r}, which is not a column of {origin}; columns: {names}"
-            )
+            raise _unknown("exclude_col", name, origin, names)
     if config.input_col is not None:
         _check_named(config.input_col, "input_col", columns, origin)
         x_names = [n for n in config.input_col if n not in config.exclude_col]
     else:
-        left_out = {*config.exclude_col, *config.key_col, *keys}
+        # without windows a sample's y is its own row: left in x, the model would read its answer
+        target = () if config.windowed else config.target_col
+        left_out = {*config.exclude_col, *config.key_col, *keys, *target}
         candidates = [n for n in names if n not in left_out]
         skipped = [n for n in candidates if types[n].dtype is None]
         if skipped:
@@ -152,8 +182,10 @@ def _resolve(
         x_names = [n for n in candidates if n not in skipped]
         _check_named(x_names, "the query" if transform is None else "the transform", columns, origin)
     if not x_names:
-        raise ValueError("x has no columns: input_col/exclude_col leave nothing to feed the model")
-    _warn_target_in_x(x_names, config)
+        raise ValueError(
+            "x has no columns: input_col/exclude_col leave nothing to feed the model"
+            + ("" if config.windowed or config.input_col is not None else _TARGET_HINT)
+        )
     for parameter, chosen in (("x", x_names), ("y", config.target_col)):
         wide = [n for n in chosen if len(types[n].shape) >= 2]
         if wide and len(chosen) > 1:
@@ -176,8 +208,8 @@ def _resolve(
         assert dtype is not None  # _check_named refused the non-numeric ones
         return dtype
 
-    x_dtype = config.x_dtype or np.result_type(*(column_dtype(n) for n in x_names))
-    y_dtype = config.y_dtype or np.result_type(*(column_dtype(n) for n in config.target_col))
+    x_dtype = _tensor_dtype(config.x_dtype, [column_dtype(n) for n in x_names])
+    y_dtype = _tensor_dtype(config.y_dtype, [column_dtype(n) for n in config.target_col])
     shapes = tuple(
         (n, types[n].shape) for n in dict.fromkeys([*x_names, *config.target_col]) if types[n].shape
     )
@@ -213,9 +245,7 @@ def _key_names(key_col: tuple[str, ...], result_names: tuple[str, ...]) -> tuple
     """``key_col``, checked against the query's own columns (keys are read before any transform)."""
     for name in key_col:
         if name not in result_names:
-            raise ValueError(
-                f"key_col names {name!r}, which is not a column of the query; columns: {list(result_names)}"
-            )
+            raise _unknown("key_col", name, "the query", result_names)
     return key_col
 
 
@@ -225,9 +255,12 @@ def resolve_columns(
     """Pick x and y from the query's result schema (no transform).
 
     y is ``target_col``; x is ``input_col`` if given, else every column but ``keys`` (the result
-    columns that ``group_col`` / ``repartition_col`` name) and ``key_col``; then ``exclude_col``
-    is removed from x. A named non-numeric column is an error; unnamed non-numeric columns are
-    left out of x with one warning that names them.
+    columns that ``group_col`` / ``repartition_col`` name), ``key_col`` and — without windows,
+    where a sample's y is its own row — ``target_col``; then ``exclude_col`` is removed from x.
+    A named non-numeric column is an error; unnamed non-numeric columns are left out of x with
+    one warning that names them. Each tensor's dtype is ``dtype=``'s, else its columns' common
+    type, a floating one in ``torch.get_default_dtype()`` (integers with nulls and decimals are
+    floating).
 
     Raises:
         ValueError: an unknown, duplicated or ambiguous column, or an empty x.

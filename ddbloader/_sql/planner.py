@@ -57,8 +57,12 @@ def _name_the_key(error: Exception, keys: Sequence[PlanKey], columns: Sequence[s
     """Raise a ValueError naming the argument when the engine could not resolve a key's column.
 
     The engine's message (a binder error) names the column but not ``group_col`` /
-    ``repartition_col``; it stays attached as the cause.
+    ``repartition_col``; it stays attached as the cause. ddbloader's own errors (a plain
+    ValueError or TypeError; engines raise their own classes) already name their argument and
+    pass unchanged: a misspelt ``target_col`` must not be blamed on ``group_col``.
     """
+    if type(error) in (ValueError, TypeError):
+        return
     message = str(error)
     for key in keys:
         if not isinstance(key.expression, exp.Expr):
@@ -206,6 +210,12 @@ def build_plan(backend: Backend, sql: str, config: LoaderConfig, progress: bool 
                 geometry.sample_count(total),
             )
         )
+    if not any(g.samples for g in groups):
+        longest = max((g.rows for g in groups), default=0)
+        raise ValueError(
+            f"the loader can make no sample: {_why_no_sample(geometry, longest, group_params)}; "
+            f"check the query, the schemes and window_size"
+        )
     short = [g.value if group_params else "<all rows>" for g in groups if 0 < g.rows < geometry.span]
     if short:
         warn_caller(
@@ -235,13 +245,17 @@ def build_plan(backend: Backend, sql: str, config: LoaderConfig, progress: bool 
             f"a piece read again (resume, retry, another rank) may get rows in another order, losing or "
             f"repeating rows; add an ORDER BY that orders the rows totally"
         )
-    if plan.samples == 0:
-        warn_caller(
-            f"the plan has 0 samples ({plan.rows} rows in {plan.partitions} partitions"
-            f"{f', {geometry.span} rows per sample' if geometry.span > 1 else ''}): "
-            f"the loader yields nothing; check the query, the schemes and window_size"
-        )
     return plan
+
+
+def _why_no_sample(geometry: WindowGeometry, longest: int, grouped: bool) -> str:
+    if longest == 0:
+        return "the query (with its schemes) returns no rows"
+    where = "the longest group has" if grouped else "the query returns"
+    return (
+        f"a sample needs {geometry.span} consecutive rows (x window {geometry.x_window}, y window "
+        f"{geometry.y_window}, offset {geometry.offset}), but {where} only {longest}"
+    )
 
 
 def _exact_keys(cursor: Cursor, query: UserQuery, keys: list[PlanKey]) -> list[PlanKey]:

@@ -99,12 +99,28 @@ def connect(source: Any) -> Backend:
         return DBAPIBackend(source)
     if callable(source):
         return _from_factory(source)
+    kind = f"{type(source).__module__}.{type(source).__qualname__}"
+    data = _DATA_CONSTRUCTORS.get((type(source).__module__.split(".", maxsplit=1)[0], type(source).__name__))
+    if data is not None:
+        raise TypeError(
+            f"source is a {kind}, data rather than a connection: load it with "
+            f"DDBDataLoader.{data}(data, target_col, sql='SELECT * FROM data', ...): it becomes the "
+            f"in-memory DuckDB table data"
+        )
     raise TypeError(
         f"source must be a DuckDB connection or path, a postgresql://, dolphindb://, sc://, chdb:// or "
         f"grpc:// URI, a SparkSession, a DataFusion SessionContext, an ADBC, DolphinDB or DB-API "
-        f"connection, or a factory returning one; "
-        f"got {type(source).__module__}.{type(source).__qualname__}"
+        f"connection, or a factory returning one; got {kind}"
     )
+
+
+#: (top-level module, class name) of in-memory data → the constructor that loads it
+_DATA_CONSTRUCTORS = {
+    ("pandas", "DataFrame"): "from_pandas",
+    ("pyarrow", "Table"): "from_arrow",
+    ("pyarrow", "RecordBatch"): "from_arrow",
+    ("polars", "DataFrame"): "from_arrow",
+}
 
 
 def _from_factory(factory: Any) -> Backend:

@@ -308,6 +308,21 @@ class DuckDBBackend:
             _set_variables(cursor, self._variables)
         return _DuckDBCursor(cursor)
 
+    def syntax_error(self, sql: str) -> str | None:
+        """DuckDB's own message for a syntax error in ``sql``, or None when its parser accepts it.
+
+        Parses only (``extract_statements``): nothing of ``sql`` runs.
+        """
+        with _PASSED_CONNECTION:
+            cursor = self._connection.cursor()
+        try:
+            cursor.extract_statements(sql)
+        except duckdb.ParserException as error:
+            return str(error)
+        finally:
+            cursor.close()
+        return None
+
     @staticmethod
     def is_transient(error: BaseException) -> bool:
         """Never: an embedded engine has no network, and its connection cannot be reopened here."""

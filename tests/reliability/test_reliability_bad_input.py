@@ -269,7 +269,7 @@ BAD_DATA: list[Case] = [
         "target_col misspelt",
         series(target_col="Y"),
         ValueError,
-        r"target_col names 'Y', which is not a column",
+        r"target_col names 'Y' \(did you mean 'y'\?\), which is not a column",
     ),
     Case(
         "target_col duplicated",
@@ -338,14 +338,14 @@ BAD_DATA: list[Case] = [
     Case(
         "window longer than every group",
         series(group_col="gid", window_size=20),
-        UserWarning,
-        r"samples need 21 consecutive rows, more than group\(s\) \[0, 1\] have",
+        ValueError,
+        r"can make no sample: a sample needs 21 consecutive rows .* but the longest group has only 11",
     ),
     Case(
         "offset beyond every group",
         series(group_col="gid", window_size=2, offset=11),
-        UserWarning,
-        r"samples need 12 consecutive rows, more than group\(s\) \[0, 1\] have",
+        ValueError,
+        r"can make no sample: a sample needs 12 consecutive rows .*offset 11\), but the longest group",
     ),
     Case(
         "DELETE",
