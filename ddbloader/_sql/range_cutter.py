@@ -12,7 +12,7 @@ from the tiles by :func:`ddbloader._sql.pieces.layout`."""
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +20,7 @@ import pyarrow as pa
 from sqlglot import exp
 
 from .binding import binds_exactly
+from .comparisons import Run, disagreement, subquery
 from .ordering import is_carried, read_direction, same_name
 from .parsing import NULLS_STATED
 from .pieces import (
@@ -28,10 +29,8 @@ from .pieces import (
     CONTIGUOUS_TILES,
     KeyRanges,
     Point,
-    compare,
     layout,
     paren,
-    search,
 )
 from .query import Query, UserQuery
 from .window_pieces import WindowTile, window_layout
@@ -45,7 +44,6 @@ _FIRST_ALIAS = "_ddb_first"
 _LOW_ALIAS = "_ddb_low"
 _ROWS_ALIAS = "_ddb_rows"
 _NULLS_ALIAS = "_ddb_nulls"
-_REGION_ALIAS = "_ddb_region"
 #: A combed piece of windows has at most ``rows / CONTEXT_SHARE`` rows of context (its stripes'
 #: ``span - 1`` rows each), so it holds at most 1.25 pieces' rows: fewer stripes for long windows.
 CONTEXT_SHARE = 4
@@ -61,10 +59,6 @@ class OrderKey:
     descending: bool
     nulls_first: bool
     text: str
-
-
-#: Runs a planning query: (sql, purpose, parameters) -> its result.
-Run = Callable[[str, str, Sequence[Any]], pa.Table]
 
 
 class RangeCutter:
@@ -234,28 +228,6 @@ class RangeCutter:
                 return None
         return [tuple(values) for values in zip(*columns, strict=True)]
 
-    def _at_or_after(
-        self,
-        filtered: exp.Expr,
-        points: Sequence[Point],
-        nullable: tuple[bool, ...],
-        first: int,
-        params: tuple[Any, ...],
-    ) -> list[int]:
-        """How many of the subquery's rows the pieces' own comparisons place at or after each of
-        ``points`` (their values parameters ``first`` on, as :func:`search` numbers them)."""
-        assert isinstance(self._query, UserQuery)
-        sums, number = [], first
-        for index, point in enumerate(points):
-            at = compare(self.terms, nullable, point, number, after=True)
-            one = exp.Case(ifs=[exp.If(this=at, true=exp.Literal.number(1))], default=exp.Literal.number(0))
-            sums.append(exp.Sum(this=one).as_(f"{_ROWS_ALIAS}{index}"))
-            number += sum(value is not None for value in point)
-        counted = exp.select(*sums).from_(_subquery(filtered, "_ddb_a"))
-        purpose = f"checking the pieces' comparisons of {self.text}"
-        table = self._run(self._query.render(counted), purpose, params)
-        return [int(table.column(i)[0].as_py() or 0) for i in range(len(points))]
-
     def _agrees(
         self,
         columns: Sequence[exp.Expr],
@@ -264,53 +236,17 @@ class RangeCutter:
         marks: Sequence[tuple[int, Point]],
         rows: int,
     ) -> bool:
-        """Whether the engine's comparisons place the subquery's rows as its ORDER BY ranked
-        them: ``marks`` are ``(row, tuple of that row)`` at the ends the pieces are cut at, and
-        counting the rows between consecutive marks by the pieces' own comparisons must give
-        the rows between them. False, with :attr:`reason` set, where they disagree (NaN or
-        -0.0 on some engines): a piece would then read other rows than the plan counted. Asked
-        only where a term is a float (what engines compare otherwise than they order: a scan
-        of the subquery, a third of the planning on DuckDB), else True."""
+        """Whether the engine's comparisons place the subquery's rows as its ORDER BY ranked them
+        (see :func:`~ddbloader._sql.comparisons.disagreement`); False, with :attr:`reason` set,
+        where they do not. Asked only where a term is a float (what engines compare otherwise
+        than they order: a scan of the subquery, a third of the planning on DuckDB), else True."""
         assert isinstance(self._query, UserQuery)
-        marks = sorted(dict(marks).items())
         if not marks or not self._floats:
             return True
-        points = [point for _, point in marks]
-        region = search(self.terms, nullable, points, len(columns) + 1, exp.Literal.number)
-        filtered = self._query.filtered_where(columns, exp.true(), ordered=False)
-        regions = exp.select(region.as_(_REGION_ALIAS)).from_(_subquery(filtered, "_ddb_r"))
-        counted = (
-            exp.select(exp.column(_REGION_ALIAS), exp.Count(this=exp.Star()).as_(_ROWS_ALIAS))
-            .from_(_subquery(regions, "_ddb_c"))
-            .group_by(exp.column(_REGION_ALIAS))
+        self.reason = disagreement(
+            self._query, self._run, self.terms, self.text, columns, params, nullable, marks, rows
         )
-        bounds = tuple(value for point in points for value in point if value is not None)
-        table = self._run(
-            self._query.render(counted),
-            f"checking the pieces' comparisons of {self.text}",
-            (*params, *bounds),
-        )
-        found = {int(r): int(n) for r, n in zip(*table.to_pydict().values(), strict=True)}
-        ends = [0, *(row for row, _ in marks), rows]
-        expected = {r: ends[r + 1] - ends[r] for r in range(len(ends) - 1) if ends[r + 1] > ends[r]}
-        # the regions test "before a point"; a piece's lower end tests "at or after" it, which an
-        # engine may answer otherwise for the same row (NaN is neither before nor after 7.0)
-        after = self._at_or_after(filtered, points, nullable, len(columns) + 1, (*params, *bounds))
-        expected_after = [rows - row for row, _ in marks]
-        if found == expected and after == expected_after:
-            return True
-        if found == expected:
-            at = next(i for i, (a, b) in enumerate(zip(after, expected_after, strict=True)) if a != b)
-            found, expected, wrong = {0: after[at]}, {0: expected_after[at]}, 0
-        else:
-            wrong = next(r for r in sorted(set(found) | set(expected)) if found.get(r) != expected.get(r))
-        self.reason = (
-            f"the engine's comparisons of {self.text!r} do not agree with its own ORDER BY (between two "
-            f"piece boundaries it ranked {expected.get(wrong, 0)} rows, its comparisons find "
-            f"{found.get(wrong, 0)}; NaN or -0.0 and 0.0 in a float key do this on some engines), so "
-            f"pieces cut by those comparisons would not hold the rows planned"
-        )
-        return False
+        return self.reason is None
 
     def piece_sql(self, columns: Sequence[exp.Expr], ranges: KeyRanges, query: Query | None = None) -> str:
         """The piece's query: the subquery's rows in ``ranges``, in the query's order; its key
@@ -341,7 +277,7 @@ class RangeCutter:
         names = [f"{_KEY_ALIAS}{i}" for i in range(len(self.terms))]
         keys = exp.select(
             *(paren(term.expression).as_(name) for term, name in zip(self.terms, names, strict=True))
-        ).from_(_subquery(filtered, "_ddb_r"))
+        ).from_(subquery(filtered, "_ddb_r"))
 
         def order() -> exp.Order:
             return exp.Order(
@@ -374,7 +310,7 @@ class RangeCutter:
             )
         )
         ranked = exp.select(*map(exp.column, names), rank.copy().as_(_RANK_ALIAS), tile.as_(_TILE_ALIAS))
-        ranked = ranked.from_(_subquery(keys, "_ddb_s"))
+        ranked = ranked.from_(subquery(keys, "_ddb_s"))
         outputs: list[exp.Expr] = [exp.column(_TILE_ALIAS)]
         for index, name in enumerate(names):
             outputs.append(exp.Min(this=exp.column(name)).as_(f"{_LOW_ALIAS}{index}"))
@@ -403,10 +339,10 @@ class RangeCutter:
             )
             marked = marked.select(most.as_(f"{_TIES_ALIAS}_t"))
             outputs.append(exp.Max(this=exp.column(f"{_TIES_ALIAS}_t")).as_(_TIES_ALIAS))
-        marked = marked.from_(_subquery(ranked, "_ddb_t"))
+        marked = marked.from_(subquery(ranked, "_ddb_t"))
         return (
             exp.select(*outputs)
-            .from_(_subquery(marked, "_ddb_m"))
+            .from_(subquery(marked, "_ddb_m"))
             .where(exp.EQ(this=exp.column(_RANK_ALIAS), expression=exp.column(_FIRST_ALIAS)))
             .group_by(exp.column(_TILE_ALIAS))
             .order_by(exp.column(_TILE_ALIAS))
@@ -446,10 +382,6 @@ def _client_sort(query: UserQuery, keys: Sequence[exp.Expr], schema: pa.Schema) 
     if not (pa.types.is_integer(kind) or pa.types.is_date(kind) or pa.types.is_timestamp(kind)):
         return None
     return found[0], bool(terms[0].args.get("desc"))
-
-
-def _subquery(tree: exp.Expr, alias: str) -> exp.Subquery:
-    return exp.Subquery(this=tree, alias=exp.TableAlias(this=exp.to_identifier(alias)))
 
 
 def _first_line(error: BaseException) -> str:
