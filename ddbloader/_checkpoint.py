@@ -14,7 +14,9 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from ._claims import EpochClaims
+from ._epoch.shard import shard_samples
 from ._epoch.state import Resume, check_state, make_state
+from ._pipeline.batch import batch_count
 
 __all__ = ["LoaderCheckpoint"]
 
@@ -56,6 +58,32 @@ class LoaderCheckpoint(EpochClaims):
             place = self._running.at(batches)
             if finished and ended_names_next:
                 epoch, place = epoch + 1, fresh
+        return make_state(epoch, self.config, self.plan, sharding.rank, place)
+
+    def state_at(self, epoch: int, batch: int) -> dict[str, Any]:
+        """The state :meth:`state_dict` returns after an iteration of ``epoch`` under the current
+        world size handed out its first ``batch`` batches on this rank, computed from the plan
+        alone: nothing is fetched or iterated. Loading it skips exactly those batches (under
+        another world size or worker count, elastically, as any state), so batches ``k`` to
+        ``m`` of an epoch are skipped by loading ``state_at(epoch, m + 1)`` after batch ``k - 1``,
+        and replayed by loading ``state_at(epoch, k)`` and taking ``m - k + 1`` batches.
+
+        Raises:
+            TypeError: ``epoch`` or ``batch`` is not an int.
+            ValueError: ``epoch`` is negative, or ``batch`` is outside ``[0, batches of an epoch]``.
+        """
+        for name, value in (("epoch", epoch), ("batch", batch)):
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise TypeError(f"state_at: {name} must be an int, got {type(value).__name__} {value!r}")
+        sharding = self.sharding
+        samples = shard_samples(self.plan.samples, sharding.world_size, sharding.even_batches)
+        whole = batch_count(samples, self.config.batch_size, self.config.drop_last)
+        if epoch < 0 or not 0 <= batch <= whole:
+            raise ValueError(
+                f"state_at(epoch={epoch}, batch={batch}): the epoch must be >= 0 and the batch within "
+                f"[0, {whole}], the batches an epoch has on each of {sharding.world_size} rank(s)"
+            )
+        place = Resume((), sharding.world_size, sharding.even_batches, 1, 0, batch, (batch,))
         return make_state(epoch, self.config, self.plan, sharding.rank, place)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
