@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import functools
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -27,7 +28,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ddbloader import DDBDataLoader
-from ddbloader.backends import connect
+from ddbloader.backends import ADBCBackend, connect
 
 ROWS = 12
 SQL = "SELECT id, key, y FROM k ORDER BY id"
@@ -216,7 +217,8 @@ def postgres(pg_server: pgserver.PostgresServer) -> Iterator[Engine]:
         execute(f"CREATE TABLE k (id integer, key {key_type.name}, y double precision)")
         execute(f"INSERT INTO k VALUES {rows_sql(key_type)}")
 
-    with cursor_of(pg_server.uri) as fetch:
+    # the oracle reads each case's table as it is now: no snapshot pinned when the fixture began
+    with cursor_of(functools.partial(ADBCBackend, pg_server.uri, snapshot=False)) as fetch:
         yield Engine(
             "postgres",
             pg_server.uri,

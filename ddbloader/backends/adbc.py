@@ -24,6 +24,7 @@ float64, the type the loader converts decimals to anyway.
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -38,6 +39,7 @@ from .postgres import (
     check_postgres_values,
     checked_snapshot,
     floats_for_numeric,
+    lost_snapshot,
     postgres_connect,
     postgres_session,
     replicate,
@@ -46,6 +48,8 @@ from .postgres import (
 __all__ = ["POSTGRES_SCHEMES", "ADBCBackend", "is_adbc_connection"]
 
 POSTGRES_SCHEMES = ("postgresql://", "postgres://")
+
+_LOG = logging.getLogger("ddbloader")
 
 #: ADBC ``vendor_name`` → sqlglot dialect.
 _DIALECTS = {
@@ -157,13 +161,25 @@ class _ADBCCursor:
 
         if self._cursor is None:
             self._connect()
+        if lists:
+            if backend.snapshot is not None:
+                self._cursor.execute("ROLLBACK")  # a failed prepare must not abort the query's transaction
+            bound = _typed_parameters(self._cursor, text, params)
         if backend.snapshot is not None:
-            begin_snapshot(self._cursor, backend.snapshot)
+            self._begin(backend.snapshot)
         if backend.read_only_sql is not None:
             self._cursor.execute(backend.read_only_sql)
-        if lists:
-            bound = _typed_parameters(self._cursor, text, params)
         self._cursor.execute(text, bound or None)
+
+    def _begin(self, snapshot: str) -> None:
+        """Open the query's transaction on ``snapshot``, or on a new one if the server no longer
+        has it (see :meth:`ADBCBackend.renew_snapshot`)."""
+        try:
+            begin_snapshot(self._cursor, snapshot)
+        except Exception as error:
+            if not lost_snapshot(error):
+                raise
+            begin_snapshot(self._cursor, self._backend.renew_snapshot(snapshot))
 
     def _end_snapshot(self) -> None:
         """End the query's snapshot transaction, releasing its locks (a lock held until the next
@@ -298,6 +314,31 @@ class ADBCBackend:
             holder, self._holder = self._holder, None
         if holder is not None:
             holder.close()
+
+    def renew_snapshot(self, lost: str) -> str:
+        """A new snapshot for every cursor, when ``lost`` can no longer be imported (the server
+        restarted, or ended the holding session): the rest of the loader's life reads that one,
+        and the planned counts (and ``verify=True``) check that rows did not change. Logs a
+        WARNING. Thread-safe: the cursors that lost the same snapshot share one new one.
+        """
+        with self._lock:
+            if self.snapshot != lost:
+                assert self.snapshot is not None
+                return self.snapshot
+            holder, self._holder = (
+                self._holder,
+                SnapshotHolder(replicate(_autocommit(self._open()), self._session)),
+            )
+            self.snapshot = self._holder.id
+        if holder is not None:
+            holder.close()
+        _LOG.warning(
+            "PostgreSQL snapshot %s is gone (the server restarted or ended the session holding it); the "
+            "loader reads snapshot %s from now on, and the planned row counts check that nothing changed",
+            lost,
+            self.snapshot,
+        )
+        return self.snapshot
 
     def close(self) -> None:
         """Close the spare connection and release the snapshot; a connection the user passed in

@@ -20,13 +20,12 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .._core.errors import add_note
-
 __all__ = [
     "SnapshotHolder",
     "begin_snapshot",
     "check_postgres_values",
     "floats_for_numeric",
+    "lost_snapshot",
     "postgres_connect",
     "postgres_session",
     "replicate",
@@ -192,18 +191,13 @@ def begin_snapshot(cursor: Any, snapshot: str) -> None:
     no lock on a table outlives the query that took it.
 
     Raises:
-        adbc_driver_manager.Error: the snapshot can no longer be imported (its holder's session
-            ended); the error carries a note saying so.
+        adbc_driver_manager.Error: the snapshot can no longer be imported (see :func:`lost_snapshot`).
     """
     cursor.execute("ROLLBACK")  # outside a transaction only a warning, which the driver drops
     cursor.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
-    try:
-        cursor.execute(f"SET TRANSACTION SNAPSHOT '{checked_snapshot(snapshot)}'")
-    except Exception as error:
-        add_note(
-            error,
-            f"the loader reads PostgreSQL snapshot {snapshot}, which a session of its own holds open "
-            f"until close(); that session has ended (the loader was closed, the server restarted, or "
-            f"idle_in_transaction_session_timeout ended it): build the loader again",
-        )
-        raise
+    cursor.execute(f"SET TRANSACTION SNAPSHOT '{checked_snapshot(snapshot)}'")
+
+
+def lost_snapshot(error: BaseException) -> bool:
+    """Whether ``error`` says a snapshot id is unknown to the server (its holder's session ended)."""
+    return "invalid snapshot identifier" in str(error)
