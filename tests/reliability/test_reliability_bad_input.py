@@ -213,7 +213,12 @@ WRONG_TYPES: list[Case] = [
     ),
     Case("key_col=int", series(key_col=3), TypeError, r"key_col must be a column name or a list of names"),
     Case("collate=int", series(collate=42), TypeError, r"collate must be a callable .*got 42"),
-    Case("mode=int", series(mode=1), ValueError, r"mode=1 is not supported: ddbloader feeds PyTorch only"),
+    Case(
+        "mode=int",
+        series(mode=1),
+        ValueError,
+        r"mode=1 is not one of \['jax', 'numpy', 'pytorch', 'tensorflow'\]",
+    ),
     Case("verbose=str", series(verbose="yes"), TypeError, r"verbose must be a bool, got str 'yes'"),
     Case(
         "fetch_bytes=float",
