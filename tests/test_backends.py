@@ -485,7 +485,6 @@ UNIT_PARTS = st.lists(st.lists(st.integers(0, 9), min_size=1, max_size=3), min_s
 )
 
 
-@pytest.mark.filterwarnings("ignore:the plan has 0 samples:UserWarning")  # windows longer than a group
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     parts=UNIT_PARTS,

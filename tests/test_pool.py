@@ -41,9 +41,6 @@ from ddbloader._sql.plan import MIN_PIECE_ROWS, GroupPlan, PartitionSpec, QueryP
 from ddbloader.backends import DuckDBBackend
 from ddbloader.stats import LoaderStats
 
-# Drawn configurations include tables too short for their windows.
-pytestmark = pytest.mark.filterwarnings("ignore:the plan has 0 samples:UserWarning")
-
 GROUP_ROWS = 1_000_000
 
 

@@ -203,7 +203,6 @@ def shuffled_configs(draw: st.DrawFn) -> dict[str, Any]:
     return config
 
 
-@pytest.mark.filterwarnings("ignore:the plan has 0 samples:UserWarning")  # drawn configurations
 @pytest.mark.slow
 @settings(max_examples=25, deadline=None)
 @given(config=shuffled_configs(), prepartitions=st.tuples(st.integers(1, 3), st.integers(1, 3)))

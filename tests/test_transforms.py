@@ -85,7 +85,6 @@ def expected_starts(parts: Sequence[Sequence[int]], span: int, stride: int) -> C
 # --- the pull model: derived columns, coverage, determinism ----------------------------------
 
 
-@pytest.mark.filterwarnings("ignore:the plan has 0 samples:UserWarning")  # drawn configurations
 @pytest.mark.slow
 @pytest.mark.filterwarnings("ignore:samples need")
 @settings(max_examples=30, deadline=None)
