@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import shutil
-import tempfile
 import time
 import warnings
 from collections.abc import Iterator
@@ -64,24 +62,8 @@ def _source(engine: str, shape: harness.Series) -> Iterator[str | None]:
 
     with duckdb.connect(str(path), read_only=True) as con:
         table = con.sql("SELECT * FROM bench").to_arrow_table()
-    if engine == "postgresql":
-        from adbc_driver_postgresql import dbapi
-
-        with harness.server("postgresql") as uri:
-            if uri is not None:
-                with dbapi.connect(uri, autocommit=True) as admin, admin.cursor() as cursor:
-                    cursor.adbc_ingest("bench", table, mode="create")
-            yield uri
-        return
-    from adbc_driver_chdb import dbapi as chdb
-
-    directory = tempfile.mkdtemp(prefix="ddbloader-chdb-")
-    try:
-        with chdb.connect(f"chdb://{directory}") as admin, admin.cursor() as cursor:
-            cursor.adbc_ingest("bench", table, mode="create")
-        yield f"chdb://{directory}"
-    finally:
-        shutil.rmtree(directory, ignore_errors=True)
+    with harness.loaded(engine, "bench", table) as uri:
+        yield uri
 
 
 def arguments(parser: argparse.ArgumentParser) -> None:

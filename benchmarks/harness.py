@@ -25,6 +25,7 @@ import datetime as dt
 import json
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -314,6 +315,32 @@ def server(kind: str) -> Iterator[str | None]:
     finally:
         if running is not None:
             running.stop()
+
+
+@contextlib.contextmanager
+def loaded(engine: str, name: str, table: Any) -> Iterator[str | None]:
+    """A source URI of ``engine`` (``"postgresql"`` or ``"chdb"``) holding the Arrow ``table`` as
+    ``name`` (analysed), dropped afterwards; None where PostgreSQL is not installed (see
+    :func:`server`)."""
+    if engine == "postgresql":
+        from adbc_driver_postgresql import dbapi
+
+        with server("postgresql") as uri:
+            if uri is not None:
+                with dbapi.connect(uri, autocommit=True) as admin, admin.cursor() as cursor:
+                    cursor.adbc_ingest(name, table, mode="create")
+                    cursor.execute(f"ANALYZE {name}")
+            yield uri
+        return
+    from adbc_driver_chdb import dbapi as chdb
+
+    directory = tempfile.mkdtemp(prefix="ddbloader-chdb-")
+    try:
+        with chdb.connect(f"chdb://{directory}") as admin, admin.cursor() as cursor:
+            cursor.adbc_ingest(name, table, mode="create")
+        yield f"chdb://{directory}"
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 # -------------------------------------------------------------------------------------- results

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import shutil
 import tempfile
 import time
 import warnings
@@ -180,25 +179,8 @@ def _parent_source(engine: str, groups_: int, rows: int) -> Iterator[str | None]
 
     with duckdb.connect(str(harness.groups_db(groups_, rows)), read_only=True) as con:
         data = con.sql("SELECT * FROM t").to_arrow_table()
-    if engine == "postgresql":
-        from adbc_driver_postgresql import dbapi
-
-        with harness.server("postgresql") as uri:
-            if uri is not None:
-                with dbapi.connect(uri, autocommit=True) as admin, admin.cursor() as cursor:
-                    cursor.adbc_ingest("t", data, mode="create")
-                    cursor.execute("ANALYZE t")
-            yield uri
-        return
-    from adbc_driver_chdb import dbapi as chdb
-
-    directory = tempfile.mkdtemp(prefix="ddbloader-chdb-")
-    try:
-        with chdb.connect(f"chdb://{directory}") as admin, admin.cursor() as cursor:
-            cursor.adbc_ingest("t", data, mode="create")
-        yield f"chdb://{directory}"
-    finally:
-        shutil.rmtree(directory, ignore_errors=True)
+    with harness.loaded(engine, "t", data) as uri:
+        yield uri
 
 
 def arguments(parser: argparse.ArgumentParser) -> None:

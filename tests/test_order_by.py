@@ -11,12 +11,11 @@ shape that cannot be ordered exactly must be refused before iteration, naming th
 from __future__ import annotations
 
 import collections
-import contextlib
 import functools
 import math
 import sqlite3
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,9 +23,9 @@ import duckdb
 import pgserver
 import pyarrow as pa
 import pytest
+from test_split import Engine, engine_on
 
 from ddbloader import DDBDataLoader
-from ddbloader.backends import connect
 
 ROWS = 240
 WINDOW = 3
@@ -55,32 +54,12 @@ def order_table() -> pa.Table:
     )
 
 
-@dataclass
-class Engine:
-    """An engine holding ``ob``: the loader's source, and ``whole`` running a query whole."""
-
-    name: str
-    source: Any
-    whole: Callable[[str], pa.Table]
-
-
-@contextlib.contextmanager
-def _engine_on(name: str, source: Any) -> Iterator[Engine]:
-    backend = connect(source)
-    cursor = backend.cursor()
-    try:
-        yield Engine(name, source, lambda sql: cursor.fetch(sql, ()))
-    finally:
-        cursor.close()
-        backend.close()
-
-
 @pytest.fixture(scope="module")
 def duck() -> Iterator[Engine]:
     con = duckdb.connect()
     con.register("_incoming", order_table())
     con.execute("CREATE TABLE ob AS SELECT * FROM _incoming")
-    with _engine_on("duckdb", con) as made:
+    with engine_on("duckdb", con) as made:
         yield made
     con.close()
 
@@ -93,7 +72,7 @@ def postgres(pg_server: pgserver.PostgresServer) -> Iterator[Engine]:
     with admin.cursor() as cursor:
         cursor.execute("DROP TABLE IF EXISTS ob")
         cursor.adbc_ingest("ob", order_table(), mode="create")
-    with _engine_on("postgres", pg_server.uri) as made:
+    with engine_on("postgres", pg_server.uri) as made:
         yield made
     with admin.cursor() as cursor:
         cursor.execute("DROP TABLE ob")
@@ -112,7 +91,7 @@ def lite(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
     )
     admin.commit()
     admin.close()
-    with _engine_on("sqlite", functools.partial(sqlite3.connect, path)) as made:
+    with engine_on("sqlite", functools.partial(sqlite3.connect, path)) as made:
         yield made
 
 
@@ -121,7 +100,7 @@ def fusion() -> Iterator[Engine]:
     datafusion = pytest.importorskip("datafusion", reason="datafusion is not installed")
     context = datafusion.SessionContext()
     context.register_record_batches("ob", [order_table().to_batches()])
-    with _engine_on("datafusion", context) as made:
+    with engine_on("datafusion", context) as made:
         yield made
 
 
@@ -133,7 +112,7 @@ def clickhouse(chdb_uri: str) -> Iterator[Engine]:
     with admin.cursor() as cursor:
         cursor.execute("DROP TABLE IF EXISTS ob")
         cursor.adbc_ingest("ob", order_table(), mode="create")
-    with _engine_on("clickhouse", chdb_uri) as made:
+    with engine_on("clickhouse", chdb_uri) as made:
         yield made
     with admin.cursor() as cursor:
         cursor.execute("DROP TABLE ob")
@@ -240,7 +219,7 @@ def _windows_of(rows: list[tuple[int, Any]]) -> collections.Counter[tuple[int, .
 
 
 def expected_windows(engine: Engine, shape: Shape) -> collections.Counter[tuple[int, ...]]:
-    whole = engine.whole(shape.sql).to_pylist()
+    whole = engine.fetch(shape.sql).to_pylist()
     assert len(whole) == ROWS, shape.name
     by_key: dict[Any, list[tuple[int, Any]]] = collections.defaultdict(list)
     for row in whole:
@@ -331,7 +310,7 @@ def test_duckdb_session_defaults_order_the_split_as_the_whole_query(
     con.execute("CREATE TABLE ob AS SELECT * FROM _incoming")
     for statement in settings:
         con.execute(statement)
-    with _engine_on("duckdb", con) as engine:
+    with engine_on("duckdb", con) as engine:
         expected = expected_windows(engine, shape)
     assert loader_windows(con, shape, shuffle=False) == expected
     assert loader_windows(con, shape, shuffle=True) == expected
