@@ -58,6 +58,21 @@ def test_a_passed_flight_sql_connection_is_cloned(flight_sql_uri: str) -> None:
     mine.close()
 
 
+def test_an_unreachable_server_fails_naming_it_and_leaves_no_connection_open() -> None:
+    import adbc_driver_manager
+    from adbc_driver_flightsql import dbapi
+
+    opened: list[Any] = []
+
+    def factory() -> Any:
+        opened.append(dbapi.connect("grpc://127.0.0.1:1", autocommit=True))  # nothing listens on port 1
+        return opened[-1]
+
+    with pytest.raises(adbc_driver_manager.OperationalError, match="connection refused"):
+        FlightSQLBackend(factory, dialect="duckdb")
+    assert len(opened) == 1 and opened[0]._closed
+
+
 def test_credentials_never_appear_in_the_engine_name() -> None:
     with pytest.raises(Exception) as caught:
         FlightSQLBackend("grpc://me:secret-pw-xyz@127.0.0.1:9", dialect="spark")

@@ -243,7 +243,11 @@ class ADBCBackend:
         #: The PostgreSQL snapshot every cursor reads (its id); None on other engines.
         self.snapshot: str | None = None
         self._spare = _autocommit(self._open())
-        vendor = str(self._spare.adbc_get_info().get("vendor_name", ""))
+        try:
+            vendor = str(self._spare.adbc_get_info().get("vendor_name", ""))
+        except BaseException:  # an unreachable server: the connection object still holds a handle
+            self.close()
+            raise
         found = dialect or _DIALECTS.get(vendor.lower())
         if found is None:
             self.close()
