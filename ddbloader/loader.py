@@ -131,6 +131,13 @@ class DDBDataLoader(DataLoaderFace, LoaderCheckpoint, LoaderResources):
             hash of each row summed at planning (DuckDB, PostgreSQL, ClickHouse, Spark;
             refused elsewhere): wrong rows in the right number raise, naming the partition.
             Costs a hash per row at planning and at every fetch (see the Reliability page of the docs).
+        split_col: a column (or SQL expression over the result) that time-orders each series, such
+            as its timestamp; with ``split_range`` the loader serves exactly the samples whose y rows
+            all have ``lo <= split_col < hi``, x looking back before ``lo`` (see the Splits page of
+            the docs and :meth:`split`). The engine reads no row at or after ``hi``. With windows,
+            ``split_col`` must not decrease along a series (checked at planning); NULL is refused.
+        split_range: ``(lo, hi)``, either end None (unbounded): numbers, strings, dates or datetimes,
+            compared by the engine as literals of its dialect.
         mode: the same batches as ``"pytorch"``, ``"numpy"``, ``"jax"`` or ``"tensorflow"`` arrays.
         verbose: accepted for DolphinDB code and ignored: ddbloader reports through the
             ``"ddbloader"`` logger (INFO per epoch, DEBUG per partition).
@@ -180,6 +187,8 @@ class DDBDataLoader(DataLoaderFace, LoaderCheckpoint, LoaderResources):
         cache_bytes: int | None = None,
         key_col: str | Sequence[str] | None = None,
         verify: bool = False,
+        split_col: str | None = None,
+        split_range: tuple[Any, Any] | None = None,
         mode: str = "pytorch",
         verbose: bool = False,
         **aliases: Any,
