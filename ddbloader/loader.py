@@ -21,7 +21,7 @@ import torch
 
 from ._checkpoint import LoaderCheckpoint
 from ._claims import Iteration
-from ._construction import NO_SOURCE, arrow_backend, parquet_backend, records_given_arguments
+from ._construction import NO_SOURCE, arrow_backend, build_splits, parquet_backend, records_given_arguments
 from ._core.config import normalise_config, resolve_aliases
 from ._core.display import plan_html, plan_text
 from ._core.errors import warn_caller
@@ -131,13 +131,9 @@ class DDBDataLoader(DataLoaderFace, LoaderCheckpoint, LoaderResources):
             hash of each row summed at planning (DuckDB, PostgreSQL, ClickHouse, Spark;
             refused elsewhere): wrong rows in the right number raise, naming the partition.
             Costs a hash per row at planning and at every fetch (see the Reliability page of the docs).
-        split_col: a column (or SQL expression over the result) that time-orders each series, such
-            as its timestamp; with ``split_range`` the loader serves exactly the samples whose y rows
-            all have ``lo <= split_col < hi``, x looking back before ``lo`` (see the Splits page of
-            the docs and :meth:`split`). The engine reads no row at or after ``hi``. With windows,
-            ``split_col`` must not decrease along a series (checked at planning); NULL is refused.
-        split_range: ``(lo, hi)``, either end None (unbounded): numbers, strings, dates or datetimes,
-            compared by the engine as literals of its dialect.
+        split_col: with ``split_range=(lo, hi)`` (either end None), serve exactly the samples whose
+            y rows all have ``lo <= split_col < hi``, x looking back before ``lo`` (see :meth:`split`
+            and the Splits page of the docs).
         mode: the same batches as ``"pytorch"``, ``"numpy"``, ``"jax"`` or ``"tensorflow"`` arrays.
         verbose: accepted for DolphinDB code and ignored: ddbloader reports through the
             ``"ddbloader"`` logger (INFO per epoch, DEBUG per partition).
@@ -361,6 +357,15 @@ class DDBDataLoader(DataLoaderFace, LoaderCheckpoint, LoaderResources):
     def __del__(self) -> None:
         if not getattr(self, "_closed", True):
             self.close()
+
+    @classmethod
+    def split(
+        cls, *args: Any, split_col: str, at: Sequence[Any], gap: Any = None, **kwargs: Any
+    ) -> tuple[DDBDataLoader, ...]:
+        """Train, validation, test (...) loaders of one query (``args``: source, sql, target_col),
+        cut at the points ``at`` of ``split_col``: ``len(at) + 1`` loaders, ``shuffle`` only on the
+        first, ``gap`` an embargo after each cut (see :func:`ddbloader._construction.split_ranges`)."""
+        return build_splits(cls, args, split_col, at, gap, kwargs)
 
     @classmethod
     def from_parquet(

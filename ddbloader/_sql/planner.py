@@ -230,7 +230,9 @@ def build_plan(backend: Backend, sql: str, config: LoaderConfig, progress: bool 
             f"the loader can make no sample: {_why_no_sample(geometry, longest, group_params)}; "
             f"check the query, the schemes and window_size"
         )
+    # under a split a group's rows are those near the range: a group with none there is no surprise
     short = [g.value if group_params else "<all rows>" for g in groups if 0 < g.rows < geometry.span]
+    short = short if config.split_col is None else []
     if short:
         warn_caller(
             f"samples need {geometry.span} consecutive rows, more than group(s) {short[:10]} "
