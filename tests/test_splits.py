@@ -377,7 +377,9 @@ def test_splits_are_disjoint_and_cover_the_unsplit_samples(
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # groups too short for a window: the oracle has none of them
             if not expected:
-                with pytest.raises(ValueError, match="can make no sample"):
+                with pytest.raises(
+                    ValueError, match=r"can make no sample: no sample's y rows all lie in split_range"
+                ):
                     split_loader(
                         con, window, stride if window else None, split_col="ts", split_range=bounds, **options
                     )
@@ -409,3 +411,77 @@ def test_splits_on_more_engines(request: pytest.FixtureRequest, engine_name: str
             source, 3, split_col="ts", split_range=bounds, repartition_col="ts - ts % 9"
         ) as loader:
             assert served(loader) == oracle(values, 3, 1, bounds)
+
+
+def test_a_query_ordered_by_a_column_it_does_not_select() -> None:
+    con = duckdb.connect()
+    data = series_table()  # noqa: F841 -- read by DuckDB's replacement scan
+    con.execute("CREATE TABLE t AS SELECT * FROM data")
+    values = oracle_values(series_table())
+    sql = "SELECT g, v, ts + 0 AS s FROM t ORDER BY g, ts"  # ts is carried as a hidden column
+    for bounds in ranges():
+        options: dict[str, Any] = {
+            "split_col": "s",
+            "split_range": bounds,
+            "shuffle": True,
+            "fetch_bytes": 64,
+        }
+        with DDBDataLoader(
+            con, sql, "v", input_col=["v"], group_col="g", window_size=3, verify=True, **options
+        ) as loader:
+            assert served(loader) == oracle(values, 3, 1, bounds)
+
+
+@pytest.mark.multiprocess
+def test_splits_under_dataloader_workers(tmp_path: Path) -> None:
+    from torch.utils.data import DataLoader
+
+    from ddbloader import DDBIterableDataset
+
+    path = str(tmp_path / "series.duckdb")
+    with duckdb.connect(path) as con:
+        data = series_table()  # noqa: F841 -- read by DuckDB's replacement scan
+        con.execute("CREATE TABLE t AS SELECT * FROM data")
+    values = oracle_values(series_table())
+    for bounds in ranges():
+        dataset = DDBIterableDataset(
+            path, SQL, "v", input_col=["v"], group_col="g", window_size=3, batch_size=4, shuffle=True,
+            seed=5, split_col="ts", split_range=bounds, num_workers=2,
+        )  # fmt: skip
+        found: Counter[Sample] = Counter()
+        batches = 0
+        for x, y in DataLoader(dataset, batch_size=None, num_workers=2):
+            batches += 1
+            for a, b in zip(x.reshape(len(x), -1).tolist(), y.reshape(len(y), -1).tolist(), strict=True):
+                found[tuple(a), tuple(b)] += 1
+        assert found == oracle(values, 3, 1, bounds)
+        assert batches == len(dataset)
+        dataset.loader.close()
+
+
+def test_explicit_schemes_are_checked_and_warned_about_once() -> None:
+    con = duckdb.connect()
+    data = series_table()  # noqa: F841 -- read by DuckDB's replacement scan
+    con.execute("CREATE TABLE t AS SELECT * FROM data")
+    values = oracle_values(series_table())
+    bounds = (CUTS[0], None)
+    schemes: dict[str, Any] = {"group_scheme": [2, 7, 0, 1], "repartition_col": "ts - ts % 9"}
+    with pytest.warns(UserWarning, match=r"group_scheme value\(s\) \[7\] match no rows") as caught:
+        loader = split_loader(
+            con,
+            3,
+            repartition_scheme=[0, 9, 18, 27, 36, 45, 54],
+            split_col="ts",
+            split_range=bounds,
+            **schemes,
+        )
+    assert len(caught) == 1
+    with loader:
+        assert served(loader) == oracle(values, 3, 1, bounds)
+    # a series is its repartitions in scheme order: here ts falls from one to the next
+    with pytest.raises(
+        ValueError, match=r"split_col 'ts' decreases along the series in group 2, repartition 18 "
+    ):
+        split_loader(
+            con, 3, repartition_scheme=[27, 18, 9, 0, 36, 45], split_col="ts", split_range=bounds, **schemes
+        )

@@ -226,9 +226,11 @@ def build_plan(backend: Backend, sql: str, config: LoaderConfig, progress: bool 
         )
     if not any(g.samples for g in groups):
         longest = max((g.rows for g in groups), default=0)
+        why = _why_no_sample(geometry, longest, group_params)
+        if config.split_col is not None:
+            why = f"no sample's y rows all lie in split_range={config.split_range!r} of {config.split_col!r}"
         raise ValueError(
-            f"the loader can make no sample: {_why_no_sample(geometry, longest, group_params)}; "
-            f"check the query, the schemes and window_size"
+            f"the loader can make no sample: {why}; check the query, the schemes and window_size"
         )
     # under a split a group's rows are those near the range: a group with none there is no surprise
     short = [g.value if group_params else "<all rows>" for g in groups if 0 < g.rows < geometry.span]
