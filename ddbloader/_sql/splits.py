@@ -34,11 +34,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import pyarrow as pa
 from sqlglot import exp
 
 from .._core.config import LoaderConfig
 from .._core.window import WindowGeometry
+from .binding import binds_exactly
 from .cells import PlanKey, Tallied, TickingCursor, plan_cells, run_planning
 from .query import Query, UserQuery
 from .rewrites import Tally, operand, subquery
@@ -214,35 +214,50 @@ def _floor(
 ) -> exp.Expr | None:
     """The look-back bound (see the module docstring): ``lo`` itself when a sample's y starts on
     its first row (no row before ``lo`` is needed), else with stride 1 the least ``split_col``
-    among each group's ``offset`` greatest values below ``lo`` as a literal; None (read from each
-    series' start) with a stride above 1, or when no row lies below ``lo``."""
+    among the ``offset`` greatest values below ``lo`` of each group that has rows in the range (a
+    series that ended before ``lo`` serves nothing here, and must not pull the bound back), as a
+    literal; None (read from each series' start) with a stride above 1, when no row lies below
+    ``lo``, or when the value would not come back to the engine exactly."""
     if geometry.offset == 0:
         return lo
     if geometry.stride != 1:
         return None
-    group = [k.expression for k in keys if k.parameter == "group_col"]
-    below = exp.LT(this=operand(column), expression=lo)
+    value = operand(column)
+    group = [operand(k.expression) for k in keys if k.parameter == "group_col"]
+    below = exp.LT(this=value.copy(), expression=lo)
+    # rows at or after lo (and below hi) rank first, descending: the rows below lo after them
+    inside = exp.Window(
+        this=exp.Sum(this=_indicator(exp.Not(this=exp.Paren(this=below.copy())))), partition_by=group
+    )
     rank = exp.Window(
         this=exp.RowNumber(),
-        partition_by=[operand(g) for g in group],
-        order=exp.Order(expressions=[exp.Ordered(this=operand(column), desc=True)]),
+        partition_by=[g.copy() for g in group],
+        order=exp.Order(expressions=[exp.Ordered(this=value.copy(), desc=True)]),
     )
-    ranked = (
-        exp.select(operand(column).as_("_ddb_value"), rank.as_("_ddb_rank"))
-        .from_(subquery(query.source(), "_ddb_q"))
-        .where(below)
+    ranked = exp.select(
+        value.copy().as_("_ddb_value"), rank.as_("_ddb_rank"), inside.as_("_ddb_inside")
+    ).from_(subquery(query.source(), "_ddb_q"))
+    if hi is not None:
+        ranked = ranked.where(exp.LT(this=value.copy(), expression=hi))
+    rank_column, inside_column = exp.column("_ddb_rank"), exp.column("_ddb_inside")
+    needed = exp.and_(
+        exp.LT(this=exp.column("_ddb_value"), expression=lo.copy()),
+        exp.GT(this=inside_column.copy(), expression=exp.Literal.number(0)),
+        exp.LTE(
+            this=rank_column,
+            expression=exp.Add(this=inside_column, expression=exp.Literal.number(geometry.offset)),
+        ),
     )
     least = (
         exp.select(exp.Min(this=exp.column("_ddb_value")).as_(_FLOOR_ALIAS))
         .from_(subquery(ranked, "_ddb_ranked"))
-        .where(exp.LTE(this=exp.column("_ddb_rank"), expression=exp.Literal.number(geometry.offset)))
+        .where(needed)
     )
     table = run_planning(cursor, query.render(least), "finding the rows split_col's look-back needs")
-    found = table.column(_FLOOR_ALIAS)
-    if found.null_count or (pa.types.is_timestamp(found.type) and found.type.unit == "ns"):
-        return None  # no row below lo; or nanoseconds, which a Python value would round
-    value = found[0].as_py()
+    field, found = table.schema.field(_FLOOR_ALIAS), table.column(_FLOOR_ALIAS)
+    if found.null_count or not binds_exactly(field):  # a value that would not come back exactly
+        return None
     try:
-        return literal(value, query.dialect)
-    except TypeError:  # a value the loader cannot write back exactly: read from the series' start
+        return literal(found[0].as_py(), query.dialect)
+    except TypeError:  # a value the loader does not write as a literal: read from the series' start
         return None
