@@ -299,7 +299,7 @@ def refusals() -> duckdb.DuckDBPyConnection:
         (
             "SELECT g, ts, v FROM t",
             {"split_col": "ts", "window_size": 3},
-            r"the query has no ORDER BY",
+            r"split_col 'ts' with window_size needs the query's ORDER BY",
         ),
     ],
 )
@@ -363,16 +363,26 @@ def test_split_ranges_refusals(at: list[Any], gap: Any, message: str) -> None:
     stride=st.integers(1, 3),
     cuts=st.lists(st.integers(-2, 64), min_size=1, max_size=3, unique=True).map(sorted),
     repartitioned=st.booleans(),
+    shuffle=st.booleans(),
+    fetch_bytes=st.sampled_from([0, 48, 8 * 2**20]),
 )
 def test_splits_are_disjoint_and_cover_the_unsplit_samples(
-    lengths: list[int], window: Any, stride: int, cuts: list[int], repartitioned: bool
+    lengths: list[int],
+    window: Any,
+    stride: int,
+    cuts: list[int],
+    repartitioned: bool,
+    shuffle: bool,
+    fetch_bytes: int,
 ) -> None:
     con = duckdb.connect()
     data = series_table(tuple(lengths))  # noqa: F841 -- read by DuckDB's replacement scan
     con.execute("CREATE TABLE t AS SELECT * FROM data")
     values = [float(v) for (v,) in con.execute("SELECT v FROM t ORDER BY g, ts").fetchall()]
     step = stride if window is not None else 1
-    options: dict[str, Any] = {"repartition_col": "ts - ts % 7"} if repartitioned else {}
+    options: dict[str, Any] = {"shuffle": shuffle, "fetch_bytes": fetch_bytes}
+    if repartitioned:
+        options["repartition_col"] = "ts - ts % 7"
     for bounds in split_ranges(cuts):
         expected = oracle(values, window, step, bounds)
         with warnings.catch_warnings():

@@ -18,9 +18,10 @@ greatest of one must not exceed the least of the next. Without windows a sample 
 a row filter is exact whatever the order: only NULLs are refused there.
 
 ``floor`` (the look-back bound, one for all groups): with stride 1 the least value among each
-group's ``offset`` rows before ``lo`` (its first needed row), found by one planning query; the
-rows below it are at the start of every series, so dropping them keeps sample ``i`` of the
-narrowed series the unsplit series' sample ``i + dropped``. With a stride above 1 the dropped
+group's ``offset`` rows before ``lo`` (its first needed row), over the groups with rows in the
+range, found by one planning query; the rows below it are at the start of every series, so
+dropping them keeps sample ``i`` of the narrowed series the unsplit series' sample
+``i + dropped``. With a stride above 1 the dropped
 rows would have to be a multiple of it in every group, so nothing is dropped below ``lo``'s
 look-back; repartitions wholly before it are never fetched (their samples are not served).
 """
@@ -57,9 +58,9 @@ _FLOOR_ALIAS = "_ddb_split_floor"
 class SplitPlan:
     """A split's narrowed query and what its planning counts add.
 
-    ``query``: the user's query keeping only the rows the split can use; ``counted``: the tally
+    ``query``: the user's query keeping only the rows the split can use; ``before``: the tally
     :func:`plan_cells` adds to count each subquery's rows below ``lo`` (None: ``lo`` is None or
-    below every kept row).
+    the floor, so no kept row lies below it).
     """
 
     query: UserQuery
@@ -143,6 +144,12 @@ def check_series(
     """Refuse a ``split_col`` that is NULL in some row, or, with windows, decreases along a series
     (within a subquery in the query's order, or from one repartition to the next), naming the
     column and the group. One planning query over the whole query (see the module docstring)."""
+    if geometry.windowed and not query.is_ordered():
+        raise ValueError(
+            f"split_col {config.split_col!r} with window_size needs the query's ORDER BY: a split keeps "
+            f"each series' rows between two values of split_col, which must never decrease in the "
+            f"series' order; add an ORDER BY that orders each series' rows (e.g. by timestamp)"
+        )
     null = exp.Is(this=operand(column), expression=exp.Null())
     tallies = [Tally(_NULLS_ALIAS, _indicator(null), exp.Sum)]
     if geometry.windowed:
