@@ -454,20 +454,21 @@ def test_splits_under_dataloader_workers(tmp_path: Path) -> None:
         data = series_table()  # noqa: F841 -- read by DuckDB's replacement scan
         con.execute("CREATE TABLE t AS SELECT * FROM data")
     values = oracle_values(series_table())
-    for bounds in ranges():
-        dataset = DDBIterableDataset(
-            path, SQL, "v", input_col=["v"], group_col="g", window_size=3, batch_size=4, shuffle=True,
-            seed=5, split_col="ts", split_range=bounds, num_workers=2,
-        )  # fmt: skip
+    datasets = DDBIterableDataset.split(
+        path, SQL, "v", split_col="ts", at=list(CUTS), input_col=["v"], group_col="g", window_size=3,
+        batch_size=4, shuffle=True, seed=5, num_workers=2,
+    )  # fmt: skip
+    assert [d.loader.config.shuffle for d in datasets] == [True, False, False]
+    for bounds, dataset in zip(ranges(), datasets, strict=True):
         found: Counter[Sample] = Counter()
-        batches = 0
+        batches, expected = 0, len(dataset)
         for x, y in DataLoader(dataset, batch_size=None, num_workers=2):
             batches += 1
             for a, b in zip(x.reshape(len(x), -1).tolist(), y.reshape(len(y), -1).tolist(), strict=True):
                 found[tuple(a), tuple(b)] += 1
         assert found == oracle(values, 3, 1, bounds)
-        assert batches == len(dataset)
-        dataset.loader.close()
+        assert batches == expected
+        dataset.close()
 
 
 def test_explicit_schemes_are_checked_and_warned_about_once() -> None:
