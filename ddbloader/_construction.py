@@ -99,6 +99,10 @@ def split_ranges(at: Sequence[Any], gap: Any = None) -> list[tuple[Any, Any]]:
             raise ValueError(f"gap must not be negative, got {gap!r}")
     starts: list[Any] = [None]
     for cut in cuts:
+        if type(cut) is dt.date and isinstance(gap, dt.timedelta) and gap % dt.timedelta(days=1):
+            raise ValueError(
+                f"gap {gap!r} is not whole days, which is all a date cut point {cut!r} can move by"
+            )
         try:
             starts.append(cut if gap is None else cut + gap)
         except TypeError as error:
