@@ -534,3 +534,17 @@ def test_ranks_and_workers_share_exactly_each_groups_samples_from_its_first(
     offsets = np.cumsum([0] + [g.sample_stop for g in plans])
     ids = {int(offsets[g]) + s for g, s in every}
     assert len(ids) == len(every)  # elastic resume's sample ids (offsets by sample stops) are distinct
+
+
+@pytest.mark.parametrize("window", [None, 3])
+def test_a_query_without_groups_is_one_series(window: int | None) -> None:
+    con = duckdb.connect()
+    data = series_table((40,))  # noqa: F841 -- read by DuckDB's replacement scan
+    con.execute("CREATE TABLE t AS SELECT * FROM data")
+    values = oracle_values(series_table((40,)))
+    for bounds in ranges():
+        with DDBDataLoader(
+            con, "SELECT ts, v FROM t ORDER BY ts", "v", input_col=["v"], window_size=window, verify=True,
+            split_col="ts", split_range=bounds,
+        ) as loader:  # fmt: skip
+            assert served(loader) == oracle(values, window, 1, bounds)
