@@ -363,8 +363,10 @@ class DDBDataLoader(DataLoaderFace, LoaderCheckpoint, LoaderResources):
         cls, *args: Any, split_col: str, at: Sequence[Any], gap: Any = None, **kwargs: Any
     ) -> tuple[DDBDataLoader, ...]:
         """Train, validation, test (...) loaders of one query (``args``: source, sql, target_col),
-        cut at the points ``at`` of ``split_col``: ``len(at) + 1`` loaders, ``shuffle`` only on the
-        first, ``gap`` an embargo after each cut (see :func:`ddbloader._construction.split_ranges`)."""
+        cut at the ascending points ``at`` of ``split_col``: ``len(at) + 1`` loaders with
+        ``split_range`` ``(None, at[0])``, ``(at[0] + gap, at[1])``, ..., ``(at[-1] + gap, None)``;
+        ``shuffle`` only on the first. ``gap`` (an embargo: a number, or a ``timedelta`` for dates
+        and datetimes) leaves the samples whose y starts within it after a cut in no split."""
         return build_splits(cls, args, split_col, at, gap, kwargs)
 
     @classmethod
