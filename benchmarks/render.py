@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-ORDER = ("throughput", "loop", "peers", "scale", "shuffle", "fingerprint", "spark")
+ORDER = ("throughput", "loop", "peers", "scale", "shuffle", "fingerprint", "splits", "spark")
 TITLES = {
     "throughput": "Throughput against export-and-memmap, the engine and RAM",
     "loop": "The training loop's view",
@@ -30,6 +30,7 @@ TITLES = {
     "scale": "Scale: groups, planning, one big group, memory",
     "shuffle": "Shuffle: mixing and its cost",
     "fingerprint": "The content fingerprint (`verify=True`)",
+    "splits": "Time splits: rows read and cost",
     "spark": "Spark",
 }
 

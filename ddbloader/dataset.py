@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import functools
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
 import torch
 from torch.utils.data import IterableDataset, default_collate, default_convert, get_worker_info
 
-from ._construction import NO_SOURCE
+from ._construction import NO_SOURCE, build_splits
 from ._epoch.shard import Sharding
 from ._epoch.state import merge_worker_states
 from ._pipeline.epoch import Delivered
@@ -159,6 +159,14 @@ class DDBIterableDataset(IterableDataset[Delivered]):
 
     def close(self) -> None:
         self.loader.close()
+
+    @classmethod
+    def split(
+        cls, *args: Any, split_col: str, at: Sequence[Any], gap: Any = None, **kwargs: Any
+    ) -> tuple[DDBIterableDataset, ...]:
+        """Train, validation, test (...) datasets of one query, as :meth:`DDBDataLoader.split`
+        builds loaders (``args``: source, sql, target_col; ``shuffle`` only on the first)."""
+        return build_splits(cls, args, split_col, at, gap, kwargs)
 
     def __repr__(self) -> str:
         return f"DDBIterableDataset({self.loader!r})"

@@ -21,7 +21,7 @@ import torch
 
 from ._checkpoint import LoaderCheckpoint
 from ._claims import Iteration
-from ._construction import NO_SOURCE, arrow_backend, parquet_backend, records_given_arguments
+from ._construction import NO_SOURCE, arrow_backend, build_splits, parquet_backend, records_given_arguments
 from ._core.config import normalise_config, resolve_aliases
 from ._core.display import plan_html, plan_text
 from ._core.errors import warn_caller
@@ -131,6 +131,9 @@ class DDBDataLoader(DataLoaderFace, LoaderCheckpoint, LoaderResources):
             hash of each row summed at planning (DuckDB, PostgreSQL, ClickHouse, Spark;
             refused elsewhere): wrong rows in the right number raise, naming the partition.
             Costs a hash per row at planning and at every fetch (see the Reliability page of the docs).
+        split_col: with ``split_range=(lo, hi)`` (either end None), serve exactly the samples whose
+            y rows all have ``lo <= split_col < hi``, x looking back before ``lo`` (see :meth:`split`
+            and the Splits page of the docs).
         mode: the same batches as ``"pytorch"``, ``"numpy"``, ``"jax"`` or ``"tensorflow"`` arrays.
         verbose: accepted for DolphinDB code and ignored: ddbloader reports through the
             ``"ddbloader"`` logger (INFO per epoch, DEBUG per partition).
@@ -180,6 +183,8 @@ class DDBDataLoader(DataLoaderFace, LoaderCheckpoint, LoaderResources):
         cache_bytes: int | None = None,
         key_col: str | Sequence[str] | None = None,
         verify: bool = False,
+        split_col: str | None = None,
+        split_range: tuple[Any, Any] | None = None,
         mode: str = "pytorch",
         verbose: bool = False,
         **aliases: Any,
@@ -352,6 +357,17 @@ class DDBDataLoader(DataLoaderFace, LoaderCheckpoint, LoaderResources):
     def __del__(self) -> None:
         if not getattr(self, "_closed", True):
             self.close()
+
+    @classmethod
+    def split(
+        cls, *args: Any, split_col: str, at: Sequence[Any], gap: Any = None, **kwargs: Any
+    ) -> tuple[DDBDataLoader, ...]:
+        """Train, validation, test (...) loaders of one query (``args``: source, sql, target_col),
+        cut at the ascending points ``at`` of ``split_col``: ``len(at) + 1`` loaders with
+        ``split_range`` ``(None, at[0])``, ``(at[0] + gap, at[1])``, ..., ``(at[-1] + gap, None)``;
+        ``shuffle`` only on the first. ``gap`` (an embargo: a number, or a ``timedelta`` for dates
+        and datetimes) leaves the samples whose y starts within it after a cut in no split."""
+        return build_splits(cls, args, split_col, at, gap, kwargs)
 
     @classmethod
     def from_parquet(

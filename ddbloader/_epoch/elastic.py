@@ -108,8 +108,8 @@ def consumed_samples(
     units: Sequence[WorkUnit], plan: PlanShape, config: LoaderConfig, epoch: int, stretch: Stretch
 ) -> np.ndarray[Any, Any]:
     """The samples the stretch handed out of ``units``, as sorted distinct ids ``offset(group) +
-    sample`` (``offset``: the group's first sample in plan order)."""
-    offsets = np.cumsum([0] + [g.samples for g in plan.groups], dtype=np.int64)
+    sample`` (``offset``: the sample stops of the groups before it in plan order)."""
+    offsets = np.cumsum([0] + [g.sample_stop for g in plan.groups], dtype=np.int64)
     ids = [offsets[groups] + samples for groups, samples in _served(units, plan, config, epoch, stretch)]
     return np.unique(np.concatenate(ids)) if ids else np.empty(0, np.int64)
 
@@ -122,7 +122,7 @@ def remainder(
     A unit none of whose samples were handed out is kept as it is; an emptied one is left out.
     """
     consumed = consumed_samples(units, plan, config, epoch, stretch)
-    offsets = np.cumsum([0] + [g.samples for g in plan.groups], dtype=np.int64)
+    offsets = np.cumsum([0] + [g.sample_stop for g in plan.groups], dtype=np.int64)
     left: list[WorkUnit] = []
     for unit in units:
         base = int(offsets[unit.group.index])

@@ -83,7 +83,7 @@ def _sequence(unit: WorkUnit) -> np.ndarray[Any, Any] | None:
     if unit.owed is not None:
         kept: np.ndarray[Any, Any] = order[np.isin(order, unit.owed)]
         return kept
-    if unit.first == 0 and unit.stop == unit.group.samples:
+    if unit.first == unit.group.first_sample and unit.stop == unit.group.sample_stop:
         return order
     inside: np.ndarray[Any, Any] = order[(order >= unit.first) & (order < unit.stop)]
     return inside

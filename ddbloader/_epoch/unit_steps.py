@@ -167,7 +167,7 @@ class UnitSteps:
             right = self._kept_rows(position, +1, edge)
             self._kept[position] = min(edge, rows_stop - rows_first)
             completed = self._geometry.samples_completed_by(
-                rows_first, rows_stop, rows_first - left, rows_stop + right, unit.group.samples
+                rows_first, rows_stop, rows_first - left, rows_stop + right, unit.group.sample_stop
             )
             first, stop = max(completed.start, unit.first), min(completed.stop, unit.stop)
             stop = max(first, stop)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
+from sqlglot import exp
 from sqlglot.errors import SqlglotError
 
 from .._core.engine import Backend, Cursor
@@ -23,6 +24,7 @@ from .aliases import GROUP_ALIAS, INDEX_SUFFIX, PIVOT_ALIAS, REPARTITION_ALIAS, 
 from .fingerprint import HASH_SUM_ALIAS, planned_sum
 from .literals import dolphindb_literal_hint
 from .query import Query, UserQuery
+from .rewrites import Tally
 
 if TYPE_CHECKING:
     from tqdm import tqdm
@@ -31,6 +33,7 @@ __all__ = [
     "Cell",
     "Lost",
     "PlanKey",
+    "Tallied",
     "TickingCursor",
     "parse_query",
     "pin_pivots",
@@ -90,6 +93,10 @@ class TickingCursor:
 
 #: A subquery: its repartition value, parameters, rows and (verify=True) planned hash sum.
 Cell = tuple[Any, tuple[Any, ...], int, int | None]
+
+
+#: A subquery's tallies (see :class:`~ddbloader._sql.rewrites.Tally`), by alias.
+Tallied = dict[str, Any]
 
 
 #: Rows whose key is NULL, per key: they match no subquery and are not loaded.
@@ -156,12 +163,30 @@ def _discover(cursor: Cursor, query: Query, key: PlanKey, lost: Lost) -> list[An
 
 
 def plan_cells(
-    cursor: TickingCursor, query: Query, keys: list[PlanKey], partition_sql: str, lost: Lost, lists: bool
+    cursor: TickingCursor,
+    query: Query,
+    keys: list[PlanKey],
+    partition_sql: str,
+    lost: Lost,
+    lists: bool,
+    tallied: list[list[Tallied]] | None = None,
 ) -> list[tuple[Any, list[Cell]]]:
     """Per group: its value and its (repartition value, parameters, rows) in scheme order.
 
     ``lists``: the backend binds a list as one parameter (explicit schemes are bound that way).
+    ``tallied``: filled, for a query with tallies (a :class:`UserQuery`'s ``with_tallies``), with
+    each cell's tallies, per group in the cells' order.
     """
+    if isinstance(query, UserQuery) and query.tallies:
+        cursor.expect(1)
+        sql, params = query.key_counts([k.expression for k in keys], [k.scheme for k in keys], lists=lists)
+        if not keys:
+            table = run_planning(cursor, sql, "counting rows", params)
+            row = table.to_pylist()[0]
+            if tallied is not None:
+                tallied.append([{t.alias: row[t.alias] for t in query.tallies}])
+            return [(None, [(None, (), int(row[ROWS_ALIAS]), _content(table))])]
+        return _counted_cells(cursor, query, keys, lost, lists, tallied)
     if not keys:
         table = run_planning(cursor, query.count(partition_sql), "counting rows")
         content = _content(table)
@@ -223,7 +248,12 @@ def _grouped_counts(
 
 
 def _counted_cells(
-    cursor: Cursor, query: UserQuery, keys: list[PlanKey], lost: Lost, lists: bool
+    cursor: Cursor,
+    query: UserQuery,
+    keys: list[PlanKey],
+    lost: Lost,
+    lists: bool,
+    tallied: list[list[Tallied]] | None = None,
 ) -> list[tuple[Any, list[Cell]]]:
     """Every cell's row count from one query, with the scheme values compared by the engine
     (bound as lists when the backend ``lists`` them).
@@ -265,6 +295,7 @@ def _counted_cells(
     rows: dict[tuple[Any, ...], int] = {}
     # verify=True: per cell, the sum of its rows' hashes (mod 2**64, as rows add up)
     contents: dict[tuple[Any, ...], int | None] = {}
+    tallies: dict[tuple[Any, ...], Tallied] = {}
     for r in found:
         cell = tuple(
             repr(r[a]) if k.scheme is None else r[a + INDEX_SUFFIX]
@@ -273,6 +304,10 @@ def _counted_cells(
         rows[cell] = rows.get(cell, 0) + int(r[ROWS_ALIAS])
         if HASH_SUM_ALIAS in r:
             contents[cell] = planned_sum((contents.get(cell) or 0) + planned_sum(r[HASH_SUM_ALIAS]))
+        if query.tallies:
+            tallies[cell] = _merged(query.tallies, tallies.get(cell), r)
+    if tallied is not None:
+        tallied.extend(_tallies_of_cells(keys, values, found, tallies))
     if len(keys) == 1:
         if keys[0].parameter == "group_col":
             return [(v, [(None, (v,), rows.get((t,), 0), contents.get((t,)))]) for t, v in values[0]]
@@ -291,6 +326,47 @@ def _counted_cells(
         present = sorted(by_group.get(tg, {}).items(), key=lambda item: order.get(item[0], 0))
         cells.append((g, [(r, (g, r), rows[tg, tr], contents.get((tg, tr))) for tr, r in present]))
     return cells
+
+
+def _merged(tallies: Sequence[Tally], held: Tallied | None, row: dict[str, Any]) -> Tallied:
+    """A cell's tallies with those of one more row of the counts (the cell's rows the engine
+    grouped under another value that equals the same scheme value) folded in."""
+    if held is None:
+        return {t.alias: row[t.alias] for t in tallies}
+    merged: Tallied = {}
+    for t in tallies:
+        a, b = held[t.alias], row[t.alias]
+        if a is None or b is None:
+            merged[t.alias] = b if a is None else a
+        elif t.aggregate is exp.Sum:
+            merged[t.alias] = a + b
+        else:
+            merged[t.alias] = min(a, b) if t.aggregate is exp.Min else max(a, b)
+    return merged
+
+
+def _tallies_of_cells(
+    keys: list[PlanKey],
+    values: list[list[tuple[Any, Any]]],
+    found: list[dict[str, Any]],
+    tallies: dict[tuple[Any, ...], Tallied],
+) -> list[list[Tallied]]:
+    """Per group, its cells' tallies in the order :func:`_counted_cells` returns its cells."""
+    if len(keys) == 1:
+        if keys[0].parameter == "group_col":
+            return [[tallies.get((t,), {})] for t, _ in values[0]]
+        return [[tallies.get((t,), {}) for t, _ in values[0]]]
+    order = {t: n for n, (t, _) in enumerate(values[1])} if keys[1].scheme is not None else {}
+    present: dict[Any, list[Any]] = {}
+    for r in found:
+        tg = repr(r[GROUP_ALIAS]) if keys[0].scheme is None else r[GROUP_ALIAS + INDEX_SUFFIX]
+        tr = repr(r[REPARTITION_ALIAS]) if keys[1].scheme is None else r[REPARTITION_ALIAS + INDEX_SUFFIX]
+        if tr not in present.setdefault(tg, []):
+            present[tg].append(tr)
+    return [
+        [tallies[tg, tr] for tr in sorted(present.get(tg, []), key=lambda t: order.get(t, 0))]
+        for tg, _ in values[0]
+    ]
 
 
 def _python_rows(table: pa.Table, keys: list[PlanKey], aliases: Sequence[str]) -> list[dict[str, Any]]:

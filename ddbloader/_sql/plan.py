@@ -146,12 +146,24 @@ def series_rows(partitions: Sequence[PartitionSpec]) -> int:
 
 @dataclass(frozen=True)
 class GroupPlan:
-    """One time series: its non-empty partitions in repartition order."""
+    """One time series: its non-empty partitions in repartition order.
+
+    Its samples are ``first_sample`` to ``sample_stop - 1`` of those its rows hold (sample ``i``
+    starts at row ``i * stride``); ``samples`` counts them. ``first_sample`` is 0 but where a
+    split serves only the samples whose y starts at or after a bound (see
+    :mod:`ddbloader._sql.splits`): the rows before it are the first samples' look-back.
+    """
 
     index: int
     value: Any
     partitions: tuple[PartitionSpec, ...]
     samples: int
+    first_sample: int = 0
+
+    @property
+    def sample_stop(self) -> int:
+        """One past this group's last sample."""
+        return self.first_sample + self.samples
 
     @functools.cached_property  # read per group and epoch, thousands of times with small groups
     def rows(self) -> int:
@@ -196,7 +208,11 @@ class GroupPlan:
         if not self.combed_windows:
             return None
         return np.concatenate(
-            [p.windows.samples(0, self.samples) for p in self.partitions if p.windows is not None]
+            [
+                p.windows.samples(self.first_sample, self.sample_stop)
+                for p in self.partitions
+                if p.windows is not None
+            ]
         )
 
     def starting_partitions(self, rows: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
@@ -212,7 +228,7 @@ class GroupPlan:
     @functools.cached_property
     def whole(self) -> WorkUnit:
         """The unit of all this group's samples."""
-        return WorkUnit(self, 0, self.samples)
+        return WorkUnit(self, self.first_sample, self.sample_stop)
 
 
 @dataclass(frozen=True)

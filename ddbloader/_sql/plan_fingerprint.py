@@ -22,7 +22,7 @@ __all__ = ["FINGERPRINT_PARTS", "plan_differences", "plan_fingerprint"]
 FINGERPRINT_PARTS = (
     ("query", "the query text"),
     ("schemes", "the group and repartition values, in order"),
-    ("counts", "the planned row counts per partition"),
+    ("counts", "the planned row counts per partition (and a split's first sample per group)"),
     ("layout", "the columns of x, y and key_col, and their dtypes"),
     ("window", "the window arguments (window_size, window_stride, offset)"),
 )
@@ -52,6 +52,7 @@ def plan_fingerprint(plan: QueryPlan) -> str:
         "counts": repr(
             [
                 [(p.rows, p.pieces) + ((_canonical(p.ranges),) if p.ranges else ()) for p in g.partitions]
+                + ([("first sample", g.first_sample)] if g.first_sample else [])
                 for g in plan.groups
             ]
         ),

@@ -24,6 +24,7 @@ from .binding import POSTGRES_TYPE, binds_exactly, text_identifies
 from .cells import (
     Lost,
     PlanKey,
+    Tallied,
     TickingCursor,
     parse_query,
     pin_pivots,
@@ -36,6 +37,7 @@ from .fingerprint import Fingerprint, row_hash
 from .plan import GroupPlan, PartitionSpec, QueryPlan, pieces, series_rows
 from .query import Query, UserQuery
 from .ranges import range_pieces
+from .splits import BEFORE_ALIAS, first_sample, plan_split
 
 __all__ = ["build_plan"]
 
@@ -115,6 +117,12 @@ def build_plan(backend: Backend, sql: str, config: LoaderConfig, progress: bool 
         key_columns = _key_columns(keys, schema.names)
         if keys and isinstance(query, UserQuery):
             keys = _exact_keys(cursor, query, keys)
+        split = None
+        if config.split_col is not None:
+            split = plan_split(
+                cursor, query, keys, config, geometry, bool(getattr(backend, "binds_lists", False))
+            )
+            query = split.query
         names = {*(config.input_col or schema.names), *config.target_col}
         # Only integer and boolean columns change dtype with nulls, so only they are scanned at
         # planning (a full pass over the query); an all-NULL one of them is refused by name.
@@ -135,7 +143,11 @@ def build_plan(backend: Backend, sql: str, config: LoaderConfig, progress: bool 
             assert isinstance(query, UserQuery)
             counted = query.with_row_hash(hashing)
             counted_sql = counted.filtered([k.expression for k in keys])
-        cells = plan_cells(cursor, counted, keys, counted_sql, lost, lists)
+        befores: list[list[Tallied]] = []
+        tallied = counted
+        if split is not None and split.before is not None and isinstance(counted, UserQuery):
+            tallied = counted.with_tallies([split.before])
+        cells = plan_cells(cursor, tallied, keys, counted_sql, lost, lists, befores)
         if planned is None:  # the transform needs rows to show its output
             rows, where = probe_partition(cursor, partition_sql, cells)
             planned = resolve_layout_on_rows(probe, rows, where, config, with_nulls, key_columns)
@@ -202,21 +214,27 @@ def build_plan(backend: Backend, sql: str, config: LoaderConfig, progress: bool 
             ) in enumerate(cut)
         )
         total = series_rows(partitions)
+        first = _first_sample(befores[index] if befores else [], geometry)
         groups.append(
             GroupPlan(
                 index,
                 group_value if group_params else None,
                 partitions,
-                geometry.sample_count(total),
+                max(0, geometry.sample_count(total) - first),
+                first,
             )
         )
     if not any(g.samples for g in groups):
         longest = max((g.rows for g in groups), default=0)
+        why = _why_no_sample(geometry, longest, group_params)
+        if config.split_col is not None:
+            why = f"no sample's y rows all lie in split_range={config.split_range!r} of {config.split_col!r}"
         raise ValueError(
-            f"the loader can make no sample: {_why_no_sample(geometry, longest, group_params)}; "
-            f"check the query, the schemes and window_size"
+            f"the loader can make no sample: {why}; check the query, the schemes and window_size"
         )
+    # under a split a group's rows are those near the range: a group with none there is no surprise
     short = [g.value if group_params else "<all rows>" for g in groups if 0 < g.rows < geometry.span]
+    short = short if config.split_col is None else []
     if short:
         warn_caller(
             f"samples need {geometry.span} consecutive rows, more than group(s) {short[:10]} "
@@ -246,6 +264,13 @@ def build_plan(backend: Backend, sql: str, config: LoaderConfig, progress: bool 
             f"repeating rows; add an ORDER BY that orders the rows totally"
         )
     return plan
+
+
+def _first_sample(befores: Sequence[Tallied], geometry: WindowGeometry) -> int:
+    """A group's first sample under a split (see :mod:`ddbloader._sql.splits`): after the rows
+    its subqueries count below ``split_range``'s ``lo`` (0 without a split, or no such rows)."""
+    before = sum(int(t.get(BEFORE_ALIAS) or 0) for t in befores)
+    return first_sample(before, geometry) if before else 0
 
 
 def _why_no_sample(geometry: WindowGeometry, longest: int, grouped: bool) -> str:

@@ -35,7 +35,7 @@ from .parsing import (
     reader,
     refuse_last_branch_order,
 )
-from .rewrites import WrappedQuery, operand, subquery
+from .rewrites import Tally, WrappedQuery, operand, subquery
 
 __all__ = ["Query", "UserQuery"]
 
@@ -102,6 +102,8 @@ class UserQuery(WrappedQuery):
         #: the engine's row hash (verify=True, see :mod:`ddbloader._sql.fingerprint`): when set,
         #: the fetch queries end with it and the planning counts sum it
         self._row_hash: exp.Expr | None = None
+        #: figures :meth:`key_counts` adds per subquery (see :meth:`with_tallies`)
+        self._tallies: tuple[Tally, ...] = ()
 
     def column(self, text: str, parameter: str) -> exp.Expr:
         """:func:`parse_column_expression` in this query's dialect."""
@@ -122,6 +124,30 @@ class UserQuery(WrappedQuery):
         query = copy.copy(self)
         query._row_hash = row_hash
         return query
+
+    def with_tallies(self, tallies: Sequence[Tally]) -> UserQuery:
+        """This query with :meth:`key_counts` adding each of ``tallies`` per subquery, as a column
+        of its alias (``()``: none)."""
+        query = copy.copy(self)
+        query._tallies = tuple(tallies)
+        return query
+
+    def source(self) -> exp.Expr:
+        """A copy of the parsed query, to read its rows from in a derived planning query."""
+        return self._tree.copy()
+
+    def narrowed(self, predicate: exp.Expr) -> UserQuery:
+        """This query keeping only its rows where ``predicate`` (over its result columns) holds, in
+        its order: ``SELECT * FROM (Q) AS _ddb_q WHERE predicate ORDER BY ...``, a query of its own
+        (parsed again, knowing the same result columns), so every query derived from it reads only
+        those rows and the engine pushes the predicate down."""
+        narrowed = UserQuery(self.render(self._filter([], predicate)), self.dialect)
+        return narrowed if self._output is None else narrowed.with_output(self._output)
+
+    @property
+    def tallies(self) -> tuple[Tally, ...]:
+        """The figures :meth:`key_counts` adds per subquery (see :meth:`with_tallies`)."""
+        return self._tallies
 
     @property
     def hashes_rows(self) -> bool:
@@ -210,11 +236,12 @@ class UserQuery(WrappedQuery):
         Rows are sorted by the key values, NULL last.
         """
         aliases = (GROUP_ALIAS, REPARTITION_ALIAS)[: len(columns)]
-        counted = (
-            exp.select(*aliases, exp.Count(this=exp.Star()).as_(ROWS_ALIAS), *self._hash_sum())
-            .from_(subquery(self._keys(columns), "_ddb_annotated"))
-            .group_by(*aliases)
-        )
+        tallied = [t.aggregate(this=exp.column(t.alias)).as_(t.alias) for t in self._tallies]
+        counted = exp.select(
+            *aliases, exp.Count(this=exp.Star()).as_(ROWS_ALIAS), *self._hash_sum(), *tallied
+        ).from_(subquery(self._keys(columns), "_ddb_annotated"))
+        if aliases:
+            counted = counted.group_by(*aliases)
         values: list[Any] = []
         scheme_tables: list[tuple[str, exp.Expr]] = []
         tables: list[list[str | None]] = []
@@ -232,8 +259,9 @@ class UserQuery(WrappedQuery):
                     (names[-1], _scheme_list(positions, [scheme[p] for p in positions], values, lists))
                 )
             tables.append(list(names))
+        extra = [t.alias for t in self._tallies]
         branches: list[exp.Query] = [
-            _matched_keys(aliases, c, self._row_hash is not None) for c in itertools.product(*tables)
+            _matched_keys(aliases, c, self._row_hash is not None, extra) for c in itertools.product(*tables)
         ]
         matched = functools.reduce(lambda a, b: exp.union(a, b, distinct=False, copy=False), branches)
         outer = (
@@ -247,10 +275,11 @@ class UserQuery(WrappedQuery):
                 columns=[exp.to_identifier("_ddb_index"), exp.to_identifier("_ddb_value")],
             )
             outer = outer.with_(alias_, as_=rows_, copy=False)
-        outer.set(
-            "order",
-            exp.Order(expressions=[exp.Ordered(this=exp.column(a), nulls_first=False) for a in aliases]),
-        )
+        if aliases:
+            outer.set(
+                "order",
+                exp.Order(expressions=[exp.Ordered(this=exp.column(a), nulls_first=False) for a in aliases]),
+            )
         return self.render(outer), tuple(values)
 
     def counts_are_groupable(self) -> bool:
@@ -340,9 +369,11 @@ def _scheme_list(positions: list[int], listed: list[Any], values: list[Any], lis
     return exp.Values(expressions=rows)
 
 
-def _matched_keys(aliases: Sequence[str], tables: Sequence[str | None], hashed: bool) -> exp.Select:
+def _matched_keys(
+    aliases: Sequence[str], tables: Sequence[str | None], hashed: bool, extra: Sequence[str]
+) -> exp.Select:
     """The counted keys joined to one VALUES list per explicit key (None: a discovered key);
-    ``hashed``: with their hash sums."""
+    ``hashed``: with their hash sums; with the ``extra`` columns (tallies)."""
     indexes = [
         exp.column("_ddb_index", table=t).as_(a + INDEX_SUFFIX)
         for a, t in zip(aliases, tables, strict=True)
@@ -350,7 +381,10 @@ def _matched_keys(aliases: Sequence[str], tables: Sequence[str | None], hashed: 
     ]
     keys = [exp.column(a, table="_ddb_keys") for a in aliases]
     sums = [exp.column(HASH_SUM_ALIAS, table="_ddb_keys")] if hashed else []
-    select = exp.select(*indexes, *keys, exp.column(ROWS_ALIAS, table="_ddb_keys"), *sums).from_("_ddb_keys")
+    tallied = [exp.column(e, table="_ddb_keys") for e in extra]
+    select = exp.select(*indexes, *keys, exp.column(ROWS_ALIAS, table="_ddb_keys"), *sums, *tallied).from_(
+        "_ddb_keys"
+    )
     for alias, table in zip(aliases, tables, strict=True):
         if table is not None:
             on = exp.EQ(

@@ -15,6 +15,7 @@ only as numbered parameters (``$1``, ``$2``), never as SQL text. The outer query
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from sqlglot import exp
 
@@ -24,7 +25,15 @@ from .names import same_name
 from .ordering import ResolvedOrder, ResultOrder, order_owner
 from .parsing import reader, short_sql
 
-__all__ = ["WrappedQuery", "operand", "parameter_any", "parameter_equals", "parameter_in", "subquery"]
+__all__ = [
+    "Tally",
+    "WrappedQuery",
+    "operand",
+    "parameter_any",
+    "parameter_equals",
+    "parameter_in",
+    "subquery",
+]
 
 
 def operand(expression: exp.Expr) -> exp.Expr:
@@ -61,6 +70,20 @@ def subquery(tree: exp.Expr, alias: str) -> exp.Subquery:
     return exp.Subquery(this=tree, alias=exp.TableAlias(this=exp.to_identifier(alias)))
 
 
+@dataclass(frozen=True)
+class Tally:
+    """A figure the planning counts add per subquery: ``aggregate`` over ``row``, a per-row
+    expression over the query's result, as column ``alias`` (see
+    :meth:`~ddbloader._sql.query.UserQuery.with_tallies`). With ``descents``, ``row`` is compared
+    with its value on the previous row of its subquery (the query's order): the row counts 1 where
+    it is lower, else 0."""
+
+    alias: str
+    row: exp.Expr
+    aggregate: type[exp.AggFunc]
+    descents: bool = False
+
+
 class WrappedQuery(ResultOrder):
     """The user's query wrapped and filtered by its keys (see the module docstring).
 
@@ -69,6 +92,7 @@ class WrappedQuery(ResultOrder):
     """
 
     _row_hash: exp.Expr | None
+    _tallies: tuple[Tally, ...]
 
     def render(self, tree: exp.Expr) -> str:
         """Render a derived query in the engine's dialect."""
@@ -225,9 +249,36 @@ class WrappedQuery(ResultOrder):
         if self._row_hash is not None:  # hashed over the rows the fetches hash
             keyed.append(self._row_hash.copy().as_(HASH_ALIAS))
             tree = self._carried(self.resolved_order())
+        for tally in self._tallies:
+            row = operand(tally.row)
+            if tally.descents:
+                tree = self._carried(self.resolved_order())
+                row = self._descent(row, columns)
+            keyed.append(row.as_(tally.alias))
         if not (tree.args.get("limit") or tree.args.get("offset")):
             tree.set("order", None)
         return exp.select(*keyed).from_(subquery(tree, "_ddb_q"))
+
+    def _descent(self, row: exp.Expr, columns: Sequence[exp.Expr]) -> exp.Expr:
+        """``CASE WHEN row < LAG(row) OVER (PARTITION BY keys ORDER BY the query's order) THEN 1
+        ELSE 0 END``: 1 on each row where ``row`` is lower than on the row before it in its subquery.
+
+        Raises:
+            ValueError: the query has no ORDER BY, so its rows have no previous row.
+        """
+        resolved = self.resolved_order()
+        if resolved is None:
+            raise ValueError(
+                "the query has no ORDER BY, so its rows have no order in which a column could be checked "
+                "to never decrease; add an ORDER BY that orders each series' rows"
+            )
+        window = exp.Window(
+            this=exp.Lag(this=row.copy()),
+            partition_by=[operand(c) for c in columns],
+            order=exp.Order(expressions=[t.copy() for t in resolved.terms]),
+        )
+        lower = exp.LT(this=row, expression=window)
+        return exp.Case(ifs=[exp.If(this=lower, true=exp.Literal.number(1))], default=exp.Literal.number(0))
 
     def _check_keys(self, columns: Sequence[exp.Expr]) -> None:
         """Refuse keys the query's result cannot be filtered by, and an order the split cannot keep.
