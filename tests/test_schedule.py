@@ -416,7 +416,7 @@ def test_the_default_pool_mixes_a_batch_like_a_uniform_shuffle(con: duckdb.DuckD
     _series_table(con, 100, 60)
     options = {"group_col": "g", "input_col": ["f"], "window_size": 4, "batch_size": 32, "key_col": ["g"]}
     with DDBDataLoader(con, "SELECT * FROM s ORDER BY g, t", "y", shuffle=True, seed=2, **options) as loader:
-        assert loader.config.group_pool_size == 32
+        assert loader.config.group_pool_size == 6000 // (schedule_module.FILL_SHARE * 60)  # 25 < 32
         mixed = _median_groups_per_batch(loader)
         groups = np.repeat(np.arange(100), loader.plan.groups[0].rows - 4)  # samples' groups
         uniform = np.random.default_rng(2).permutation(groups)
@@ -433,11 +433,12 @@ def test_the_default_pool_mixes_a_batch_like_a_uniform_shuffle(con: duckdb.DuckD
 def test_the_default_pool_holds_its_bytes(
     con: duckdb.DuckDBPyConnection, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The default pool's groups' largest partitions fit POOL_BYTES (at least DolphinDB's 3
-    groups), so the partitions held stay within that many partitions' bytes."""
+    """The default pool's groups' largest partitions fit POOL_BYTES and a FILL_SHARE of the rows
+    (at least DolphinDB's 3 groups), so the partitions held stay within that many partitions."""
     _series_table(con, 40, 50)  # 50 rows x 8 bytes (f and y, float32): 400 bytes a group
     options = {"group_col": "g", "input_col": ["f"], "batch_size": 64, "shuffle": True, "seed": 1}
-    for pool_bytes, expected in ((7 * 400 + 399, 7), (400, 3), (10**9, 40)):
+    # 2,000 rows: a quarter is 10 groups' partitions
+    for pool_bytes, expected in ((7 * 400 + 399, 7), (400, 3), (10**9, 10)):
         monkeypatch.setattr(schedule_module, "POOL_BYTES", pool_bytes)
         with DDBDataLoader(con, "SELECT * FROM s ORDER BY g, t", "y", **options) as loader:
             assert loader.config.group_pool_size == expected
