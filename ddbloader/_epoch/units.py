@@ -107,9 +107,11 @@ def fetch_units(
     Whole groups (all their partitions: the query restricts the group key only) join a unit while
     its planned bytes stay within ``budget`` (the first unit: within ``budget //``
     :data:`FIRST_UNIT_SHARE`, so that the epoch's first batch waits for a small query; 0.9 s
-    against 2.1 s at 10,000 groups on PostgreSQL; the next ones within twice the share of the
-    one before) and its values within :data:`MAX_VALUES` (unbounded with ``lists``: the backend
-    binds each key's values as one list parameter), except that a group among the first
+    against 2.1 s at 10,000 groups on PostgreSQL; or the first ``group_pool_size`` groups that
+    join whole, up to ``DDB_POOL x budget``: a shuffled first batch draws from all of them, and
+    one query reads them in one scan, not a series of growing ones; the next ones within twice
+    the share of the one before) and its values within :data:`MAX_VALUES` (unbounded with
+    ``lists``: the backend binds each key's values as one list parameter), except that a group among the first
     ``group_pool_size`` larger than the first share is cut in two: a unit of the first
     ``prepartition_num`` partitions it visits (the schedule claims these first, the first
     batch reads them), and a unit of the rest, cut after the other first groups' heads (at the
