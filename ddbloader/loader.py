@@ -86,8 +86,9 @@ class DDBDataLoader(DataLoaderFace, LoaderCheckpoint, LoaderResources):
         prepartition_num: partitions per active group held at once (the one being served too).
         group_pool_size: groups active at once; a batch draws its samples uniformly from them.
             ``None`` (with shuffle): as many as a batch has samples, so that a batch mixes series
-            like a uniform shuffle, within the bytes a pool of 3 groups may hold (see
-            ``ddbloader._epoch.schedule.pool_size``); without shuffle, 3. ``3`` is DolphinDB's pool.
+            like a uniform shuffle, as long as that many of the largest partitions take at most
+            24 MiB and a quarter of the rows (see ``ddbloader._epoch.schedule.pool_size``); at
+            least 3; without shuffle, 3. ``3`` is DolphinDB's pool.
         dtype: dtype of x and y, or a pair ``(x_dtype, y_dtype)``; default: the columns' common type,
             a floating one in ``torch.get_default_dtype()`` (float32): integer-only x or y keeps its
             integer type, integers with NULLs become floating with NaN. DolphinDB's float64 for
