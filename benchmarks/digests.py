@@ -11,6 +11,10 @@ batch's bytes, and the fetch units and pieces cut from ``fetch_bytes`` by the ha
 (before, when the windowed range pieces of a group of one subquery with a distinct order key were
 combed: the five ``shuf-win*-streamed*``/``smallunits`` configurations).
 
+The shuffled configurations of the default pool changed when ``group_pool_size=None`` came to
+size the pool from the batch (``shuf-win5-pool3`` keeps the batches of DolphinDB's pool of 3,
+the default before).
+
 A refactoring of the epoch machinery must leave every digest as it was (the batches
 bit-identical for a given seed): shuffle on and off, windows, repartitions, small and large
 group pools, streamed partitions (a small ``fetch_bytes``), one query per partition
@@ -87,6 +91,7 @@ for _shuffle in (False, True):
     _add(f"{_s}-win5-norepart", shuffle=_shuffle, window_size=5, repartition_col=None)
     _add(f"{_s}-win12-prep1", shuffle=_shuffle, window_size=12, prepartition_num=1)
     _add(f"{_s}-win5-pool1", shuffle=_shuffle, window_size=5, group_pool_size=1)
+    _add(f"{_s}-win5-pool3", shuffle=_shuffle, window_size=5, group_pool_size=3)
     _add(f"{_s}-win5-pool8", shuffle=_shuffle, window_size=5, group_pool_size=8)
     _add(f"{_s}-rows-pool12", shuffle=_shuffle, group_pool_size=12, batch_size=64)
     _add(f"{_s}-win3-streamed", shuffle=_shuffle, window_size=3, fetch_bytes=40 * 20)

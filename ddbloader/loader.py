@@ -10,6 +10,7 @@ from a DataLoader (``batch_size``, ``dataset``, ``sampler``, ...) are :mod:`ddbl
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import itertools
 import os
@@ -28,6 +29,7 @@ from ._core.errors import warn_caller
 from ._diagnostics.mixing import MixingWatch
 from ._diagnostics.summary import plan_rows
 from ._epoch.elastic import Stretch
+from ._epoch.schedule import pool_size
 from ._epoch.shard import Sharding, resolve_sharding
 from ._epoch.state import Resume
 from ._modes import Handover, tf_dataset
@@ -82,7 +84,11 @@ class DDBDataLoader(DataLoaderFace, LoaderCheckpoint, LoaderResources):
         device: where batches are delivered; ``None`` means torch's default device.
         prefetch_batch: batches assembled ahead (0 assembles in the consumer's thread).
         prepartition_num: partitions per active group held at once (the one being served too).
-        group_pool_size: groups active at once.
+        group_pool_size: groups active at once; a batch draws its samples uniformly from them.
+            ``None`` (with shuffle): as many as a batch has samples, so that a batch mixes series
+            like a uniform shuffle, as long as that many of the largest partitions take at most
+            24 MiB and a quarter of the rows (see ``ddbloader._epoch.schedule.pool_size``); at
+            least 3; without shuffle, 3. ``3`` is DolphinDB's pool.
         dtype: dtype of x and y, or a pair ``(x_dtype, y_dtype)``; default: the columns' common type,
             a floating one in ``torch.get_default_dtype()`` (float32): integer-only x or y keeps its
             integer type, integers with NULLs become floating with NaN. DolphinDB's float64 for
@@ -165,7 +171,7 @@ class DDBDataLoader(DataLoaderFace, LoaderCheckpoint, LoaderResources):
         device: str | torch.device | None = "cpu",
         prefetch_batch: int = 1,
         prepartition_num: int = 2,
-        group_pool_size: int = 3,
+        group_pool_size: int | None = None,
         dtype: Any = None,
         pin_memory: bool | Literal["auto"] = "auto",
         fetch_threads: int = 2,
@@ -212,6 +218,7 @@ class DDBDataLoader(DataLoaderFace, LoaderCheckpoint, LoaderResources):
         self._backend: Backend | None = connect(source)
         try:
             self.plan = build_plan(self._backend, sql, self.config, progress=progress)
+            self.config = dataclasses.replace(self.config, group_pool_size=pool_size(self.plan, self.config))
             self._handover.check(self.plan)
         except BaseException:
             self._backend.close()

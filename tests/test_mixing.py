@@ -83,3 +83,57 @@ def test_an_epoch_of_no_units_is_measured_as_empty(con: duckdb.DuckDBPyConnectio
         figures = measure(loader.plan, [], loader.config, 0, 0)
     assert (figures.batches, figures.samples) == (0, 0)
     assert np.isnan(figures.rank_correlation)
+
+
+def _groups(con: duckdb.DuckDBPyConnection, groups: int, rows: int, table: str = "s") -> None:
+    """``groups`` series of ``rows`` rows, ordered by id."""
+    values = "i AS id, i * 0.5 AS f, i * 1.0 AS y"
+    con.execute(f"CREATE TABLE {table} AS SELECT i // {rows} AS g, {values} FROM range({groups * rows}) r(i)")
+
+
+def test_an_epoch_that_cannot_come_close_to_row_order_is_not_measured_at_its_end(
+    con: duckdb.DuckDBPyConnection, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The end of a fresh loader's first epoch draws no schedule again (the check's cost, tens
+    of ms) when its plan cannot come close to row order; stats() still measures when asked."""
+    calls = []
+
+    def counted(*args: object) -> mixing.Mixing:
+        calls.append(args)
+        return measure(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(mixing, "measure", counted)
+    _groups(con, 64, 100)
+    options = {"group_col": "g", "input_col": ["f"], "batch_size": 32, "shuffle": True, "seed": 1}
+    with DDBDataLoader(con, "SELECT * FROM s ORDER BY g, id", "y", **options) as loader:
+        assert not mixing.can_follow_row_order(
+            epoch_units(loader.plan, loader.config, 0), loader.plan.geometry
+        )
+        list(loader)
+        assert calls == []
+        assert abs(loader.stats().rank_correlation) < mixing.ROW_ORDER
+        assert len(calls) == 1
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_a_plan_of_enough_visit_blocks_stays_away_from_row_order(
+    con: duckdb.DuckDBPyConnection, seed: int
+) -> None:
+    """The bound that lets the check skip a plan: 32 equal groups served one at a time (a pool of
+    one, the least mixing) in a random order stay below ROW_ORDER; 4 groups may not (a sorted
+    order of 4 blocks has a rank correlation of 1 - 1/16), so such a plan is measured."""
+    _groups(con, 32, 160)
+    options = {"group_col": "g", "input_col": ["f"], "batch_size": 64, "shuffle": True, "seed": seed}
+    with DDBDataLoader(con, "SELECT * FROM s ORDER BY g, id", "y", group_pool_size=1, **options) as loader:
+        plan, config = loader.plan, loader.config
+        units = epoch_units(plan, config, 0)
+        assert not mixing.can_follow_row_order(units, plan.geometry)
+        assert abs(measure(plan, units, config, 0, loader.batches()).rank_correlation) < mixing.ROW_ORDER
+    con.execute(
+        "CREATE TABLE few AS SELECT i // 1100 AS g, i AS id, i * 0.5 AS f, i * 1.0 AS y FROM range(4400) r(i)"
+    )
+    with DDBDataLoader(con, "SELECT * FROM few ORDER BY g, id", "y", group_pool_size=1, **options) as few:
+        assert mixing.can_follow_row_order(epoch_units(few.plan, few.config, 0), few.plan.geometry)
+    with DDBDataLoader(con, "SELECT * FROM s WHERE g < 4 ORDER BY g, id", "y", **options) as small:
+        # 640 samples: too few to judge, whatever their order
+        assert not mixing.can_follow_row_order(epoch_units(small.plan, small.config, 0), small.plan.geometry)

@@ -3,7 +3,8 @@
 Plans are built from partition sizes (no SQL, no data), so each example costs microseconds to
 milliseconds: exactly-once, shard disjointness and equal counts across ranks, pad/drop, the
 partition budget, events in a consistent order, and the pool's slot contract. That the real pool
-serves what the schedule says is checked against DuckDB in tests/test_pool.py.
+serves what the schedule says is checked against DuckDB in tests/test_pool.py; the default pool's
+size, which reads a plan, at the end of this file.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import duckdb
 import numpy as np
 import pytest
 import torch
@@ -21,11 +23,12 @@ from conftest import examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from ddbloader import DDBDataLoader
 from ddbloader._core.config import LoaderConfig
 from ddbloader._core.window import WindowGeometry
 from ddbloader._epoch import schedule as schedule_module
 from ddbloader._epoch.schedule import BatchSchedule, EventKind, ScheduledBatch
-from ddbloader._epoch.shard import EvenBatches, shard_samples, split_units
+from ddbloader._epoch.shard import EvenBatches, epoch_units, shard_samples, split_units
 from ddbloader._epoch.shuffle import Purpose, SourceDraws, visit_order
 from ddbloader._epoch.visits import PartitionKey, touched_partitions
 from ddbloader._pipeline.batch import batch_count
@@ -390,3 +393,61 @@ def test_one_partition_groups_are_scheduled_as_any_group_would_be(epoch: Epoch) 
     assert [b.events for b in lean] == [b.events for b in general]
     assert pairs(lean) == pairs(general)
     assert [(b.steps, b.counts) for b in lean] == [(b.steps, b.counts) for b in general]
+
+
+# --- the default pool (group_pool_size=None) ------------------------------------------------------
+
+
+def _series_table(con: duckdb.DuckDBPyConnection, groups: int, rows: int) -> None:
+    con.execute(
+        f"CREATE TABLE s AS SELECT i // {rows} AS g, i % {rows} AS t, random() AS f, random() AS y "
+        f"FROM range({groups * rows}) r(i)"
+    )
+
+
+def _median_groups_per_batch(loader: DDBDataLoader) -> float:
+    return float(np.median([len(np.unique(batch[2]["g"].numpy())) for batch in loader]))
+
+
+def test_the_default_pool_mixes_a_batch_like_a_uniform_shuffle(con: duckdb.DuckDBPyConnection) -> None:
+    """With default arguments a shuffled batch draws from as many groups as it has samples: the
+    median distinct groups per batch is at least half a uniform shuffle's; group_pool_size=3 is
+    DolphinDB's pool (at most 3 groups a batch)."""
+    _series_table(con, 100, 60)
+    options = {"group_col": "g", "input_col": ["f"], "window_size": 4, "batch_size": 32, "key_col": ["g"]}
+    with DDBDataLoader(con, "SELECT * FROM s ORDER BY g, t", "y", shuffle=True, seed=2, **options) as loader:
+        assert loader.config.group_pool_size == 6000 // (schedule_module.FILL_SHARE * 60)  # 25 < 32
+        mixed = _median_groups_per_batch(loader)
+        groups = np.repeat(np.arange(100), loader.plan.groups[0].rows - 4)  # samples' groups
+        uniform = np.random.default_rng(2).permutation(groups)
+        batches = [uniform[i : i + 32] for i in range(0, len(uniform), 32)]
+        assert mixed >= np.median([len(np.unique(b)) for b in batches]) / 2
+    with DDBDataLoader(
+        con, "SELECT * FROM s ORDER BY g, t", "y", shuffle=True, seed=2, group_pool_size=3, **options
+    ) as ddb:
+        assert _median_groups_per_batch(ddb) <= 3
+    with DDBDataLoader(con, "SELECT * FROM s ORDER BY g, t", "y", **options) as ordered:
+        assert ordered.config.group_pool_size == schedule_module.DDB_POOL
+
+
+def test_the_default_pool_holds_its_bytes(
+    con: duckdb.DuckDBPyConnection, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The default pool's groups' largest partitions fit POOL_BYTES and a FILL_SHARE of the rows
+    (at least DolphinDB's 3 groups), so the partitions held stay within that many partitions."""
+    _series_table(con, 40, 50)  # 50 rows x 8 bytes (f and y, float32): 400 bytes a group
+    options = {"group_col": "g", "input_col": ["f"], "batch_size": 64, "shuffle": True, "seed": 1}
+    # 2,000 rows: a quarter is 10 groups' partitions
+    for pool_bytes, expected in ((7 * 400 + 399, 7), (400, 3), (10**9, 10)):
+        monkeypatch.setattr(schedule_module, "POOL_BYTES", pool_bytes)
+        with DDBDataLoader(con, "SELECT * FROM s ORDER BY g, t", "y", **options) as loader:
+            assert loader.config.group_pool_size == expected
+            schedule = BatchSchedule(
+                epoch_units(loader.plan, loader.config, 0),
+                loader.plan.geometry,
+                loader.config,
+                0,
+                len(loader),
+            )
+            assert sum(len(b.samples) for b in schedule) == 40 * 50
+            assert schedule.high_water <= expected * loader.config.prepartition_num

@@ -207,7 +207,7 @@ def _loader(con: duckdb.DuckDBPyConnection, **kwargs: Any) -> DDBDataLoader:
 def test_units_follow_the_epoch_group_order_within_the_budget(con: duckdb.DuckDBPyConnection) -> None:
     make_series(con, [[10]] * 20)  # 20 groups of 10 rows x 16 bytes (f0, y)
     budget = 480 * FIRST_UNIT_SHARE
-    with _loader(con, seed=5) as loader:
+    with _loader(con, seed=5, group_pool_size=3) as loader:
         plan, config = loader.plan, loader.config
         work = epoch_units(plan, config, 0)
         units = list(fetch_units(plan, work, config, 0, budget=budget))
@@ -228,11 +228,26 @@ def test_units_follow_the_epoch_group_order_within_the_budget(con: duckdb.DuckDB
         assert list(fetch_units(plan, work, config, 0, budget=100)) == []  # a group per query anyway
 
 
+def test_the_first_unit_holds_the_first_groups_of_a_larger_pool(con: duckdb.DuckDBPyConnection) -> None:
+    """A shuffled batch draws from every group of the pool, so the first batch waits for all of
+    them: the first unit holds the pool's first groups (one query), not a budget's eighth."""
+    make_series(con, [[10]] * 20)  # 20 groups of 10 rows x 16 bytes (f0, y)
+    budget = 480 * FIRST_UNIT_SHARE
+    with _loader(con, seed=5, group_pool_size=8, batch_size=8) as loader:
+        plan, config = loader.plan, loader.config
+        work = epoch_units(plan, config, 0)
+        units = list(fetch_units(plan, work, config, 0, budget=budget))
+        assert sorted(g for g, _ in units[0].wanted) == sorted(w.group.index for w in work[:8])
+        assert all(u.rows * plan.layout.row_bytes <= budget for u in units)
+        assert sorted(g for u in units for g, _ in u.wanted) == list(range(20))
+
+
 def test_the_ramp_moves_on_past_groups_fetched_alone(con: duckdb.DuckDBPyConnection) -> None:
     """Groups larger than the first shares are fetched alone (a unit of one partition is left
     out), and the shares still double after each: later units hold several groups."""
     make_series(con, [[10]] * 20)  # 20 groups of 160 bytes
-    with _loader(con, seed=5) as loader:
+    # a pool of one: the first unit holds the pool's first group, and no more
+    with _loader(con, seed=5, group_pool_size=1) as loader:
         plan, config = loader.plan, loader.config
         units = list(fetch_units(plan, epoch_units(plan, config, 0), config, 0, budget=480))
     # shares 60, 120, 240: one group each, fetched alone; then 480: three groups a unit
@@ -259,7 +274,7 @@ def test_the_first_units_are_the_pools_first_claims(con: duckdb.DuckDBPyConnecti
     groups are whole. The first batch then waits for small queries."""
     make_series(con, [[4] * 5] * 5)  # 5 groups of 5 partitions of 4 rows x 16 bytes
     budget = 2 * 20 * 16  # two groups; the first share (budget // 8) is less than one
-    with _loader(con, repartition_col="part", seed=3) as loader:
+    with _loader(con, repartition_col="part", seed=3, group_pool_size=3) as loader:
         plan, config = loader.plan, loader.config
         work = epoch_units(plan, config, 0)
         units = list(fetch_units(plan, work, config, 0, budget=budget))

@@ -369,7 +369,10 @@ def normalise_config(args: Mapping[str, Any]) -> LoaderConfig:
         pin_memory=_pin(args["pin_memory"], device),
         prefetch_batch=_positive_int(args["prefetch_batch"], "prefetch_batch", minimum=0),
         prepartition_num=_positive_int(args["prepartition_num"], "prepartition_num"),
-        group_pool_size=_positive_int(args["group_pool_size"], "group_pool_size"),
+        # None: sized from the plan once it is built (ddbloader._epoch.schedule.pool_size); 0 until then
+        group_pool_size=0
+        if args["group_pool_size"] is None
+        else _positive_int(args["group_pool_size"], "group_pool_size"),
         fetch_threads=_positive_int(args["fetch_threads"], "fetch_threads"),
         x_dtype=x_dtype,
         y_dtype=y_dtype,

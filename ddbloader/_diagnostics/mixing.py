@@ -4,7 +4,8 @@ An epoch's batches are a pure function of (plan, seed, epoch, shard) (the schedu
 :class:`~ddbloader._epoch.schedule.BatchSchedule`), so its mixing is measured from the schedule
 alone, without data and without a hook in the batch path: nothing is paid per batch. It is
 computed when asked for (``stats()``), and once per loader at the end of its first shuffled
-epoch, to warn when that epoch came close to row order. The schedule of an epoch of 2M samples
+epoch of a plan that can come close to row order (:func:`can_follow_row_order`), to warn when that epoch came
+close to row order. The schedule of an epoch of 2M samples
 takes ~0.1 s to draw; a longer epoch is measured on its first :data:`MEASURED_BATCHES` batches,
 and the figures are those of at most :data:`SAMPLED_BATCHES` of them, evenly strided (a whole
 measurement: 14 ms for the 1,555 batches of 10 groups x 10,000 rows, 45 ms for 1,250 batches over
@@ -33,17 +34,21 @@ import numpy as np
 
 from .._core.config import LoaderConfig
 from .._core.errors import warn_caller
+from .._core.window import WindowGeometry
 from .._epoch.schedule import BatchSchedule
+from .._epoch.visits import PIECES_PER_QUERY, touched_partitions
 from .._sql.plan import QueryPlan, WorkUnit
 
 __all__ = [
     "CORRELATION_SAMPLES",
     "JUDGED_SAMPLES",
     "MEASURED_BATCHES",
+    "ORDERED_BLOCKS_BELOW",
     "ROW_ORDER",
     "SAMPLED_BATCHES",
     "Mixing",
     "MixingWatch",
+    "can_follow_row_order",
     "measure",
 ]
 
@@ -194,15 +199,58 @@ def _same_subquery(a: Any, b: Any) -> bool:
     )
 
 
+#: A shuffled plan of at least this many equal visit blocks (see :func:`can_follow_row_order`) does
+#: not come close to row order: its rank correlation has a spread of about ``1/sqrt(blocks - 1)``
+#: (Spearman's of a random permutation), so :data:`ROW_ORDER` is more than 5 spreads away.
+ORDERED_BLOCKS_BELOW = 32
+
+
+def can_follow_row_order(units: Sequence[WorkUnit], geometry: WindowGeometry) -> bool:
+    """Whether a shuffled epoch serving ``units`` may come close to row order (:data:`ROW_ORDER`).
+
+    The pieces of a streamed subquery are served front to back (one query reads them), so units
+    touching one may. Everything else a shuffled epoch serves is a random order of visit blocks
+    (a partition, or up to :data:`~ddbloader._epoch.visits.PIECES_PER_QUERY` neighbouring range
+    pieces), each block's samples permuted, and the pool mixes its blocks further: its rank
+    correlation is at most that of a random permutation of the blocks, weighted by their rows.
+    With blocks of ``n_i`` rows the effective count is ``(sum n_i)**2 / sum n_i**2``; only below
+    :data:`ORDERED_BLOCKS_BELOW` may it come close to row order by chance. An epoch of fewer
+    than :data:`JUDGED_SAMPLES` samples is never judged.
+    """
+    if sum(u.samples for u in units) < JUDGED_SAMPLES:
+        return False
+    weights: list[int] = []
+    tagged = False
+    for unit in units:
+        touched = touched_partitions(unit, geometry)
+        if len(touched) == 1:
+            weights.append(unit.samples)
+            continue
+        for position in touched:
+            partition = unit.group.partitions[position]
+            if partition.streamed:
+                return True
+            tagged = tagged or partition.tagged
+            weights.append(partition.rows)
+    rows = np.array(weights, np.float64)
+    blocks = float(rows.sum()) ** 2 / float((rows**2).sum())
+    return blocks / (PIECES_PER_QUERY if tagged else 1) < ORDERED_BLOCKS_BELOW
+
+
 class MixingWatch:
     """A loader's mixing: measured per epoch when asked for, and checked once, at the end of the
     first shuffled epoch, warning when it came close to row order. Thread-safe enough: the
-    check runs in the consumer's thread, at most once per loader that warns."""
+    check runs in the consumer's thread, at most once per loader that warns.
+
+    Only a plan that can come close to row order is checked (:func:`can_follow_row_order`), so a
+    fresh loader's first epoch pays for no measurement (a schedule drawn again: 15-50 µs a
+    batch) unless it can warn.
+    """
 
     def __init__(self, plan: QueryPlan, config: LoaderConfig) -> None:
         self._plan = plan
         self._config = config
-        self._checked = False
+        self._checked = not config.shuffle
 
     def check(self, mixing: Mixing) -> None:
         """Warn once when a shuffled epoch is close to row order, naming what would fix it."""
@@ -252,6 +300,11 @@ class EpochMixing:
         return self._measured
 
     def finished(self) -> None:
-        """The epoch ended: check the first shuffled one (see :meth:`MixingWatch.check`)."""
-        if not self._watch._checked and self._watch._config.shuffle:
-            self._watch.check(self.get())
+        """The epoch ended: check the first shuffled one, measured only if it may have come close to
+        row order (see :class:`MixingWatch`)."""
+        watch = self._watch
+        if watch._checked:
+            return
+        if can_follow_row_order(self._units, watch._plan.geometry):
+            watch.check(self.get())
+        watch._checked = True

@@ -39,13 +39,62 @@ from collections.abc import Iterator, Sequence
 
 from .._core.config import LoaderConfig
 from .._core.window import WindowGeometry
-from .._sql.plan import WorkUnit
+from .._sql.plan import QueryPlan, WorkUnit
 from .events import Event, EventKind, Recorder, ScheduledBatch
 from .shuffle import SampleOrders, SourceDraws
 from .slots import RUNS_FROM, Slots
 from .unit_steps import OneStep, UnitSteps
 
-__all__ = ["BatchSchedule", "Event", "EventKind", "ScheduledBatch"]
+__all__ = [
+    "DDB_POOL",
+    "FILL_SHARE",
+    "POOL_BYTES",
+    "BatchSchedule",
+    "Event",
+    "EventKind",
+    "ScheduledBatch",
+    "pool_size",
+]
+
+#: DolphinDB's pool: the groups a batch draws from by default there (``group_pool_size=3``).
+DDB_POOL = 3
+
+#: The bytes the first partitions of a sized pool's groups take at most (see :func:`pool_size`):
+#: DolphinDB's pool of :data:`DDB_POOL` groups of partitions of ``fetch_bytes``' default.
+POOL_BYTES = DDB_POOL * 8 * 2**20
+
+#: A sized pool's first partitions are at most this share of the plan's rows (see :func:`pool_size`).
+FILL_SHARE = 4
+
+
+def pool_size(plan: QueryPlan, config: LoaderConfig) -> int:
+    """``config.group_pool_size``, or when it is 0 (``None`` given) the pool sized from ``plan``.
+
+    Shuffled, the pool holds as many groups as a batch has samples (a batch of ``B`` draws from
+    ``P`` groups holds about ``P * (1 - (1 - 1/P)**B)`` distinct ones: ``0.63 B`` at ``P = B``,
+    at least half of a uniform shuffle's, which is at most ``B``), and no more than the plan's
+    groups, within two bounds on ``P x`` the largest partition's planned rows (at least
+    :data:`DDB_POOL` groups):
+
+    * its bytes at most :data:`POOL_BYTES`: the memory of DolphinDB's pool over pieces of the
+      default ``fetch_bytes``;
+    * at most ``1 /`` :data:`FILL_SHARE` of the plan's rows: the first batch draws from every
+      active group, so it waits for their first partitions, a fetch no assembly overlaps (a pool
+      of every group of one partition each would fetch the whole table first).
+
+    The size depends on the plan and the batch size, not on ``fetch_bytes`` (which only changes
+    how rows travel). Without shuffle the pool serves one unit at a time: :data:`DDB_POOL`.
+    """
+    if config.group_pool_size:
+        return config.group_pool_size
+    if not config.shuffle:
+        return DDB_POOL
+    sizes = [p.rows for g in plan.groups for p in g.partitions]
+    largest = max(max(sizes, default=0), 1)
+    fitting = min(
+        POOL_BYTES // (largest * max(plan.layout.row_bytes, 1)), sum(sizes) // (FILL_SHARE * largest)
+    )
+    return max(DDB_POOL, min(config.batch_size, len(plan.groups), fitting))
 
 
 class BatchSchedule:

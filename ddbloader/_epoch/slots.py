@@ -190,19 +190,19 @@ class Slots(Generic[U]):
     def _compact(self, extra: int) -> None:
         """A new buffer holding the samples not served yet of every slot and room for ``extra``
         more, at least twice what it holds (so appends cost O(1) each, amortised)."""
-        size, cursor, stop = self._size, self._cursor, self._stop
-        live = int((stop[:size] - cursor[:size]).sum())
+        size = self._size
+        cursor, stop = self._cursor[:size], self._stop[:size]
+        lengths = stop - cursor
+        live = int(lengths.sum())
         buffer = np.empty(max(2 * (live + extra), _LEAST_BUFFER), np.int64)
-        at = 0
-        for slot in range(size):
-            first, end = int(cursor[slot]), int(stop[slot])
-            buffer[at : at + end - first] = self._buffer[first:end]
-            shift = at - first
-            cursor[slot] += shift
-            stop[slot] += shift
-            self._synced[slot] += shift
-            at += end - first
-        self._buffer, self._end = buffer, at
+        firsts = lengths.cumsum() - lengths  # each slot's samples' new place, in slot order
+        shift = firsts - cursor
+        # one gather for every slot (a loop over slots cost ~2 ms at 256 slots)
+        buffer[:live] = self._buffer[np.arange(live, dtype=np.int64) - shift.repeat(lengths)]
+        cursor += shift
+        stop += shift
+        self._synced[:size] += shift
+        self._buffer, self._end = buffer, live
 
     def _close(self) -> None:
         """Drop the closed slots (their units ran out with none waiting); the later ones move up."""

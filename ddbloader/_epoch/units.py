@@ -27,8 +27,10 @@ from typing import Any
 import numpy as np
 
 from .._core.config import LoaderConfig
+from .._core.window import WindowGeometry
 from .._sql.plan import GroupPlan, PartitionSpec, QueryPlan, WorkUnit
-from .visits import PIECES_PER_QUERY, PartitionKey, neighbours, partition_visits
+from .schedule import DDB_POOL
+from .visits import PIECES_PER_QUERY, PartitionKey, neighbours, partition_visits, touched_partitions
 
 __all__ = ["FIRST_UNIT_SHARE", "MAX_VALUES", "FetchUnit", "fetch_units"]
 
@@ -105,9 +107,11 @@ def fetch_units(
     Whole groups (all their partitions: the query restricts the group key only) join a unit while
     its planned bytes stay within ``budget`` (the first unit: within ``budget //``
     :data:`FIRST_UNIT_SHARE`, so that the epoch's first batch waits for a small query; 0.9 s
-    against 2.1 s at 10,000 groups on PostgreSQL; the next ones within twice the share of the
-    one before) and its values within :data:`MAX_VALUES` (unbounded with ``lists``: the backend
-    binds each key's values as one list parameter), except that a group among the first
+    against 2.1 s at 10,000 groups on PostgreSQL; or the first ``group_pool_size`` groups that
+    join whole, up to ``DDB_POOL x budget``: a shuffled first batch draws from all of them, and
+    one query reads them in one scan, not a series of growing ones; the next ones within twice
+    the share of the one before) and its values within :data:`MAX_VALUES` (unbounded with
+    ``lists``: the backend binds each key's values as one list parameter), except that a group among the first
     ``group_pool_size`` larger than the first share is cut in two: a unit of the first
     ``prepartition_num`` partitions it visits (the schedule claims these first, the first
     batch reads them), and a unit of the rest, cut after the other first groups' heads (at the
@@ -128,9 +132,12 @@ def fetch_units(
         return
     group_key = bool(plan.keys) and plan.keys[0][0] == "group_col"
     max_values = sys.maxsize if lists else MAX_VALUES
-    cutter = _Cutter(plan, group_key, max_values, lists, budget)
-    row_bytes = cutter.row_bytes
     geometry = plan.geometry
+    cutter = _Cutter(plan, group_key, max_values, lists, budget)
+    cutter.widen_first(
+        _pool_heads(work_units, config, geometry, cutter.first_share, budget, cutter.row_bytes)
+    )
+    row_bytes = cutter.row_bytes
     # a group is served twice only in a padded shard; else no partition can repeat
     repeats = len({unit.group.index for unit in work_units}) < len(work_units)
     seen: set[PartitionKey] = set()
@@ -167,6 +174,27 @@ def fetch_units(
     yield from cutter.take()
 
 
+def _pool_heads(
+    work_units: Sequence[WorkUnit],
+    config: LoaderConfig,
+    geometry: WindowGeometry,
+    share: int,
+    budget: int,
+    row_bytes: int,
+) -> int:
+    """The planned bytes of the pool's first groups that join units whole (see :func:`fetch_units`).
+
+    A shuffled batch draws from every active group, so the first batch waits for all of them;
+    read in one query (one scan of a table with no index on the key), not a doubling series."""
+    whole = 0
+    head = config.prepartition_num
+    for unit in work_units[: config.group_pool_size]:
+        size = unit.group.rows * row_bytes
+        cut = len(touched_partitions(unit, geometry)) > head and share < size
+        whole += size if size <= budget and not cut else 0
+    return whole
+
+
 class _Cutter:
     """Accumulates whole groups into one unit until its share of the budget is spent."""
 
@@ -185,6 +213,12 @@ class _Cutter:
         #: first ones are cut to a share of the budget, see :data:`FIRST_UNIT_SHARE`).
         self._cut = 0
         self._share = self.first_share = budget // FIRST_UNIT_SHARE
+
+    def widen_first(self, whole: int) -> None:
+        """The first unit holds ``whole`` bytes of whole groups if more than its share, up to
+        ``DDB_POOL x budget`` (the bytes :func:`~ddbloader._epoch.schedule.pool_size` sizes a
+        pool's groups to)."""
+        self._share = max(self._share, min(whole, DDB_POOL * self._budget))
 
     def take(self) -> list[FetchUnit]:
         """The units cut since the last take."""
