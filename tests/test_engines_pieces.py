@@ -10,12 +10,13 @@ from __future__ import annotations
 import logging
 import warnings
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pytest
-from test_backends import ClickHouseEngine
+from test_backends import ClickHouseEngine, FlightSQLEngine
 
 from ddbloader import DDBDataLoader
 
@@ -63,6 +64,21 @@ def test_datafusion_floats_with_nan_and_signed_zeros_serve_every_row_once(
     assert sorted(ids) == list(range(ROWS))
     # cut exactly, or read front to back saying why (DataFusion's comparisons of -0.0 and NaN
     # disagree with its ORDER BY)
+    assert all("do not agree with its own ORDER BY" in w for w in warned if "fetch_bytes" in w), warned
+
+
+@pytest.mark.parametrize("order", ["k, id", "k DESC, id"])
+def test_sail_flight_sql_floats_with_nan_and_signed_zeros_serve_every_row_once(
+    flight_sql_uri: str, tmp_path: Path, order: str
+) -> None:
+    """Sail (DataFusion behind Spark SQL over Flight SQL): the same floats, the same outcome."""
+    sail = FlightSQLEngine(flight_sql_uri, tmp_path)
+    try:
+        sail.create("t", _floats())
+        ids, warned = _served(sail.source(), f"SELECT id, k, f, y FROM t ORDER BY {order}")
+    finally:
+        sail.close()
+    assert sorted(ids) == list(range(ROWS))
     assert all("do not agree with its own ORDER BY" in w for w in warned if "fetch_bytes" in w), warned
 
 
