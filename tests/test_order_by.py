@@ -43,10 +43,14 @@ FETCH_BYTES = 20 * 16
 NOT_CUT = "cannot be cut into pieces"
 
 
+#: Stems of ``name``: equal under a case- or accent-insensitive collation, unequal in bytes.
+_NAMES = ("b", "B", "a", "A", "é", "E", "z", "Ä", "ab", "AB", "aB", "_")
+
+
 def order_table() -> pa.Table:
     """``ob``: ``id`` unique; ``sym`` a/b/c; ``ts`` and ``event_ts`` two other permutations of the
     ids; ``k`` ties and NULLs; ``x`` floats with ties, -0.0 and 0.0 and NaN; ``z`` the same without
-    NaN; ``y`` = id + 0.5."""
+    NaN; ``name`` text of mixed case and accents with ties; ``y`` = id + 0.5."""
     ids = list(range(ROWS))
     x: list[float] = []
     for i in ids:
@@ -61,6 +65,7 @@ def order_table() -> pa.Table:
             "k": pa.array([None if i % 11 == 0 else i * 7 % 13 for i in ids], pa.int64()),
             "x": pa.array(x, pa.float64()),
             "z": pa.array([1.5 if math.isnan(v) else v for v in x], pa.float64()),
+            "name": pa.array([_NAMES[i % len(_NAMES)] + str(i % 5) for i in ids], pa.string()),
             "y": pa.array([i + 0.5 for i in ids], pa.float64()),
         }
     )
@@ -95,10 +100,12 @@ def postgres(pg_server: pgserver.PostgresServer) -> Iterator[Engine]:
 def lite(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
     path = str(tmp_path_factory.mktemp("order") / "order.sqlite")
     admin = sqlite3.connect(path)
-    columns = "id INTEGER, sym TEXT, ts INTEGER, event_ts INTEGER, k INTEGER, x REAL, z REAL, y REAL"
+    columns = (
+        "id INTEGER, sym TEXT, ts INTEGER, event_ts INTEGER, k INTEGER, x REAL, z REAL, name TEXT, y REAL"
+    )
     admin.execute(f"CREATE TABLE ob ({columns})")
     rows = [tuple(r.values()) for r in order_table().to_pylist()]
-    admin.executemany("INSERT INTO ob VALUES (?, ?, ?, ?, ?, ?, ?, ?)", rows)
+    admin.executemany("INSERT INTO ob VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
     admin.commit()
     admin.close()
     with engine_on("sqlite", functools.partial(sqlite3.connect, path)) as made:
@@ -306,6 +313,11 @@ SHAPES = [
         # DataFusion's text is string_view, which the loader cannot bind back exactly
         streamed={"datafusion": "is of type string_view, whose values do not bind back"},
     ),
+    Shape(
+        "text-mixed-case",
+        "SELECT sym, name, id, y FROM ob ORDER BY name DESC, id",
+        pieces=True,
+    ),
     Shape("group-key-between-terms", "SELECT sym, k, id, y FROM ob ORDER BY k, sym, id", pieces=True),
     Shape("group-key-descending", "SELECT sym, ts, id, y FROM ob ORDER BY sym DESC, ts", pieces=True),
     # refused by name
@@ -408,8 +420,9 @@ def test_each_partition_holds_the_whole_querys_rows_of_its_key_in_order(
         ("SET default_order = 'DESC'",),
         ("SET default_null_order = 'NULLS_FIRST'",),
         ("SET default_order = 'DESC'", "SET default_null_order = 'NULLS_FIRST_ON_ASC_LAST_ON_DESC'"),
+        ("SET default_collation = 'noaccent.nocase'",),
     ],
-    ids=["default-desc", "nulls-first", "desc-nulls-first-on-asc"],
+    ids=["default-desc", "nulls-first", "desc-nulls-first-on-asc", "collation"],
 )
 @pytest.mark.parametrize(
     "shape",
@@ -418,6 +431,7 @@ def test_each_partition_holds_the_whole_querys_rows_of_its_key_in_order(
         for s in SHAPES
         if s.name
         in {"nulls-implicit", "nulls-desc-last", "alias-swap", "not-selected-whole", "multi-term-whole"}
+        | {"text-mixed-case"}
     ],
     ids=lambda s: s.name,
 )
@@ -479,4 +493,4 @@ def test_a_term_the_query_does_not_select_is_sorted_after_the_key_filter(shuffle
 
 
 def test_corpus_size() -> None:
-    assert sum(len(s.engines) for s in SHAPES) >= 186
+    assert sum(len(s.engines) for s in SHAPES) >= 191
