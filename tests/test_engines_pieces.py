@@ -1,4 +1,4 @@
-"""Range pieces on engines whose ORDER BY the cutter must take as it is: DataFusion's floats (NaN,
+"""Range pieces on engines whose ORDER BY the cutter must take as it is: DataFusion's and Sail's floats (NaN,
 -0.0 and 0.0), chDB's LEAD past the last row (0, not NULL) and its UInt8 CASE.
 
 Each case is served whole, every row or window of the query run whole exactly once, or falls back
@@ -27,11 +27,12 @@ ROWS = 3000
 FETCH_BYTES = 300 * 16
 
 
-def _floats() -> pa.Table:
-    """``k``: a float key holding NaN, -0.0 and 0.0 (and ties), ``id`` the row, ``f`` = ``id``."""
+def _floats(nan: bool = True) -> pa.Table:
+    """``k``: a float key holding NaN (unless not ``nan``), -0.0 and 0.0 (and ties), ``id`` the
+    row, ``f`` = ``id``."""
     rng = np.random.default_rng(5)
     k = rng.integers(-50, 50, ROWS).astype(np.float64)
-    k[rng.choice(ROWS, 40, replace=False)] = np.nan
+    k[rng.choice(ROWS, 40, replace=False)] = np.nan if nan else 7.0
     k[rng.choice(ROWS, 30, replace=False)] = -0.0
     k[rng.choice(ROWS, 30, replace=False)] = 0.0
     ids = np.arange(ROWS)
@@ -53,28 +54,30 @@ def datafusion_context() -> Any:
     datafusion = pytest.importorskip("datafusion", reason="datafusion is not installed")
     context = datafusion.SessionContext()
     context.register_record_batches("t", [_floats().to_batches()])
+    context.register_record_batches("zeros", [_floats(nan=False).to_batches()])
     return context
 
 
+@pytest.mark.parametrize("table", ["t", "zeros"], ids=["nan-and-zeros", "signed-zeros"])
 @pytest.mark.parametrize("order", ["k, id", "k DESC, id", "k"])
 def test_datafusion_floats_with_nan_and_signed_zeros_serve_every_row_once(
-    datafusion_context: Any, order: str
+    datafusion_context: Any, order: str, table: str
 ) -> None:
-    ids, warned = _served(datafusion_context, f"SELECT id, k, f, y FROM t ORDER BY {order}")
+    ids, warned = _served(datafusion_context, f"SELECT id, k, f, y FROM {table} ORDER BY {order}")
     assert sorted(ids) == list(range(ROWS))
     # cut exactly, or read front to back saying why (DataFusion's comparisons of -0.0 and NaN
     # disagree with its ORDER BY)
     assert all("do not agree with its own ORDER BY" in w for w in warned if "fetch_bytes" in w), warned
 
 
-@pytest.mark.parametrize("order", ["k, id", "k DESC, id"])
+@pytest.mark.parametrize(("order", "nan"), [("k, id", True), ("k DESC, id", True), ("k, id", False)])
 def test_sail_flight_sql_floats_with_nan_and_signed_zeros_serve_every_row_once(
-    flight_sql_uri: str, tmp_path: Path, order: str
+    flight_sql_uri: str, tmp_path: Path, order: str, nan: bool
 ) -> None:
     """Sail (DataFusion behind Spark SQL over Flight SQL): the same floats, the same outcome."""
     sail = FlightSQLEngine(flight_sql_uri, tmp_path)
     try:
-        sail.create("t", _floats())
+        sail.create("t", _floats(nan))
         ids, warned = _served(sail.source(), f"SELECT id, k, f, y FROM t ORDER BY {order}")
     finally:
         sail.close()
