@@ -1,5 +1,5 @@
-"""Range pieces on engines whose ORDER BY the cutter must take as it is: DataFusion's and Sail's floats (NaN,
--0.0 and 0.0), chDB's LEAD past the last row (0, not NULL) and its UInt8 CASE.
+"""Range pieces on engines whose ORDER BY the cutter must take as it is: DataFusion's and Sail's
+floats (NaN, -0.0 and 0.0), chDB's LEAD past the last row (0, not NULL) and its UInt8 CASE.
 
 Each case is served whole, every row or window of the query run whole exactly once, or falls back
 to one streamed read with a warning naming why: never a mid-epoch "the data changed".
