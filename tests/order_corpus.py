@@ -229,6 +229,20 @@ SHAPES = [
         "SELECT sym, name, id, y FROM ob ORDER BY name DESC, id",
         pieces=True,
     ),
+    # collations: the engine's comparisons of the pieces' bounds follow the term's collation
+    Shape(
+        "collate-c",
+        'SELECT sym, name, id, y FROM ob ORDER BY name COLLATE "C" DESC, id',
+        engines=("postgres",),
+        pieces=True,
+    ),
+    Shape(
+        "collate-nocase",
+        "SELECT sym, name, id, y FROM ob ORDER BY name COLLATE NOCASE, id",
+        engines=("duckdb", "sqlite"),
+        pieces=True,
+    ),
+    Shape("lower", "SELECT sym, name, id, y FROM ob ORDER BY LOWER(name) DESC, id", pieces=True),
     Shape("group-key-between-terms", "SELECT sym, k, id, y FROM ob ORDER BY k, sym, id", pieces=True),
     Shape("group-key-descending", "SELECT sym, ts, id, y FROM ob ORDER BY sym DESC, ts", pieces=True),
     # refused by name

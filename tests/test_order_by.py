@@ -273,4 +273,4 @@ def test_a_term_the_query_does_not_select_is_sorted_after_the_key_filter(shuffle
 
 
 def test_corpus_size() -> None:
-    assert sum(len(s.engines) for s in SHAPES) >= 205
+    assert sum(len(s.engines) for s in SHAPES) >= 213
