@@ -1,4 +1,5 @@
-"""The DataFusion backend's own behaviour: read-only queries, the session it shares, interrupts.
+"""The DataFusion backend's own behaviour: read-only queries, the session it shares, interrupts,
+text views read as plain strings.
 
 The backend contract (exactly-once windows, determinism against DuckDB, dtypes, nulls, hostile
 values, errors, fetch units, streams) runs in tests/test_backends.py with ``datafusion`` among
@@ -7,9 +8,13 @@ its engines.
 
 from __future__ import annotations
 
+import logging
 import threading
+import warnings
+from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from ddbloader import DDBDataLoader
@@ -83,3 +88,51 @@ def test_an_empty_result_keeps_the_engine_schema(ctx: datafusion.SessionContext)
     table = DataFusionBackend(ctx).cursor().fetch("SELECT g, y FROM t WHERE g = $1", [99])
     assert table.num_rows == 0
     assert table.schema.types == [pa.int32(), pa.float64()]
+
+
+@pytest.fixture
+def parquet_text(tmp_path: Path) -> datafusion.SessionContext:
+    """``p``: a Parquet table whose text column ``s`` DataFusion reads as ``string_view``."""
+    rows = 600
+    path = tmp_path / "p.parquet"
+    pq.write_table(
+        pa.table(
+            {
+                "s": [f"s{i % 3}" for i in range(rows)],
+                "id": list(range(rows)),
+                "y": [i + 0.5 for i in range(rows)],
+            }
+        ),
+        path,
+    )
+    context = datafusion.SessionContext()
+    context.register_parquet("p", str(path))
+    assert context.sql("SELECT s FROM p").schema().field("s").type == pa.string_view()
+    return context
+
+
+def test_text_comes_out_as_plain_strings(parquet_text: datafusion.SessionContext) -> None:
+    cursor = DataFusionBackend(parquet_text).cursor()
+    assert cursor.fetch("SELECT s, CAST(id AS VARCHAR) AS t FROM p", []).schema.types == [pa.string()] * 2
+    assert cursor.fetch("SELECT s FROM p WHERE id < 0", []).schema.types == [pa.string()]
+    assert [t.schema.types for t in cursor.batches("SELECT s FROM p LIMIT 1", [], 1)] == [[pa.string()]]
+
+
+def test_text_keys_are_split_by_fetch_units_and_cut_into_pieces(
+    parquet_text: datafusion.SessionContext, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A text group key: one fetch unit splits its groups (pyarrow has no take for string_view:
+    each unit failed and was fetched again group by group, with a WARNING); a text ORDER BY key:
+    range pieces (a string_view key was refused as not binding back exactly)."""
+    with caplog.at_level(logging.WARNING, logger="ddbloader"), warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with DDBDataLoader(
+            parquet_text, "SELECT s, id, y FROM p ORDER BY id", "y", input_col=["id"], group_col="s"
+        ) as loader:
+            grouped = sorted(int(v) for x, _ in loader for v in x[:, 0].tolist())
+        sql = "SELECT CAST(id AS VARCHAR) AS t, id, y FROM p ORDER BY t"
+        options = {"shuffle": True, "seed": 1, "fetch_bytes": 16 * 64}
+        with DDBDataLoader(parquet_text, sql, "y", input_col=["id"], **options) as loader:
+            cut = sorted(int(v) for x, _ in loader for v in x[:, 0].tolist())
+    assert grouped == cut == list(range(600))
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text

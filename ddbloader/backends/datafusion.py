@@ -17,7 +17,10 @@ bind one parameter per key value (``key IN ($1, $2, ...)``): DataFusion binds a 
 
 Rows come as the engine's record-batch stream (``execute_stream``); ``interrupt()`` stops a
 stream at its next batch (DataFusion's Python API has no cancel for a running plan: a query that
-computes long before its first batch, an aggregate, runs until that batch).
+computes long before its first batch, an aggregate, runs until that batch). DataFusion returns
+text as ``string_view`` (Parquet strings, ``CAST(... AS VARCHAR)``), which pyarrow can neither
+take nor filter: every column of a view type comes out as its plain type (same values), so the
+client splits fetch units and binds text keys back as it does for any engine.
 """
 
 from __future__ import annotations
@@ -64,7 +67,7 @@ class _DataFusionCursor:
         """Every row of ``sql`` as one table; the schema is the engine's even with no rows."""
         frame = self._frame(sql, params)
         batches = list(self._stream(frame))
-        return pa.Table.from_batches(batches) if batches else frame.schema().empty_table()
+        return pa.Table.from_batches(batches) if batches else _plain_schema(frame.schema()).empty_table()
 
     def batches(self, sql: str, params: Sequence[Any], rows: int) -> Iterator[pa.Table]:
         """``sql``'s rows through DataFusion's record-batch stream, read as the iterator advances
@@ -81,13 +84,29 @@ class _DataFusionCursor:
         for batch in frame.execute_stream():
             if self._interrupted.is_set():
                 raise QueryInterrupted("the query was interrupted (the loader is closing)")
-            yield batch.to_pyarrow()
+            yield _plain(batch.to_pyarrow())
 
     def interrupt(self) -> None:
         self._interrupted.set()
 
     def close(self) -> None:
         """Nothing to release: the context belongs to the user."""
+
+
+#: View types and the plain type of the same values.
+_PLAIN = {pa.string_view(): pa.string(), pa.binary_view(): pa.binary()}
+
+
+def _plain_schema(schema: pa.Schema) -> pa.Schema:
+    """``schema`` with each top-level view type replaced by its plain type."""
+    return pa.schema([field.with_type(_PLAIN.get(field.type, field.type)) for field in schema])
+
+
+def _plain(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """``batch`` with its view columns cast to their plain types (the batch itself if none)."""
+    if not any(field.type in _PLAIN for field in batch.schema):
+        return batch
+    return batch.cast(_plain_schema(batch.schema))
 
 
 class DataFusionBackend:
