@@ -182,24 +182,34 @@ def floor(p: dict[str, Any]) -> dict[str, Any]:
         return _checked(harness.passes(lambda: lambda: fetch_all(con), p["epochs"]), p)
 
 
-def inmemory(p: dict[str, Any]) -> dict[str, Any]:
+def _in_ram(shape: harness.Series, w: int) -> tuple[Any, Any, Any]:
+    """The table read whole: x (rows x factors), y (rows) and every window's first row."""
     import duckdb
     import numpy as np
+
+    with duckdb.connect(str(harness.series_db(shape)), read_only=True) as con:
+        sql = f"SELECT {', '.join(shape.factor_names)}, target FROM bench ORDER BY symbol, ts"
+        table = con.sql(sql).to_arrow_table()
+    x = np.stack([table.column(c).to_numpy() for c in shape.factor_names], axis=1)
+    per = shape.days * shape.rows
+    starts = np.concatenate([s * per + np.arange(per - w) for s in range(shape.symbols)])
+    return x, np.ascontiguousarray(table.column("target").to_numpy()), starts
+
+
+def inmemory(p: dict[str, Any]) -> dict[str, Any]:
     import torch
 
     shape, w = _shape(p), p["window"]
 
     def load() -> Callable[[], Iterator[tuple[Any, Any]]]:
-        with duckdb.connect(str(harness.series_db(shape)), read_only=True) as con:
-            sql = f"SELECT {', '.join(shape.factor_names)}, target FROM bench ORDER BY symbol, ts"
-            table = con.sql(sql).to_arrow_table()
-        x = torch.from_numpy(np.stack([table.column(c).to_numpy() for c in shape.factor_names], axis=1))
-        y = torch.from_numpy(table.column("target").to_numpy().reshape(-1, 1).copy())
-        n, f, per = x.shape[0], shape.factors, shape.days * shape.rows
-        x_windows = x.as_strided((n - w + 1, w, f), (f, f, 1))
-        starts = torch.from_numpy(
-            np.concatenate([s * per + np.arange(per - w) for s in range(shape.symbols)])
+        x_rows, y_rows, first_rows = _in_ram(shape, w)
+        x, y, starts = (
+            torch.from_numpy(x_rows),
+            torch.from_numpy(y_rows[:, None]),
+            torch.from_numpy(first_rows),
         )
+        n, f = x.shape[0], shape.factors
+        x_windows = x.as_strided((n - w + 1, w, f), (f, f, 1))
         seeds = iter(range(1 << 30))
 
         def batches() -> Iterator[tuple[Any, Any]]:
@@ -214,24 +224,18 @@ def inmemory(p: dict[str, Any]) -> dict[str, Any]:
 
 
 def gather(p: dict[str, Any]) -> dict[str, Any]:
-    import duckdb
     import numpy as np
     import torch
 
     shape, w = _shape(p), p["window"]
 
     def load() -> Callable[[], Iterator[tuple[Any, Any]]]:
-        with duckdb.connect(str(harness.series_db(shape)), read_only=True) as con:
-            sql = f"SELECT {', '.join(shape.factor_names)}, target FROM bench ORDER BY symbol, ts"
-            table = con.sql(sql).to_arrow_table()
-        x = np.stack([table.column(c).to_numpy() for c in shape.factor_names], axis=1)
-        y = np.ascontiguousarray(table.column("target").to_numpy())
-        row_bytes, per = x.shape[1] * x.itemsize, shape.days * shape.rows
+        x, y, starts = _in_ram(shape, w)
+        row_bytes = x.shape[1] * x.itemsize
         # one void item per window start: a window is one memcpy
         blocks = np.ndarray(
             (len(x) - w + 1,), np.dtype((np.void, w * row_bytes)), buffer=x, strides=(row_bytes,)
         )
-        starts = np.concatenate([s * per + np.arange(per - w) for s in range(shape.symbols)])
         seeds = iter(range(1 << 30))
 
         def batches() -> Iterator[tuple[Any, Any]]:
