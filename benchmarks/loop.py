@@ -26,9 +26,10 @@ the loop nothing. ``cpu_s`` is the process's CPU over both (every thread, worker
 not included).
 
 ``--profile FILE`` first adds one ``ddbloader`` run at the last step kind, sampled by ``py-spy
-record --gil --threads`` (``pip install py-spy``) over the measured steps only, and writes
+record --gil --threads`` (``pip install py-spy``) over the measured steps, and writes
 ``FILE``: per thread, the GIL-holding samples per batch, and the ddbloader functions (innermost
-ddbloader frame of each sample, its callees included) and leaf functions that hold it.
+ddbloader frame of each sample, its callees included) and leaf functions that hold it. The raw
+stacks are kept beside ``FILE`` (``FILE.gil.txt``). ``--only-profile`` skips the table.
 """
 
 from __future__ import annotations
@@ -41,7 +42,6 @@ import os
 import re
 import signal
 import subprocess
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Iterable, Iterator
@@ -132,19 +132,21 @@ def _batches(p: dict[str, Any]) -> tuple[Iterable[Any], Any]:
     return itertools.cycle(ready), None
 
 
-#: py-spy's options per profile: the thread holding the GIL; every thread on a CPU (a thread in a
-#: C call shows its Python caller; ``--native`` would pause the process per sample)
-PROFILES = {"gil": ["--gil", "--nonblocking"], "cpu": ["--nonblocking"]}
+#: py-spy's options: only the thread holding the GIL is sampled; ``--nonblocking`` leaves the
+#: process running (a blocking sampler pauses it per sample). Sampling threads on a CPU instead
+#: (no ``--gil``) was tried and dropped: py-spy counted the loop's sleep as busy and missed most of
+#: its busy wait.
+SPY = ["--threads", "--gil", "--nonblocking"]
 
 
 @contextlib.contextmanager
-def _sampled(out: str | None, profile: str, rate: int) -> Iterator[None]:
-    """Sample this process with ``py-spy record --threads`` and the options of ``profile`` (raw
-    stacks to ``out``) while the block runs; nothing when ``out`` is None."""
+def _sampled(out: str | None, rate: int) -> Iterator[None]:
+    """Sample this process with ``py-spy record`` and :data:`SPY` (raw stacks to ``out``) while
+    the block runs; nothing when ``out`` is None."""
     if out is None:
         yield
         return
-    command = ["py-spy", "record", "--pid", str(os.getpid()), "--threads", *PROFILES[profile]]
+    command = ["py-spy", "record", "--pid", str(os.getpid()), *SPY]
     spy = subprocess.Popen(
         [*command, "--rate", str(rate), "--format", "raw", "-o", out], stderr=subprocess.PIPE, text=True
     )
@@ -166,7 +168,7 @@ def feed(p: dict[str, Any]) -> dict[str, Any]:
         next(batches)
         _step(hold, release)
     wall = own = 0.0
-    with _sampled(p.get("out"), p.get("profile", ""), p.get("rate", 0)):
+    with _sampled(p.get("out"), p.get("rate", 0)):
         cpu0 = harness.cpu_s()
         for done in range(0, p["steps"], BLOCK):
             n = min(BLOCK, p["steps"] - done)
@@ -200,9 +202,15 @@ def _frames(line: str) -> tuple[str, list[str], int]:
     return name.rstrip("0123456789-_ ") or name, [re.sub(r":\d+\)$", ")", f) for f in frames], int(count)
 
 
-def profile_table(raw: str, batches: int, rate: int, profile: str) -> str:
-    """Markdown: ms per batch of the samples in ``raw``, by thread, ddbloader function and leaf."""
+def profile_table(raw: str, batches: int, held_s: float) -> str:
+    """Markdown: ms per batch of the samples in ``raw``, by thread, ddbloader function and leaf.
+
+    A sampler starved of CPU (a loaded machine) takes fewer samples than its rate says, so the
+    samples are counted against a known time instead: the main thread's ``_step`` held the GIL
+    for ``held_s`` seconds of the run.
+    """
     threads: Counter[str] = Counter()
+    step = 0
     owners: Counter[tuple[str, str]] = Counter()
     leaves: Counter[tuple[str, str]] = Counter()
     for line in Path(raw).read_text().splitlines():
@@ -210,41 +218,41 @@ def profile_table(raw: str, batches: int, rate: int, profile: str) -> str:
             continue
         thread, frames, count = _frames(line)
         threads[thread] += count
+        step += count if thread == "MainThread" and frames and frames[-1].startswith("_step (") else 0
         ours = [f for f in frames if "ddbloader/" in f]
         if thread != "MainThread" or ours:
             owners[thread, ours[-1] if ours else "(no ddbloader frame)"] += count
             leaves[thread, frames[-1] if frames else "?"] += count
+    if not step:
+        raise RuntimeError(f"no sample of the loop's own step in {raw}: nothing to count against")
+    rate = step / held_s
     per = 1e3 / rate / batches  # ms per batch for one sample
-    what = "GIL" if profile == "gil" else "CPU"
 
     def rows(counter: Counter[tuple[str, str]], top: int) -> list[str]:
         return [f"| {t} | `{f}` | {n * per:.3f} | {n:,} |" for (t, f), n in counter.most_common(top)]
 
-    taken = {
-        "gil": "a sample is taken only from the thread holding the GIL",
-        "cpu": "a sample from every thread running or runnable (state R: on a loaded machine a thread"
-        " waiting for a core counts), with or without the GIL",
-    }[profile]
     lines = [
-        f"### {what} per batch (`py-spy record --threads {' '.join(PROFILES[profile])}`)",
+        f"### GIL per batch (`py-spy record {' '.join(SPY)}`)",
         "",
-        f"{rate} Hz over {batches:,} fed steps, as many steps alone (the MainThread row counts both)"
-        f" and the second before them; ms per batch = samples / rate / batches ({taken}).",
+        f"Over {batches:,} fed steps, as many steps alone (the MainThread row counts both) and the"
+        " second before them (a sample is taken only from the thread holding the GIL). Samples are"
+        f" counted against the loop's own step: it held the GIL {held_s:.2f} s in {step:,} samples,"
+        f" {rate:.0f} a second; ms per batch = samples / that rate / batches.",
         "",
-        f"| thread | {what} ms per batch | samples |",
+        "| thread | GIL ms per batch | samples |",
         "|---|---:|---:|",
         *[f"| {t} | {n * per:.3f} | {n:,} |" for t, n in threads.most_common()],
         "",
         "Innermost ddbloader function on the stack (its callees included; the main thread only"
         " where ddbloader is on its stack):",
         "",
-        f"| thread | function | {what} ms per batch | samples |",
+        "| thread | function | GIL ms per batch | samples |",
         "|---|---|---:|---:|",
         *rows(owners, 40),
         "",
         "Leaf frames (the function itself, any library) of those samples:",
         "",
-        f"| thread | leaf | {what} ms per batch | samples |",
+        "| thread | leaf | GIL ms per batch | samples |",
         "|---|---|---:|---:|",
         *rows(leaves, 30),
     ]
@@ -255,21 +263,18 @@ def _profiles(args: argparse.Namespace, p: dict[str, Any], hold: float, release:
     """The profiles of one warm ``ddbloader`` run each at step ``hold`` + ``release``, Markdown."""
     facts = harness.machine()
     sections = [
-        f"## Where ddbloader's threads spend the GIL and the CPU: step {hold:g} + {release:g} ms, "
+        f"## Where ddbloader's threads hold the GIL: step {hold:g} + {release:g} ms, "
         f"{p['shape']} window {p['window']} batch 64, warm",
         "",
         f"`python benchmarks/loop.py --profile FILE`; commit {facts['commit']}, {facts['cpus']} CPUs, "
         f"load {facts['load_1min']:.2f}, {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC.",
     ]
-    with tempfile.TemporaryDirectory() as tmp:
-        for profile in PROFILES:
-            raw = str(Path(tmp) / f"{profile}.txt")
-            params = {**p, "hold_ms": hold, "release_ms": release, "label": "ddbloader"}
-            result = harness.child(
-                args.script, "feed", {**params, "profile": profile, "out": raw, "rate": args.rate}
-            )
-            sections += ["", f"Slowdown of this run under the profiler: {result['slowdown']:.3f}.", ""]
-            sections.append(profile_table(raw, p["steps"], args.rate, profile))
+    # the raw stacks beside the page, for flame graphs (flamegraph.pl, speedscope)
+    raw = str(args.profile.with_suffix(".gil.txt"))
+    params = {**p, "hold_ms": hold, "release_ms": release, "label": "ddbloader"}
+    result = harness.child(args.script, "feed", {**params, "out": raw, "rate": args.rate})
+    sections += ["", f"Slowdown of this run under the profiler: {result['slowdown']:.3f}; raw stacks:"]
+    sections += [f"`{raw}`.", "", profile_table(raw, p["steps"], 2 * p["steps"] * hold / 1e3)]
     return "\n".join(sections)
 
 
@@ -278,6 +283,7 @@ def arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--step", action="append", help="HOLD,RELEASE in ms (default 0.6,4.4 0.3,0.7)")
     parser.add_argument("--profile", type=Path, help="write where the loader holds the GIL (Markdown)")
     parser.add_argument("--rate", type=int, default=1000, help="py-spy samples per second (--profile)")
+    parser.add_argument("--only-profile", action="store_true", help="with --profile: no table")
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -293,6 +299,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.profile:  # first: the profile is wanted before the table
         args.profile.write_text(_profiles(args, p, *steps[-1]))
         notes.append(f"profiles written to {args.profile}")
+        if args.only_profile:
+            return {"params": {**p, "steps_ms": steps}, "rows": rows, "notes": notes}
     for hold, release in steps:
         todo = [
             ("feed", {**p, "hold_ms": hold, "release_ms": release, "label": label})
