@@ -155,3 +155,27 @@ def test_the_loop_benchmark_profiles_the_loaders_threads(tmp_path: Path) -> None
     page = out.read_text()
     assert "### GIL per batch" in page
     assert "| ddbloader-assemble |" in page
+
+
+def test_peers_against_a_commit_runs_that_commits_package(tmp_path: Path) -> None:
+    head = subprocess.run(
+        ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    command = [sys.executable, str(BENCHMARKS / "peers.py"), "--smoke", "--fresh", "--out", str(tmp_path)]
+    done = subprocess.run(
+        [*command, "--workloads", "windows", "--against", "HEAD"],
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    # the child refuses to time a package other than the commit's (ddbloader.__file__ is checked)
+    assert done.returncode == 0, done.stderr[-4000:]
+    document = json.loads((tmp_path / "peers.json").read_text())
+    rows = {row["contender"]: row for row in document["rows"]}
+    assert (
+        rows[f"windows: ddbloader default at {head}"]["samples"]
+        == rows["windows: ddbloader default"]["samples"]
+    )
+    assert f"windows: default end to end, HEAD / {head}" in document["ratios"]
