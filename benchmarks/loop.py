@@ -51,7 +51,7 @@ from typing import Any
 import harness
 
 WARMUP = 5
-#: steps fed, then the same steps alone, in turns of this many: a load that drifts (a shared
+#: steps fed and the same steps alone, in turns of this many: a load that drifts (a shared
 #: machine) weighs on both alike; a pipeline's prefetched batches (1-4) are a small head start
 BLOCK = 200
 READY = 64
@@ -170,18 +170,19 @@ def feed(p: dict[str, Any]) -> dict[str, Any]:
     wall = own = 0.0
     with _sampled(p.get("out"), p.get("rate", 0)):
         cpu0 = harness.cpu_s()
-        for done in range(0, p["steps"], BLOCK):
+        for turn, done in enumerate(range(0, p["steps"], BLOCK)):
             n = min(BLOCK, p["steps"] - done)
-            started = time.perf_counter()
-            for _ in range(n):
-                x, _ = next(batches)
-                if x.shape[0] == 0:
-                    raise AssertionError("an empty batch")
-                _step(hold, release)
-            fed = time.perf_counter()
-            for _ in range(n):  # the same steps with no data, right after: the same machine load
-                _step(hold, release)
-            wall, own = wall + fed - started, own + time.perf_counter() - fed
+            # fed then alone, then alone then fed: whatever favours the second block cancels
+            for fed in (True, False) if turn % 2 == 0 else (False, True):
+                started = time.perf_counter()
+                for _ in range(n):
+                    if fed:
+                        x, _ = next(batches)
+                        if x.shape[0] == 0:
+                            raise AssertionError("an empty batch")
+                    _step(hold, release)
+                took = time.perf_counter() - started
+                wall, own = (wall + took, own) if fed else (wall, own + took)
         cpu = harness.cpu_s() - cpu0
     if resource is not None:
         resource.close()
