@@ -151,6 +151,8 @@ def test_the_loop_benchmark_profiles_the_loaders_threads(tmp_path: Path) -> None
     done = subprocess.run(
         [*command, "--profile", str(out)], env=env, capture_output=True, text=True, timeout=300, check=False
     )
+    if done.returncode and "py-spy wrote no profile" in done.stderr and "ermission" in done.stderr:
+        pytest.skip("py-spy may not attach to a process here (ptrace is not permitted)")
     assert done.returncode == 0, done.stderr[-4000:]
     page = out.read_text()
     assert "### GIL per batch" in page
