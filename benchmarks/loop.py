@@ -2,35 +2,59 @@
 
 Usage::
 
-    python benchmarks/loop.py                      # 3 step kinds, 3 rounds
+    python benchmarks/loop.py                      # 2 step kinds, 3 rounds
     python benchmarks/loop.py --steps 500 --step 2,3
+    python benchmarks/loop.py --profile loop_profile.md  # + where the loader holds the GIL
     python benchmarks/loop.py --smoke
 
 A training step is simulated by holding the GIL for ``g`` ms (pure Python, as a model's Python
 side does) and then releasing it for ``r`` ms (``time.sleep``, as a GPU kernel or a C++ op
-does). Each contender feeds ``--steps`` steps of batches of ``harness.SERIES`` windows (window
-50 -> 1, batch 64, shuffled), after 5 warm-up steps, in its own interpreter, interleaved:
+does). The default step kinds: 0.6 + 4.4 ms (a mid-size model) and 0.3 + 0.7 ms (a small
+time-series model). Each contender feeds ``--steps`` steps of batches of ``harness.SERIES``
+windows (window 50 -> 1, batch 64, shuffled), after 5 warm-up steps, in its own interpreter,
+interleaved:
 
-* ``ddbloader``: ``DDBDataLoader`` on the DuckDB file, defaults;
+* ``ddbloader``: ``DDBDataLoader`` on the DuckDB file, defaults, warm: one epoch consumed by an
+  empty loop before the warm-up steps;
 * ``ready``: the same number of batches made beforehand and held in RAM (no pipeline at all);
 * ``dataloader``: torch ``DataLoader(num_workers=2, batch_size=64, shuffle=True)`` over a
   map-style dataset of windows of the table held in RAM.
 
-``slowdown`` is the loop's wall time over the steps' own (the same steps run with no data,
-measured in the same process): 1.0 means the pipeline costs the loop nothing.
+``slowdown`` is the loop's wall time over the steps' own (the same steps run with no data, in
+the same process, in turns of ``BLOCK`` steps with the fed ones): 1.0 means the pipeline costs
+the loop nothing. ``cpu_s`` is the process's CPU over both (every thread, workers reaped at exit
+not included).
+
+``--profile FILE`` first adds one ``ddbloader`` run at the last step kind, sampled by ``py-spy
+record --gil --threads`` (``pip install py-spy``) over the measured steps, and writes
+``FILE``: per thread, the GIL-holding samples per batch, and the ddbloader functions (innermost
+ddbloader frame of each sample, its callees included) and leaf functions that hold it. The raw
+stacks are kept beside ``FILE`` (``FILE.gil.txt``). ``--only-profile`` skips the table.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import datetime as dt
 import itertools
+import os
+import re
+import signal
+import subprocess
 import time
+from collections import Counter
 from collections.abc import Iterable, Iterator
+from pathlib import Path
 from typing import Any
 
 import harness
 
 WARMUP = 5
+#: steps fed and the same steps alone, in turns of this many: a load that drifts (a shared
+#: machine) weighs on both alike; a pipeline's prefetched batches (1-4) are a small head start
+BLOCK = 200
+READY = 64
 
 
 def _step(hold_ms: float, release_ms: float) -> None:
@@ -88,6 +112,7 @@ def _batches(p: dict[str, Any]) -> tuple[Iterable[Any], Any]:
     shape = harness.Series(*p["shape"])
     if p["label"] == "ddbloader":
         loader = DDBDataLoader(str(harness.series_db(shape)), **shape.loader_args(p["window"]))
+        harness.epoch(loader)  # warm: the loop's epochs are the loader's second and later
         return itertools.chain.from_iterable(itertools.repeat(loader)), loader
     dataset = Windows(shape, p["window"])
     if p["label"] == "dataloader":
@@ -95,67 +120,188 @@ def _batches(p: dict[str, Any]) -> tuple[Iterable[Any], Any]:
         return itertools.chain.from_iterable(itertools.repeat(data)), None
     order = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(0))
     ready = []
-    for at in range(0, 64 * (p["steps"] + WARMUP), 64):
-        index = order[at % len(order) : at % len(order) + 64]
+    # READY distinct batches, served in a cycle: the loop sees ready tensors; RAM stays small
+    for at in range(0, 64 * min(READY, len(dataset) // 64), 64):
+        index = order[at : at + 64]
         ready.append(
             (
                 torch.stack([dataset[int(i)][0] for i in index]),
                 torch.stack([dataset[int(i)][1] for i in index]),
             )
         )
-    return ready, None
+    return itertools.cycle(ready), None
+
+
+#: py-spy's options: only the thread holding the GIL is sampled; ``--nonblocking`` leaves the
+#: process running (a blocking sampler pauses it per sample). Sampling threads on a CPU instead
+#: (no ``--gil``) was tried and dropped: py-spy counted the loop's sleep as busy and missed most of
+#: its busy wait.
+SPY = ["--threads", "--gil", "--nonblocking"]
+
+
+@contextlib.contextmanager
+def _sampled(out: str | None, rate: int) -> Iterator[None]:
+    """Sample this process with ``py-spy record`` and :data:`SPY` (raw stacks to ``out``) while
+    the block runs; nothing when ``out`` is None."""
+    if out is None:
+        yield
+        return
+    command = ["py-spy", "record", "--pid", str(os.getpid()), *SPY]
+    spy = subprocess.Popen(
+        [*command, "--rate", str(rate), "--format", "raw", "-o", out], stderr=subprocess.PIPE, text=True
+    )
+    time.sleep(1.0)  # py-spy attaches before the first measured step (this second is sampled too)
+    try:
+        yield
+    finally:
+        spy.send_signal(signal.SIGINT)
+        _, err = spy.communicate(timeout=60)
+        if not Path(out).exists():
+            raise RuntimeError(f"py-spy wrote no profile: {err[-2000:]}")
 
 
 def feed(p: dict[str, Any]) -> dict[str, Any]:
     hold, release = p["hold_ms"], p["release_ms"]
-
-    def alone() -> float:
-        started = time.perf_counter()
-        for _ in range(p["steps"]):
-            _step(hold, release)
-        return time.perf_counter() - started
-
     source, resource = _batches(p)
     batches: Iterator[Any] = iter(source)
     for _ in range(WARMUP):
         next(batches)
         _step(hold, release)
-    cpu0, started = harness.cpu_s(), time.perf_counter()
-    for _ in range(p["steps"]):
-        x, _ = next(batches)
-        if x.shape[0] == 0:
-            raise AssertionError("an empty batch")
-        _step(hold, release)
-    wall = time.perf_counter() - started
+    wall = own = 0.0
+    with _sampled(p.get("out"), p.get("rate", 0)):
+        cpu0 = harness.cpu_s()
+        for turn, done in enumerate(range(0, p["steps"], BLOCK)):
+            n = min(BLOCK, p["steps"] - done)
+            # fed then alone, then alone then fed: whatever favours the second block cancels
+            for fed in (True, False) if turn % 2 == 0 else (False, True):
+                started = time.perf_counter()
+                for _ in range(n):
+                    if fed:
+                        x, _ = next(batches)
+                        if x.shape[0] == 0:
+                            raise AssertionError("an empty batch")
+                    _step(hold, release)
+                took = time.perf_counter() - started
+                wall, own = (wall + took, own) if fed else (wall, own + took)
+        cpu = harness.cpu_s() - cpu0
     if resource is not None:
         resource.close()
-    del batches
-    # The steps' own time after the loop, in the same process state: the fastest of two runs.
-    own = min(alone(), alone())
     return {
         "steps_s": own,
         "loop_s": wall,
         "slowdown": wall / own,
-        "cpu_s": harness.cpu_s() - cpu0,
+        "cpu_s": cpu,
         "peak_rss_mb": harness.peak_rss_mb(),
     }
 
 
+def _frames(line: str) -> tuple[str, list[str], int]:
+    """A raw py-spy line -> (thread name, frames outermost first as ``func (file)``, samples)."""
+    stack, _, count = line.rpartition(" ")
+    thread, *frames = stack.split(";")
+    name = thread.partition(": ")[2] or "?"
+    return name.rstrip("0123456789-_ ") or name, [re.sub(r":\d+\)$", ")", f) for f in frames], int(count)
+
+
+def profile_table(raw: str, batches: int, held_s: float) -> str:
+    """Markdown: ms per batch of the samples in ``raw``, by thread, ddbloader function and leaf.
+
+    A sampler starved of CPU (a loaded machine) takes fewer samples than its rate says, so the
+    samples are counted against a known time instead: the main thread's ``_step`` held the GIL
+    for ``held_s`` seconds of the run.
+    """
+    threads: Counter[str] = Counter()
+    step = 0
+    owners: Counter[tuple[str, str]] = Counter()
+    leaves: Counter[tuple[str, str]] = Counter()
+    for line in Path(raw).read_text().splitlines():
+        if not line.strip():
+            continue
+        thread, frames, count = _frames(line)
+        threads[thread] += count
+        step += count if thread == "MainThread" and frames and frames[-1].startswith("_step (") else 0
+        ours = [f for f in frames if "ddbloader/" in f]
+        if thread != "MainThread" or ours:
+            owners[thread, ours[-1] if ours else "(no ddbloader frame)"] += count
+            leaves[thread, frames[-1] if frames else "?"] += count
+    if not step:
+        raise RuntimeError(f"no sample of the loop's own step in {raw}: nothing to count against")
+    rate = step / held_s
+    per = 1e3 / rate / batches  # ms per batch for one sample
+
+    def rows(counter: Counter[tuple[str, str]], top: int) -> list[str]:
+        return [f"| {t} | `{f}` | {n * per:.3f} | {n:,} |" for (t, f), n in counter.most_common(top)]
+
+    lines = [
+        f"### GIL per batch (`py-spy record {' '.join(SPY)}`)",
+        "",
+        f"Over {batches:,} fed steps, as many steps alone (the MainThread row counts both) and the"
+        " second before them (a sample is taken only from the thread holding the GIL). Samples are"
+        f" counted against the loop's own step: it held the GIL {held_s:.2f} s in {step:,} samples,"
+        f" {rate:.0f} a second; ms per batch = samples / that rate / batches.",
+        "",
+        "| thread | GIL ms per batch | samples |",
+        "|---|---:|---:|",
+        *[f"| {t} | {n * per:.3f} | {n:,} |" for t, n in threads.most_common()],
+        "",
+        "Innermost ddbloader function on the stack (its callees included; the main thread only"
+        " where ddbloader is on its stack):",
+        "",
+        "| thread | function | GIL ms per batch | samples |",
+        "|---|---|---:|---:|",
+        *rows(owners, 40),
+        "",
+        "Leaf frames (the function itself, any library) of those samples:",
+        "",
+        "| thread | leaf | GIL ms per batch | samples |",
+        "|---|---|---:|---:|",
+        *rows(leaves, 30),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _profiles(args: argparse.Namespace, p: dict[str, Any], hold: float, release: float) -> str:
+    """The profiles of one warm ``ddbloader`` run each at step ``hold`` + ``release``, Markdown."""
+    facts = harness.machine()
+    sections = [
+        f"## Where ddbloader's threads hold the GIL: step {hold:g} + {release:g} ms, "
+        f"{p['shape']} window {p['window']} batch 64, warm",
+        "",
+        f"`python benchmarks/loop.py --profile FILE`; commit {facts['commit']}, {facts['cpus']} CPUs, "
+        f"load {facts['load_1min']:.2f}, {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC.",
+    ]
+    # the raw stacks beside the page, for flame graphs (flamegraph.pl, speedscope)
+    raw = str(args.profile.with_suffix(".gil.txt"))
+    params = {**p, "hold_ms": hold, "release_ms": release, "label": "ddbloader"}
+    result = harness.child(args.script, "feed", {**params, "out": raw, "rate": args.rate})
+    sections += ["", f"Slowdown of this run under the profiler: {result['slowdown']:.3f}; raw stacks:"]
+    sections += [f"`{raw}`.", "", profile_table(raw, p["steps"], 2 * p["steps"] * hold / 1e3)]
+    return "\n".join(sections)
+
+
 def arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--steps", type=int, default=300, help="measured steps per contender")
-    parser.add_argument("--step", action="append", help="HOLD,RELEASE in ms (default 0,5 2,3 5,0)")
+    parser.add_argument("--steps", type=int, default=1000, help="measured steps per contender")
+    parser.add_argument("--step", action="append", help="HOLD,RELEASE in ms (default 0.6,4.4 0.3,0.7)")
+    parser.add_argument("--profile", type=Path, help="write where the loader holds the GIL (Markdown)")
+    parser.add_argument("--rate", type=int, default=1000, help="py-spy samples per second (--profile)")
+    parser.add_argument("--only-profile", action="store_true", help="with --profile: no table")
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     shape = harness.SERIES_SMOKE if args.smoke else harness.SERIES
     steps = [
         tuple(map(float, s.split(",")))
-        for s in args.step or (["1,1"] if args.smoke else ["0,5", "2,3", "5,0"])
+        for s in args.step or (["0.3,0.7"] if args.smoke else ["0.6,4.4", "0.3,0.7"])
     ]
     p = {"shape": [shape.symbols, shape.days, shape.rows, shape.factors], "window": 8 if args.smoke else 50}
     p["steps"] = 20 if args.smoke else args.steps
     harness.series_db(shape)
-    rows, ratios = [], {}
+    rows, ratios, notes = [], {}, []
+    if args.profile:  # first: the profile is wanted before the table
+        args.profile.write_text(_profiles(args, p, *steps[-1]))
+        notes.append(f"profiles written to {args.profile}")
+        if args.only_profile:
+            return {"params": {**p, "steps_ms": steps}, "rows": rows, "notes": notes}
     for hold, release in steps:
         todo = [
             ("feed", {**p, "hold_ms": hold, "release_ms": release, "label": label})
@@ -167,10 +313,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 f"hold {hold:g} ms, release {release:g} ms: {r['contender'].removeprefix('feed ')}"
             )
         rows += results
-        ratios[f"hold {hold:g} release {release:g}: ddbloader slowdown / ready's"] = (
-            results[0]["slowdown"] / results[1]["slowdown"]
-        )
-    return {"params": {**p, "steps_ms": steps}, "rows": rows, "ratios": ratios}
+        for r in (results[0], results[2]):
+            ratios[f"{r['contender']}: slowdown / ready's"] = r["slowdown"] / results[1]["slowdown"]
+    return {"params": {**p, "steps_ms": steps}, "rows": rows, "ratios": ratios, "notes": notes}
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ Usage::
 
     python benchmarks/peers.py                # both workloads, 3 rounds
     python benchmarks/peers.py --workloads tabular --rounds 5
+    python benchmarks/peers.py --workloads windows --against f7fbf13   # + an older commit
     python benchmarks/peers.py --smoke
 
 Workloads (DuckDB files under ``benchmarks/_work/``):
@@ -17,18 +18,27 @@ Contenders (each in its own interpreter; imports before the clock):
 
 * ``loop``: the whole table read once into numpy (setup), then per epoch a uniform permutation
   and per batch one gather into fresh tensors (rows by ``take``, windows by one block copy each).
+* ``duckdb_torch``: DuckDB's own ``con.sql(q).torch()`` (a dict of column tensors) and the ~20-line loop
+  a user writes on it: stack the columns, an ``as_strided`` view of every window, per batch an
+  ``index_select`` of uniformly shuffled starts (rows).
 * ``tensordataset`` (tabular): the same arrays behind ``DataLoader(TensorDataset, shuffle=True)``.
 * ``ddbloader``: defaults; ``uniform`` (tabular: ``fetch_bytes=0``, the table read whole;
   windows: every group in the pool), as uniform a shuffle as the loop's; ``cache`` (``cache_bytes``
-  holding every partition: epochs after the first from memory, the like-for-like of the loop).
+  holding every partition: epochs after the first from memory, the like-for-like of the loop);
+  with ``--against REV``, ``default at REV``: the defaults with the package of commit REV
+  (``git archive`` into ``benchmarks/_work/``), for regressions.
 
 Figures: setup (load or constructor), first epoch, warm epoch (``samples_per_s``), a warm epoch's
-CPU seconds (every thread, the engine's too), peak RSS.
+CPU seconds (every thread, the engine's too), peak RSS; on ``windows``, ``series_per_batch``: the
+median number of distinct groups in a batch of a (separate, untimed) epoch. Ratios: warm epoch
+and end to end (setup + first epoch) against ``duckdb_torch``.
 """
 
 from __future__ import annotations
 
 import argparse
+import subprocess
+import sys
 import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -87,7 +97,58 @@ def loop(p: dict[str, Any]) -> dict[str, Any]:
 
         return batches
 
-    return harness.passes(load, p["epochs"])
+    row = harness.passes(load, p["epochs"])
+    if p["workload"] == "windows":  # the first epoch's permutation of starts, grouped
+        order = np.random.default_rng(0).permutation(p["groups"] * (p["rows"] - p["window"]))
+        row["series_per_batch"] = _series_per_batch(
+            np.split(order // (p["rows"] - p["window"]), range(p["batch"], len(order), p["batch"]))
+        )
+    return row
+
+
+def _series_per_batch(groups: Any) -> float:
+    """Median distinct groups per batch; ``groups`` is a list of per-batch group ids."""
+    import numpy as np
+
+    return float(np.median([len(np.unique(np.asarray(g))) for g in groups]))
+
+
+def duckdb_torch(p: dict[str, Any]) -> dict[str, Any]:
+    import duckdb
+    import torch as pt
+
+    tabular, batch, w = p["workload"] == "tabular", p["batch"], p["window"]
+    names = [f"f{j}" for j in range(1, 32)] if tabular else [f"f{j}" for j in range(16)]
+
+    def load() -> Callable[[], Iterator[Any]]:
+        sql = "SELECT * FROM tab ORDER BY id" if tabular else "SELECT * FROM t ORDER BY g, pos"
+        with duckdb.connect(_path(p), read_only=True) as con:
+            columns = con.sql(sql).torch()
+        x = pt.stack([columns[c] for c in names], dim=1)
+        y = columns["f0" if tabular else "target"]
+        if tabular:
+            starts, view = pt.arange(len(x)), x
+        else:
+            # every window a view; a window never crosses a group (starts stop w rows before its end)
+            view = x.as_strided((len(x) - w + 1, w, x.shape[1]), (x.shape[1], x.shape[1], 1))
+            rows = p["rows"]
+            starts = (pt.arange(p["groups"])[:, None] * rows + pt.arange(rows - w)[None, :]).reshape(-1)
+        seeds = iter(range(1 << 30))
+
+        def batches() -> Iterator[Any]:
+            order = starts[pt.randperm(len(starts), generator=pt.Generator().manual_seed(next(seeds)))]
+            for at in range(0, len(order), batch):
+                index = order[at : at + batch]
+                yield view.index_select(0, index), y.index_select(0, index if tabular else index + w)
+
+        return batches
+
+    row = harness.passes(load, p["epochs"])
+    if not tabular:  # the same permutation of starts, grouped: what a batch mixes
+        rows = p["rows"] - w
+        order = pt.randperm(p["groups"] * rows, generator=pt.Generator().manual_seed(0)) // rows
+        row["series_per_batch"] = _series_per_batch(order.split(batch))
+    return row
 
 
 def tensordataset(p: dict[str, Any]) -> dict[str, Any]:
@@ -104,7 +165,13 @@ def tensordataset(p: dict[str, Any]) -> dict[str, Any]:
 
 
 def ddbloader(p: dict[str, Any]) -> dict[str, Any]:
+    if "tree" in p:  # an older commit's package (--against), imported before any ddbloader
+        sys.path.insert(0, p["tree"])
+    import ddbloader as package
     from ddbloader import DDBDataLoader
+
+    if not package.__file__ or not package.__file__.startswith(p.get("tree", "")):
+        raise RuntimeError(f"imported {package.__file__}, not the package under {p['tree']}")
 
     warnings.simplefilter("ignore")
     options: dict[str, Any] = {"batch_size": p["batch"], "shuffle": True, "seed": 0}
@@ -122,23 +189,33 @@ def ddbloader(p: dict[str, Any]) -> dict[str, Any]:
             p["epochs"],
         )
     sql = "SELECT * FROM t ORDER BY g, pos"
-    return harness.passes(
-        lambda: DDBDataLoader(
-            path,
-            sql,
-            "target",
-            group_col="g",
-            window_size=p["window"],
-            exclude_col=["g", "pos", "target"],
-            **options,
-        ),
-        p["epochs"],
-    )
+    options |= {"group_col": "g", "window_size": p["window"], "exclude_col": ["g", "pos", "target"]}
+    row = harness.passes(lambda: DDBDataLoader(path, sql, "target", **options), p["epochs"])
+    with DDBDataLoader(path, sql, "target", key_col=["g"], **options) as keyed:
+        row["series_per_batch"] = _series_per_batch([batch[2]["g"] for batch in keyed])
+    return row
+
+
+def _end_to_end(row: dict[str, Any]) -> float:
+    return float(row["setup_s"] + row["first_epoch_s"])
 
 
 def arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated: tabular, windows")
     parser.add_argument("--epochs", type=int, default=3, help="epochs per contender (the first is cold)")
+    parser.add_argument("--against", help="also ddbloader's defaults at this commit (e.g. f7fbf13)")
+
+
+def _tree(rev: str) -> tuple[str, str]:
+    """The short hash of ``rev`` and a directory holding its ``ddbloader/`` (made once)."""
+    git = ["git", "-C", str(harness.REPO)]
+    short = subprocess.run([*git, "rev-parse", "--short", rev], capture_output=True, text=True, check=True)
+    tree = harness.WORK / f"tree-{short.stdout.strip()}"
+    if not (tree / "ddbloader").exists():
+        tree.mkdir(parents=True, exist_ok=True)
+        archive = subprocess.run([*git, "archive", rev, "ddbloader"], capture_output=True, check=True)
+        subprocess.run(["tar", "-x", "-C", str(tree)], input=archive.stdout, check=True)
+    return short.stdout.strip(), str(tree)
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -146,30 +223,42 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "tabular": {"rows": 2_000 if args.smoke else 2_000_000, "batch": 1024},
         "windows": {"groups": 4 if args.smoke else 200, "rows": 200 if args.smoke else 5_000, "batch": 256},
     }
+    if args.against and args.smoke and not args.fresh:
+        raise SystemExit("--against needs its contenders in child processes: add --fresh to --smoke")
+    against = _tree(args.against) if args.against else None
     rows, ratios, params = [], {}, {}
     for workload in args.workloads.split(","):
         p = {"workload": workload, "window": 8 if args.smoke else 32, **shapes[workload]}
         p["epochs"] = 2 if args.smoke else args.epochs
         params[workload] = p
         _path(p)
-        todo = [("loop", {**p, "label": workload})]
+        todo = [("loop", {**p, "label": workload}), ("duckdb_torch", {**p, "label": workload})]
         if workload == "tabular":
             todo.append(("tensordataset", {**p, "label": workload}))
         todo += [("ddbloader", {**p, "label": label}) for label in ("default", "uniform", "cache")]
+        if against:
+            todo.append(("ddbloader", {**p, "label": f"default at {against[0]}", "tree": against[1]}))
         results = harness.interleaved(args.script, todo, args.rounds)
         for row in results:
             row["contender"] = f"{workload}: {row['contender'].replace(f' {workload}', '')}"
         rows += results
-        loop_row = results[0]
-        for row in results[1:]:
-            ratios[f"{row['contender']} warm epoch / loop's"] = row["warm_s"] / loop_row["warm_s"]
-            ratios[f"{row['contender']} end to end / loop's"] = (row["setup_s"] + row["first_epoch_s"]) / (
-                loop_row["setup_s"] + loop_row["first_epoch_s"]
-            )
+        peer = results[1]  # DuckDB's .torch() + loop: what a user picks when the table fits in RAM
+        for row in [results[0], *results[2:]]:
+            ratios[f"{row['contender']} warm epoch / duckdb_torch's"] = row["warm_s"] / peer["warm_s"]
+            ratios[f"{row['contender']} end to end / duckdb_torch's"] = _end_to_end(row) / _end_to_end(peer)
+        if against:
+            default, old = results[-4], results[-1]
+            ratios[f"{workload}: default end to end, HEAD / {against[0]}"] = _end_to_end(
+                default
+            ) / _end_to_end(old)
+            ratios[f"{workload}: default warm epoch, HEAD / {against[0]}"] = default["warm_s"] / old["warm_s"]
     return {"params": params, "rows": rows, "ratios": ratios}
 
 
 if __name__ == "__main__":
     harness.main(
-        __doc__, {"loop": loop, "tensordataset": tensordataset, "ddbloader": ddbloader}, run, arguments
+        __doc__,
+        {"loop": loop, "duckdb_torch": duckdb_torch, "tensordataset": tensordataset, "ddbloader": ddbloader},
+        run,
+        arguments,
     )

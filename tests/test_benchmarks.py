@@ -107,3 +107,77 @@ def test_imports_only_the_harness_and_public_ddbloader(name: str) -> None:
         m for m in modules if m.startswith("ddbloader") and any(p.startswith("_") for p in m.split("."))
     ]
     assert not private, f"private ddbloader modules: {private}"
+
+
+def test_the_gil_profile_sums_samples_per_batch_by_thread_and_innermost_ddbloader_frame(
+    tmp_path: Path,
+) -> None:
+    import loop
+
+    raw = tmp_path / "raw.txt"
+    raw.write_text(
+        "thread (1): MainThread;<module> (loop.py:9);_step (loop.py:50) 300\n"
+        "thread (1): MainThread;feed (loop.py:9);EpochIterator.__next__ (ddbloader/_pipeline/epoch.py:3) 20\n"
+        "thread (7): ddbloader-assemble;run (ddbloader/_pipeline/epoch.py:1);"
+        "gather (ddbloader/_pipeline/batch.py:5);copyto (numpy/core.py:2) 40\n"
+        "thread (8): ddbloader-fetch-2;fetch (ddbloader/_io/fetch.py:4);Queue.get (queue.py:3) 10\n"
+        "thread (7): ddbloader-assemble;run (ddbloader/_pipeline/epoch.py:1);"
+        "gather (ddbloader/_pipeline/batch.py:9) 20\n"
+    )
+    # the step held the GIL 0.3 s in 300 samples: 1000 a second; over 100 batches one sample is
+    # 0.01 ms of a batch
+    page = loop.profile_table(str(raw), batches=100, held_s=0.3)
+    assert "| MainThread | 3.200 | 320 |" in page
+    assert "| ddbloader-assemble | 0.600 | 60 |" in page
+    assert "| ddbloader-fetch | 0.100 | 10 |" in page  # a pool's threads are one row
+    assert "| ddbloader-assemble | `gather (ddbloader/_pipeline/batch.py)` | 0.600 | 60 |" in page
+    assert "| MainThread | `EpochIterator.__next__ (ddbloader/_pipeline/epoch.py)` | 0.200 | 20 |" in page
+    assert "_step" not in page.split("Innermost")[1]  # the loop's own step is no loader frame
+    assert "| ddbloader-assemble | `copyto (numpy/core.py)` | 0.400 | 40 |" in page
+    # a sampler that took half its samples: the same milliseconds
+    raw.write_text(raw.read_text().replace(" 300\n", " 150\n").replace(" 40\n", " 20\n"))
+    page = loop.profile_table(str(raw), batches=100, held_s=0.3)
+    assert "| ddbloader-assemble | `copyto (numpy/core.py)` | 0.400 | 20 |" in page
+
+
+def test_the_loop_benchmark_profiles_the_loaders_threads(tmp_path: Path) -> None:
+    import shutil
+
+    if shutil.which("py-spy") is None:
+        pytest.skip("py-spy is not installed (pip install py-spy)")
+    out = tmp_path / "profile.md"
+    command = [sys.executable, str(BENCHMARKS / "loop.py"), "--smoke", "--out", str(tmp_path)]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run(
+        [*command, "--profile", str(out)], env=env, capture_output=True, text=True, timeout=300, check=False
+    )
+    if done.returncode and "py-spy wrote no profile" in done.stderr and "ermission" in done.stderr:
+        pytest.skip("py-spy may not attach to a process here (ptrace is not permitted)")
+    assert done.returncode == 0, done.stderr[-4000:]
+    page = out.read_text()
+    assert "### GIL per batch" in page
+    assert "| ddbloader-assemble |" in page
+
+
+def test_peers_against_a_commit_runs_that_commits_package(tmp_path: Path) -> None:
+    head = subprocess.run(
+        ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    command = [sys.executable, str(BENCHMARKS / "peers.py"), "--smoke", "--fresh", "--out", str(tmp_path)]
+    done = subprocess.run(
+        [*command, "--workloads", "windows", "--against", "HEAD"],
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    # the child refuses to time a package other than the commit's (ddbloader.__file__ is checked)
+    assert done.returncode == 0, done.stderr[-4000:]
+    document = json.loads((tmp_path / "peers.json").read_text())
+    rows = {row["contender"]: row for row in document["rows"]}
+    assert (
+        rows[f"windows: ddbloader default at {head}"]["samples"]
+        == rows["windows: ddbloader default"]["samples"]
+    )
+    assert f"windows: default end to end, HEAD / {head}" in document["ratios"]
