@@ -145,3 +145,17 @@ def test_a_fetch_unit_is_one_query(clickhouse: ClickHouseEngine) -> None:
         rows = sum(x.shape[0] for x, _ in loader)
         stats = loader.stats()
     assert rows == 14 and (stats.queries, stats.partitions_fetched) == (1, 3)
+
+
+def test_a_float_group_key_holding_both_zeros_is_refused_or_read_once(clickhouse: ClickHouseEngine) -> None:
+    ids = list(range(60))
+    clickhouse.create("zeros", pa.table({"id": ids, "x": [-0.0, 0.0, 1.0] * 20, "y": [i + 0.5 for i in ids]}))
+    sql = "SELECT x, id, y FROM zeros ORDER BY id"
+    with pytest.raises(ValueError, match=r"group_col 'x' holds both -0.0 and 0.0.*x \+ 0.0"):
+        DDBDataLoader(clickhouse.uri, sql, "y", input_col=["id"], group_col="x")
+    # the fix the message names: one group of 40 rows and one of 20, each row served once
+    with DDBDataLoader(
+        clickhouse.uri, sql, "y", input_col=["id"], group_col="x + 0.0", batch_size=7
+    ) as loader:
+        served = sorted(int(v) for x, _ in loader for v in x[:, 0].tolist())
+    assert served == ids

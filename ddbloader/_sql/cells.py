@@ -289,6 +289,7 @@ def _counted_cells(
     for key, alias in zip(keys, aliases, strict=True):
         if key.scheme is None:
             values.append(list(dict.fromkeys((repr(r[alias]), r[alias]) for r in found)))
+            _check_discovered(key, [v for _, v in values[-1]])
         else:
             _check_scheme(key, [r[alias + INDEX_SUFFIX] for r in found], [r[alias] for r in found])
             values.append(list(enumerate(key.scheme)))
@@ -388,6 +389,23 @@ def _python_rows(table: pa.Table, keys: list[PlanKey], aliases: Sequence[str]) -
             ) from error
     rows: list[dict[str, Any]] = table.to_pylist()
     return rows
+
+
+def _check_discovered(key: PlanKey, values: list[Any]) -> None:
+    """Refuse key values the engine grouped apart that ``key = value`` cannot tell apart: a float
+    key holding both -0.0 and 0.0 (ClickHouse groups them apart), whose subqueries would each
+    read both groups' rows.
+
+    Raises:
+        ValueError: naming the key and the fix.
+    """
+    zeros = [v for v in values if isinstance(v, float) and v == 0.0]
+    if len(zeros) > 1:
+        raise ValueError(
+            f"{key.parameter} {key.text!r} holds both -0.0 and 0.0: the engine groups them apart, but "
+            f"`{key.text} = 0.0` matches both, so their rows would load twice; key by an expression "
+            f'that makes them one value (e.g. {key.parameter}="{key.text} + 0.0")'
+        )
 
 
 def _check_scheme(key: PlanKey, positions: list[int], matched: list[Any]) -> None:
