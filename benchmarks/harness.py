@@ -273,7 +273,7 @@ def interleaved(
     against: Path | None = _AGAINST.get("root")
     only = _AGAINST.get("only")
     todo = [(n, p, REPO) for n, p in contenders]
-    todo = [t for n, p, root in todo for t in [(n, p, root)] + [(n, p, against)] * _on_both(n, only)]
+    todo = [t for n, p, root in todo for t in [(n, p, root)] + [(n, p, against)] * _on_both(n, p, only)]
     runs: dict[tuple[str, Path], list[dict[str, Any]]] = {(label(n, p), root): [] for n, p, root in todo}
     for r in range(rounds):
         for name, params, root in todo if r % 2 == 0 else todo[::-1]:
@@ -287,8 +287,8 @@ def interleaved(
     return mine
 
 
-def _on_both(name: str, only: set[str] | None) -> bool:
-    return bool(_AGAINST) and (only is None or name in only)
+def _on_both(name: str, params: dict[str, Any], only: set[str] | None) -> bool:
+    return bool(_AGAINST) and (only is None or bool({name, label(name, params)} & only))
 
 
 def worktree(rev: str) -> tuple[str, Path]:
@@ -481,7 +481,9 @@ def main(
     parser.add_argument("--fresh", action="store_true", help="with --smoke: contenders in child processes")
     parser.add_argument("--against", metavar="REV", help="run the contenders on commit REV too, interleaved")
     parser.add_argument(
-        "--against-only", metavar="NAMES", help="with --against: only these contenders (comma-separated)"
+        "--against-only",
+        metavar="NAMES",
+        help="with --against: only these contenders (names or labels, comma-separated)",
     )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--params", default="{}", help=argparse.SUPPRESS)
