@@ -639,7 +639,7 @@ READ_KINDS: dict[str, tuple[dict[str, Any], Callable[[QueryPlan, list[Any]], boo
         "sqlite",
         "datafusion",
         "clickhouse",
-        pytest.param("spark", marks=pytest.mark.slow),
+        pytest.param("spark", marks=[pytest.mark.slow, pytest.mark.timeout(300)]),  # its server starts
     ]
 )
 def read_engine(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
