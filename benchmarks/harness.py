@@ -309,6 +309,8 @@ def worktree(rev: str) -> tuple[str, Path]:
 def _against(report: dict[str, Any]) -> None:
     """Add the commit's rows (after this checkout's, each labelled by commit) and their ratios."""
     here = machine()["commit"]
+    if here == _AGAINST["rev"]:  # against its own commit: the labels must still differ
+        here += " (this checkout)"
     ratios = report.setdefault("ratios", {})
     for mine, theirs in _PAIRS:
         theirs["contender"] = f"{mine['contender']} @{_AGAINST['rev']}"
