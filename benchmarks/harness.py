@@ -6,6 +6,7 @@ It names its contenders (functions ``params -> dict``) and one ``run(args)`` tha
 
     python benchmarks/NAME.py            # full size -> benchmarks/results/NAME.json and .csv
     python benchmarks/NAME.py --smoke    # tiny shape, one round, seconds -> a scratch directory
+    python benchmarks/NAME.py --against 95b8d61   # each contender also on that commit's ddbloader
 
 Every contender runs in a fresh interpreter (``NAME.py --child CONTENDER --params JSON``), so its
 peak RSS (VmHWM), CPU seconds and imports are its own; the contenders of one round run one after
@@ -14,6 +15,12 @@ the rounds. The data live in DuckDB files under ``benchmarks/_work/`` (git-ignor
 per shape. A results file carries the date, the commit, the machine (CPU count, RAM, load,
 versions) and whether it was a smoke run; ``render.py`` turns the results files into
 ``docs/benchmarks.md``.
+
+``--against REV`` runs every contender (or those of ``--against-only``) a second time per round,
+in the same interleaved order, with the ddbloader of commit REV (a ``git worktree`` of it under
+``benchmarks/_work/``, made once, on the child's ``PYTHONPATH``); the contender code stays this
+checkout's. Rows are labelled by commit (``@abc1234``) and the report gains, per contender, the
+ratios REV / this checkout of its times.
 """
 
 from __future__ import annotations
@@ -43,12 +50,21 @@ RESULTS = HERE / "results"
 MARKER = "BENCH-JSON:"
 CHILD_TIMEOUT_S = 1800
 
-# A benchmark measures the checkout it lives in, not whichever ddbloader is installed.
-sys.path.insert(0, str(REPO))
+#: the environment variable naming the directory whose ddbloader a benchmark process imports
+PACKAGE_ROOT = "BENCH_DDBLOADER_ROOT"
+# A benchmark measures the checkout it lives in (or the commit --against names), not whichever
+# ddbloader is installed.
+sys.path.insert(0, os.environ.get(PACKAGE_ROOT, str(REPO)))
 
 Contender = Callable[[dict[str, Any]], dict[str, Any]]
 #: the contenders :func:`interleaved` calls in this process (a smoke run), else empty
 _IN_PROCESS: dict[str, Contender] = {}
+#: with ``--against``: the commit's label, its worktree and the contenders run on it (None: all)
+_AGAINST: dict[str, Any] = {}
+#: with ``--against``: (this checkout's row, the commit's row) per contender run on both
+_PAIRS: list[tuple[dict[str, Any], dict[str, Any]]] = []
+#: the times whose ratio (commit / this checkout) the report gives per pair
+TIMES = ("setup_s", "first_epoch_s", "warm_s", "warm_cpu_s", "end_to_end_s", "loop_s")
 
 
 # ------------------------------------------------------------------------------------------ data
@@ -223,14 +239,18 @@ def passes(
     }
 
 
-def child(script: str, name: str, params: dict[str, Any], timeout: float = CHILD_TIMEOUT_S) -> dict[str, Any]:
-    """Run contender ``name`` of ``script`` in a fresh interpreter; the dict it returned.
+def child(
+    script: str, name: str, params: dict[str, Any], timeout: float = CHILD_TIMEOUT_S, root: Path = REPO
+) -> dict[str, Any]:
+    """Run contender ``name`` of ``script`` in a fresh interpreter importing the ddbloader under
+    ``root`` (this checkout, or a commit's worktree); the dict it returned.
 
     Raises:
         RuntimeError: the child failed or printed no result (its stderr's end in the message).
     """
     command = [sys.executable, script, "--child", name, "--params", json.dumps(params)]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    path = os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])
+    env = {**os.environ, "PYTHONPATH": path, PACKAGE_ROOT: str(root)}
     done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False, env=env)
     lines = [line for line in done.stdout.splitlines() if line.startswith(MARKER)]
     if done.returncode or not lines:
@@ -245,15 +265,61 @@ def interleaved(
     """Run every (contender, params) once per round, each in its own interpreter, the order
     reversed every other round; one row per contender: the medians of its numeric results over
     the rounds and ``rounds``. A smoke run without ``--fresh`` calls the contenders in this
-    process (its figures mean nothing; the code paths are the same)."""
-    todo = list(contenders)
-    runs: dict[str, list[dict[str, Any]]] = {label(n, p): [] for n, p in todo}
+    process (its figures mean nothing; the code paths are the same).
+
+    With ``--against`` the contenders it names run on the commit too, each right after its run
+    on this checkout; the rows returned are this checkout's only (a script's own ratios stay
+    what they were), the commit's are added to the report by :func:`main`."""
+    against: Path | None = _AGAINST.get("root")
+    only = _AGAINST.get("only")
+    todo = [(n, p, REPO) for n, p in contenders]
+    todo = [t for n, p, root in todo for t in [(n, p, root)] + [(n, p, against)] * _on_both(n, p, only)]
+    runs: dict[tuple[str, Path], list[dict[str, Any]]] = {(label(n, p), root): [] for n, p, root in todo}
     for r in range(rounds):
-        for name, params in todo if r % 2 == 0 else todo[::-1]:
-            result = _IN_PROCESS[name](params) if _IN_PROCESS else child(script, name, params)
-            runs[label(name, params)].append(result)
-            print(f"  round {r + 1} {label(name, params)}: {_brief(result)}", file=sys.stderr, flush=True)
-    return [{"contender": key, **medians(results)} for key, results in runs.items()]
+        for name, params, root in todo if r % 2 == 0 else todo[::-1]:
+            result = _IN_PROCESS[name](params) if _IN_PROCESS else child(script, name, params, root=root)
+            runs[label(name, params), root].append(result)
+            where = label(name, params) + ("" if root == REPO else f" @{_AGAINST['rev']}")
+            print(f"  round {r + 1} {where}: {_brief(result)}", file=sys.stderr, flush=True)
+    rows = {key: {"contender": key[0], **medians(results)} for key, results in runs.items()}
+    mine = [row for (_, root), row in rows.items() if root == REPO]
+    _PAIRS.extend((row, rows[key]) for row in mine if (key := (row["contender"], against)) in rows)
+    return mine
+
+
+def _on_both(name: str, params: dict[str, Any], only: set[str] | None) -> bool:
+    return bool(_AGAINST) and (only is None or bool({name, label(name, params)} & only))
+
+
+def worktree(rev: str) -> tuple[str, Path]:
+    """The short hash of commit ``rev`` and a worktree of it under ``WORK`` (made once)."""
+
+    def git(*args: str) -> str:
+        done = subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True, check=True)
+        return done.stdout.strip()
+
+    short = git("rev-parse", "--short", f"{rev}^{{commit}}")
+    root = WORK / f"rev-{short}"
+    if not (root / "ddbloader").is_dir():
+        WORK.mkdir(parents=True, exist_ok=True)
+        git("worktree", "add", "--force", "--detach", str(root), short)
+    return short, root
+
+
+def _against(report: dict[str, Any]) -> None:
+    """Add the commit's rows (after this checkout's, each labelled by commit) and their ratios."""
+    here = machine()["commit"]
+    if here == _AGAINST["rev"]:  # against its own commit: the labels must still differ
+        here += " (this checkout)"
+    ratios = report.setdefault("ratios", {})
+    for mine, theirs in _PAIRS:
+        theirs["contender"] = f"{mine['contender']} @{_AGAINST['rev']}"
+        mine["contender"] = f"{mine['contender']} @{here}"
+        for key in TIMES:
+            if all(isinstance(row.get(key), int | float) for row in (mine, theirs)) and mine[key]:
+                ratios[f"{theirs['contender']} / {mine['contender']}: {key}"] = theirs[key] / mine[key]
+    report["rows"] = report.get("rows", []) + [theirs for _, theirs in _PAIRS]
+    report["against"] = _AGAINST["rev"]
 
 
 def label(name: str, params: dict[str, Any]) -> str:
@@ -415,6 +481,12 @@ def main(
         "--out", type=Path, default=None, help="results directory (default benchmarks/results)"
     )
     parser.add_argument("--fresh", action="store_true", help="with --smoke: contenders in child processes")
+    parser.add_argument("--against", metavar="REV", help="run the contenders on commit REV too, interleaved")
+    parser.add_argument(
+        "--against-only",
+        metavar="NAMES",
+        help="with --against: only these contenders (names or labels, comma-separated)",
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--params", default="{}", help=argparse.SUPPRESS)
     if arguments is not None:
@@ -425,9 +497,15 @@ def main(
         print(MARKER + json.dumps(contenders[args.child](json.loads(args.params)), default=str), flush=True)
         return
     args.rounds = args.rounds or (1 if args.smoke else 3)
-    if args.smoke and not args.fresh:
+    if args.against:
+        rev, root = worktree(args.against)
+        only = set(args.against_only.split(",")) if args.against_only else None
+        _AGAINST.update(rev=rev, root=root, only=only)
+    elif args.smoke and not args.fresh:  # two commits need two interpreters
         _IN_PROCESS.update(contenders)
     out = args.out or (WORK / "smoke" if args.smoke else RESULTS)
     report = run(args)
+    if args.against:
+        _against(report)
     path = write(name, doc.strip().splitlines()[0], report, out, args.smoke)
     print(f"{name}: {len(report.get('rows', []))} rows -> {path}", flush=True)

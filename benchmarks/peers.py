@@ -4,7 +4,7 @@ Usage::
 
     python benchmarks/peers.py                # both workloads, 3 rounds
     python benchmarks/peers.py --workloads tabular --rounds 5
-    python benchmarks/peers.py --workloads windows --against f7fbf13   # + an older commit
+    python benchmarks/peers.py --workloads windows --against f7fbf13 --against-only "ddbloader default"
     python benchmarks/peers.py --smoke
 
 Workloads (DuckDB files under ``benchmarks/_work/``):
@@ -24,9 +24,9 @@ Contenders (each in its own interpreter; imports before the clock):
 * ``tensordataset`` (tabular): the same arrays behind ``DataLoader(TensorDataset, shuffle=True)``.
 * ``ddbloader``: defaults; ``uniform`` (tabular: ``fetch_bytes=0``, the table read whole;
   windows: every group in the pool), as uniform a shuffle as the loop's; ``cache`` (``cache_bytes``
-  holding every partition: epochs after the first from memory, the like-for-like of the loop);
-  with ``--against REV``, ``default at REV``: the defaults with the package of commit REV
-  (``git archive`` into ``benchmarks/_work/``), for regressions.
+  holding every partition: epochs after the first from memory, the like-for-like of the loop).
+  ``--against REV --against-only "ddbloader default"`` (the harness's) also times the defaults on
+  commit REV's package, for regressions.
 
 Figures: setup (load or constructor), first epoch, warm epoch (``samples_per_s``), a warm epoch's
 CPU seconds (every thread, the engine's too), peak RSS; on ``windows``, ``series_per_batch``: the
@@ -37,8 +37,6 @@ and end to end (setup + first epoch) against ``duckdb_torch``.
 from __future__ import annotations
 
 import argparse
-import subprocess
-import sys
 import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -165,13 +163,7 @@ def tensordataset(p: dict[str, Any]) -> dict[str, Any]:
 
 
 def ddbloader(p: dict[str, Any]) -> dict[str, Any]:
-    if "tree" in p:  # an older commit's package (--against), imported before any ddbloader
-        sys.path.insert(0, p["tree"])
-    import ddbloader as package
     from ddbloader import DDBDataLoader
-
-    if not package.__file__ or not package.__file__.startswith(p.get("tree", "")):
-        raise RuntimeError(f"imported {package.__file__}, not the package under {p['tree']}")
 
     warnings.simplefilter("ignore")
     options: dict[str, Any] = {"batch_size": p["batch"], "shuffle": True, "seed": 0}
@@ -203,19 +195,6 @@ def _end_to_end(row: dict[str, Any]) -> float:
 def arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated: tabular, windows")
     parser.add_argument("--epochs", type=int, default=3, help="epochs per contender (the first is cold)")
-    parser.add_argument("--against", help="also ddbloader's defaults at this commit (e.g. f7fbf13)")
-
-
-def _tree(rev: str) -> tuple[str, str]:
-    """The short hash of ``rev`` and a directory holding its ``ddbloader/`` (made once)."""
-    git = ["git", "-C", str(harness.REPO)]
-    short = subprocess.run([*git, "rev-parse", "--short", rev], capture_output=True, text=True, check=True)
-    tree = harness.WORK / f"tree-{short.stdout.strip()}"
-    if not (tree / "ddbloader").exists():
-        tree.mkdir(parents=True, exist_ok=True)
-        archive = subprocess.run([*git, "archive", rev, "ddbloader"], capture_output=True, check=True)
-        subprocess.run(["tar", "-x", "-C", str(tree)], input=archive.stdout, check=True)
-    return short.stdout.strip(), str(tree)
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -223,9 +202,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "tabular": {"rows": 2_000 if args.smoke else 2_000_000, "batch": 1024},
         "windows": {"groups": 4 if args.smoke else 200, "rows": 200 if args.smoke else 5_000, "batch": 256},
     }
-    if args.against and args.smoke and not args.fresh:
-        raise SystemExit("--against needs its contenders in child processes: add --fresh to --smoke")
-    against = _tree(args.against) if args.against else None
     rows, ratios, params = [], {}, {}
     for workload in args.workloads.split(","):
         p = {"workload": workload, "window": 8 if args.smoke else 32, **shapes[workload]}
@@ -236,8 +212,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if workload == "tabular":
             todo.append(("tensordataset", {**p, "label": workload}))
         todo += [("ddbloader", {**p, "label": label}) for label in ("default", "uniform", "cache")]
-        if against:
-            todo.append(("ddbloader", {**p, "label": f"default at {against[0]}", "tree": against[1]}))
         results = harness.interleaved(args.script, todo, args.rounds)
         for row in results:
             row["contender"] = f"{workload}: {row['contender'].replace(f' {workload}', '')}"
@@ -246,12 +220,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for row in [results[0], *results[2:]]:
             ratios[f"{row['contender']} warm epoch / duckdb_torch's"] = row["warm_s"] / peer["warm_s"]
             ratios[f"{row['contender']} end to end / duckdb_torch's"] = _end_to_end(row) / _end_to_end(peer)
-        if against:
-            default, old = results[-4], results[-1]
-            ratios[f"{workload}: default end to end, HEAD / {against[0]}"] = _end_to_end(
-                default
-            ) / _end_to_end(old)
-            ratios[f"{workload}: default warm epoch, HEAD / {against[0]}"] = default["warm_s"] / old["warm_s"]
     return {"params": params, "rows": rows, "ratios": ratios}
 
 

@@ -35,9 +35,9 @@ class LoaderStats:
 
     epoch: int
     batches: int
-    windows: int
+    samples: int
     seconds: float
-    windows_per_second: float
+    samples_per_second: float
     consumer_wait_seconds: float
     starvation: float
     partitions_fetched: int
@@ -68,9 +68,9 @@ class LoaderStats:
         return [
             ("epoch", str(self.epoch)),
             ("batches", f"{self.batches:,}"),
-            ("windows", f"{self.windows:,}"),
+            ("samples", f"{self.samples:,}"),
             ("wall time", f"{self.seconds:.2f} s"),
-            ("windows/s", f"{self.windows_per_second:,.0f}"),
+            ("samples/s", f"{self.samples_per_second:,.0f}"),
             ("consumer waited", f"{self.consumer_wait_seconds:.2f} s ({self.starvation:.0%} starvation)"),
             ("partitions fetched", f"{self.partitions_fetched:,}"),
             ("queries", f"{self.queries:,} ({self.rows_per_query:,.0f} rows per query)"),
@@ -134,7 +134,7 @@ class StatsRecorder:
         self._mixing = mixing
         self._started = time.perf_counter()
         self._batches = 0
-        self._windows = 0
+        self._samples = 0
         self._wait = 0.0
         self._fetches = 0
         self._queries = 0
@@ -165,11 +165,11 @@ class StatsRecorder:
             self._rows += rows
             self._fetch_seconds += seconds
 
-    def delivered(self, windows: int, nbytes: int, waited: float, queue_depth: int) -> None:
+    def delivered(self, samples: int, nbytes: int, waited: float, queue_depth: int) -> None:
         """One batch handed to the consumer after it waited ``waited`` seconds."""
         with self._lock:
             self._batches += 1
-            self._windows += windows
+            self._samples += samples
             self._bytes += nbytes
             self._wait += waited
             self._depth_total += queue_depth
@@ -181,9 +181,9 @@ class StatsRecorder:
             return LoaderStats(
                 epoch=self._epoch,
                 batches=self._batches,
-                windows=self._windows,
+                samples=self._samples,
                 seconds=seconds,
-                windows_per_second=self._windows / seconds,
+                samples_per_second=self._samples / seconds,
                 consumer_wait_seconds=self._wait,
                 starvation=min(self._wait / seconds, 1.0),
                 partitions_fetched=self._fetches,

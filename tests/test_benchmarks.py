@@ -159,25 +159,33 @@ def test_the_loop_benchmark_profiles_the_loaders_threads(tmp_path: Path) -> None
     assert "| ddbloader-assemble |" in page
 
 
-def test_peers_against_a_commit_runs_that_commits_package(tmp_path: Path) -> None:
-    head = subprocess.run(
-        ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
-    ).stdout.strip()
-    command = [sys.executable, str(BENCHMARKS / "peers.py"), "--smoke", "--fresh", "--out", str(tmp_path)]
+def test_against_a_commit_runs_each_contender_on_both_labelled(tmp_path: Path) -> None:
+    script = str(BENCHMARKS / "throughput.py")
+    command = [sys.executable, script, "--smoke", "--against", "HEAD", "--against-only", "floor"]
     done = subprocess.run(
-        [*command, "--workloads", "windows", "--against", "HEAD"],
+        [*command, "--out", str(tmp_path)],
         env={**os.environ, "PYTHONPATH": str(REPO)},
         capture_output=True,
         text=True,
         timeout=300,
         check=False,
     )
-    # the child refuses to time a package other than the commit's (ddbloader.__file__ is checked)
     assert done.returncode == 0, done.stderr[-4000:]
-    document = json.loads((tmp_path / "peers.json").read_text())
-    rows = {row["contender"]: row for row in document["rows"]}
-    assert (
-        rows[f"windows: ddbloader default at {head}"]["samples"]
-        == rows["windows: ddbloader default"]["samples"]
-    )
-    assert f"windows: default end to end, HEAD / {head}" in document["ratios"]
+    document = json.loads((tmp_path / "throughput.json").read_text())
+    rev = document["against"]
+    floors = [r for r in document["rows"] if r["contender"].startswith("floor @")]
+    here = [r for r in floors if r["contender"] != f"floor @{rev}"]
+    there = [r for r in floors if r["contender"] == f"floor @{rev}"]
+    assert len(here) == 1 and len(there) == 1, [r["contender"] for r in document["rows"]]
+    assert here[0]["samples"] == there[0]["samples"] > 0
+    assert f"floor @{rev} / {here[0]['contender']}: warm_s" in document["ratios"]
+    assert (BENCHMARKS / "_work" / f"rev-{rev}" / "ddbloader").is_dir()
+
+
+def test_a_child_imports_the_ddbloader_of_its_root(tmp_path: Path) -> None:
+    (tmp_path / "ddbloader").mkdir()
+    (tmp_path / "ddbloader" / "__init__.py").write_text("raise ImportError('the root given')\n")
+    shape = harness.SERIES_SMOKE
+    params = {"shape": [shape.symbols, shape.days, shape.rows, shape.factors], "window": 8, "epochs": 1}
+    with pytest.raises(RuntimeError, match="the root given"):
+        harness.child(str(BENCHMARKS / "throughput.py"), "floor", params, root=tmp_path)

@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from sqlglot import exp
 
-from ddbloader._sql.piece_tags import TAG_ALIAS, tag_regions, tagged_sql, union_regions
+from ddbloader._sql.piece_tags import TAG_ALIAS, tag_regions, tagged_sql
 from ddbloader._sql.pieces import KeyRanges
 from ddbloader._sql.query import UserQuery
 from ddbloader._sql.range_cutter import OrderKey
@@ -129,38 +129,3 @@ def test_the_tags_keep_a_partition_key_parameter_first() -> None:
     by_tag = {tag: sorted(k for _, k, t in rows if t == tag) for tag in (0, 1)}
     assert by_tag == {0: [*range(0, 5), *range(20, 25)], 1: list(range(5, 10))}
     assert (points, tags) == ((0, 5, 10, 20, 25), (None, 0, 1, None, 0, None))
-
-
-#: Per piece: its ranges' ends (ascending, paired into ranges) and whether its first range is
-#: open below and its last open above; two pieces' ranges may overlap, as windowed pieces' do.
-overlapping = st.lists(
-    st.tuples(
-        st.lists(st.integers(-55, 55), min_size=2, max_size=8, unique=True).map(sorted),
-        st.booleans(),
-        st.booleans(),
-    ),
-    min_size=1,
-    max_size=3,
-)
-
-
-@settings(max_examples=examples(200), deadline=None)
-@given(overlapping)
-def test_duckdb_reads_the_union_of_overlapping_pieces_once_tagged_0(
-    drawn: list[tuple[list[int], bool, bool]],
-) -> None:
-    pieces = []
-    for ends, open_low, open_high in drawn:
-        bounds: list[int | None] = list(ends[: len(ends) // 2 * 2])
-        bounds[0] = None if open_low else bounds[0]
-        bounds[-1] = None if open_high else bounds[-1]
-        pieces.append(_ranges(zip(bounds[::2], bounds[1::2], strict=True)))
-    points, tags = union_regions(pieces)
-    assert list(points) == sorted(set(points)) and set(tags) <= {0, None}
-    query = UserQuery("SELECT k FROM range(-60, 61) AS r(k) ORDER BY k", "duckdb")
-    sql = tagged_sql(query, [], _K, tags)
-    with duckdb.connect() as con:
-        rows = con.execute(sql, list(points)).fetchall()
-    want = [key for key in range(-60, 61) if any(_owner([piece], key) is not None for piece in pieces)]
-    assert sorted(k for k, _ in rows) == want, "each key of some piece, once"
-    assert {tag for _, tag in rows} <= {0}

@@ -375,26 +375,6 @@ def test_a_plan_of_many_groups_serves_every_sample_once() -> None:
     assert sum(len(b.groups) for b in batches) == sum(g.samples for g in epoch.groups)
 
 
-@settings(max_examples=examples(300), deadline=None)
-@given(epoch=epochs())
-def test_one_partition_groups_are_scheduled_as_any_group_would_be(epoch: Epoch) -> None:
-    # the lean unit of a group of one partition gives the events and samples the general one does
-    units = epoch.units()
-    lean = list(epoch.schedule(units))
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(
-            schedule_module,
-            "OneStep",
-            lambda index, unit, log: schedule_module.UnitSteps(
-                index, unit, epoch.config, epoch.geometry, epoch.epoch, log
-            ),
-        )
-        general = list(epoch.schedule(units))
-    assert [b.events for b in lean] == [b.events for b in general]
-    assert pairs(lean) == pairs(general)
-    assert [(b.steps, b.counts) for b in lean] == [(b.steps, b.counts) for b in general]
-
-
 # --- the default pool (group_pool_size=None) ------------------------------------------------------
 
 

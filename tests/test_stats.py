@@ -39,13 +39,13 @@ def test_figures_after_an_epoch_add_up(series: duckdb.DuckDBPyConnection, shuffl
             moved += x.nbytes + y.nbytes
         stats = loader.stats()
         assert stats.epoch == 0
-        assert stats.windows == loader.plan.samples
+        assert stats.samples == loader.plan.samples
         assert stats.batches == len(loader)
         assert stats.partitions_fetched == loader.plan.partitions
         assert stats.bytes_moved == moved
         assert 0.0 <= stats.starvation <= 1.0
         assert 0.0 <= stats.consumer_wait_seconds <= stats.seconds
-        assert stats.windows_per_second == pytest.approx(stats.windows / stats.seconds)
+        assert stats.samples_per_second == pytest.approx(stats.samples / stats.seconds)
         assert stats.fetch_seconds_per_partition > 0
         assert 0.0 <= stats.mean_queue_depth <= loader.config.prefetch_batch
         # the epoch is over: its wall time is frozen
@@ -60,7 +60,7 @@ def test_stats_during_an_epoch_count_what_was_delivered(series: duckdb.DuckDBPyC
         next(iterator)
         first = loader.stats()
         assert first.batches == 1
-        assert first.windows == 8
+        assert first.samples == 8
         time.sleep(0.05)
         assert loader.stats().seconds > first.seconds  # still running
         iterator.close()
@@ -97,9 +97,9 @@ def _stats(**changes: Any) -> LoaderStats:
     base = LoaderStats(
         epoch=2,
         batches=10,
-        windows=640,
+        samples=640,
         seconds=2.0,
-        windows_per_second=320.0,
+        samples_per_second=320.0,
         consumer_wait_seconds=0.5,
         starvation=0.25,
         partitions_fetched=4,
@@ -128,7 +128,7 @@ def test_verdict(starvation: float, batches: int, verdict: str) -> None:
 def test_text_and_html_rendering() -> None:
     stats = _stats()
     text = str(stats)
-    assert re.search(r"^windows/s\s+320$", text, re.MULTILINE)
+    assert re.search(r"^samples/s\s+320$", text, re.MULTILINE)
     assert re.search(r"^consumer waited\s+0\.50 s \(25% starvation\)$", text, re.MULTILINE)
     assert re.search(r"^fetch time / partition\s+12\.3 ms$", text, re.MULTILINE)
     assert re.search(r"^mean queue depth\s+1\.50$", text, re.MULTILINE)
@@ -146,7 +146,7 @@ def test_recorder_is_thread_safe() -> None:
 
     def deliver() -> None:
         for _ in range(1000):
-            recorder.delivered(windows=2, nbytes=10, waited=0.001, queue_depth=1)
+            recorder.delivered(samples=2, nbytes=10, waited=0.001, queue_depth=1)
             recorder.fetched(1, 10, 1, 0.002)
 
     threads = [threading.Thread(target=deliver) for _ in range(4)]
@@ -156,7 +156,7 @@ def test_recorder_is_thread_safe() -> None:
         thread.join()
     recorder.finish()
     stats = recorder.snapshot()
-    assert (stats.batches, stats.windows, stats.bytes_moved, stats.partitions_fetched) == (
+    assert (stats.batches, stats.samples, stats.bytes_moved, stats.partitions_fetched) == (
         4000,
         8000,
         40_000,

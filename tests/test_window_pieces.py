@@ -10,8 +10,6 @@ several rows, NULL keys, a series of several subqueries) the pieces stay contigu
 
 from __future__ import annotations
 
-import contextlib
-import itertools
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,16 +18,12 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 import pytest
-from conftest import ENGINES, TableEngine, assert_units_split_as_read_alone, examples, table_engine
+from conftest import ENGINES, TableEngine, examples, table_engine
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ddbloader import DDBDataLoader
-from ddbloader._epoch.shard import epoch_units
 from ddbloader._epoch.slots import RUNS_FROM
-from ddbloader._epoch.units import fetch_units
-from ddbloader._epoch.visits import PIECES_PER_QUERY, neighbours
-from ddbloader._io.unit_split import unit_blocks
 from ddbloader._sql.pieces import KeyRanges
 from ddbloader._sql.window_pieces import WindowTile, window_layout
 
@@ -201,36 +195,6 @@ def test_combed_windows_are_the_whole_querys_each_once(
     assert all(p.ranges is not None and p.ranges.band is not None for g in groups for p in g.partitions)
     if group is None:  # a batch mixes the series: most of its ten blocks of 300 ids
         assert np.median([len({i // 300 for i in batch}) for batch in firsts]) >= 7
-
-
-@pytest.mark.parametrize("order", ["u", "u DESC"])
-def test_neighbouring_combed_pieces_of_windows_share_a_query_split_exactly_as_read_alone(
-    engine: TableEngine, order: str
-) -> None:
-    """A fetch unit reads up to PIECES_PER_QUERY neighbouring pieces with one query of the union
-    of their ranges (a stripe's context is the next piece's stripe, read once); the split gives
-    every piece the very rows, in the very order, of its own query read alone."""
-    sql = f"SELECT {SELECT} FROM t ORDER BY {order}"
-    options: dict[str, Any] = {"input_col": ["f"], "shuffle": True, "seed": 3, "window_size": [4, 2]}
-    with DDBDataLoader(engine.source, sql, "y", fetch_bytes=FETCH_BYTES, key_col=["id"], **options) as loader:
-        plan, config = loader.plan, loader.config
-        partitions = plan.groups[0].partitions
-        assert plan.groups[0].combed_windows and all(p.tagged for p in partitions)
-        units = list(fetch_units(plan, epoch_units(plan, config, 0), config, 0, config.fetch_bytes))
-        assert units and all(u.windowed and 2 <= len(u.cells) <= PIECES_PER_QUERY for u in units)
-        assert all(neighbours(a, b) for u in units for a, b in itertools.pairwise(u.cells))
-        assert_units_split_as_read_alone(loader, units)
-        assert loader._backend is not None
-        with contextlib.closing(loader._backend.cursor()) as cursor:
-            for unit in units:
-                result = cursor.fetch(unit.sql, unit.params)
-                shared = sum(c.rows for c in unit.cells) - result.num_rows
-                assert shared > 0, "the contexts of one piece are the next piece's rows, read once"
-                fewer = result.slice(1)  # a row missing: refused, never split by a guess
-                assert unit_blocks(fewer, unit, plan.layout) is None
-        assert sum(len(x) for x, _, _ in loader) == ROWS - 5
-        stats = loader.stats()
-    assert stats.partitions_fetched == len(partitions) and stats.queries < len(partitions)
 
 
 @pytest.mark.parametrize("cache", [None, 2**24])

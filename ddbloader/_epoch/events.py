@@ -15,7 +15,7 @@ import numpy as np
 
 from .visits import PartitionKey
 
-__all__ = ["NO_SAMPLES", "ChunkInts", "Event", "EventKind", "OneEvent", "Recorder", "ScheduledBatch"]
+__all__ = ["NO_SAMPLES", "ChunkInts", "Event", "EventKind", "Recorder", "ScheduledBatch"]
 
 
 #: no samples (the order of a unit with no step loaded yet)
@@ -60,21 +60,9 @@ class Event(NamedTuple):
     step: int = -1
 
 
-#: An event of a unit of a group of one partition, in the compact form the schedule records and the
-#: executor reads (a plain tuple: no ``Event`` to build, no attribute to look up, three per small
-#: group): ``(kind, unit, step, at, key, first, stop)``, the fields of :class:`Event` that such a
-#: unit's events use (``left`` and ``right`` are 0: no neighbours).
-OneEvent = tuple[EventKind, int, int, int, PartitionKey, int, int]
-
-
 #: A batch's per-chunk ints (steps, counts, groups): a tuple when its chunks were drawn one by one,
 #: an int64 array when some were drawn in a run (see :class:`ScheduledBatch`).
 ChunkInts = tuple[int, ...] | np.ndarray[Any, Any]
-
-
-def _expanded(event: OneEvent) -> Event:
-    kind, unit, step, at, key, first, stop = event
-    return _new(Event, (kind, key, at, 0, 0, unit, first, stop, step))
 
 
 # Not frozen: a frozen dataclass's __init__ costs a microsecond more, a batch each; read-only by contract.
@@ -83,11 +71,6 @@ class ScheduledBatch:
     """One batch: its samples in chunks, each from one step, and the partition events of its
     draw, in order (see :class:`Event`; those after its last sample are the top-up for the next
     batch).
-
-    The events are held in two streams: those of units of groups of one partition (most small
-    groups) as :data:`OneEvent` tuples in ``ones``, the others as :class:`Event`\\ s in
-    ``partition_events``; ``marks[i]`` is how many of ``ones`` come before
-    ``partition_events[i]``. :attr:`events` is the one stream, in order, as :class:`Event`\\ s.
 
     Chunk ``c`` is ``counts[c]`` samples of group ``chunk_groups[c]``, drawn from step number
     ``steps[c]``; so an executor turns a chunk into rows with one ``chunk * stride + shift``. Their
@@ -99,27 +82,10 @@ class ScheduledBatch:
 
     index: int
     chunks: tuple[np.ndarray[Any, Any], ...]
-    partition_events: tuple[Event, ...]
+    events: tuple[Event, ...]
     steps: ChunkInts
     counts: ChunkInts
     chunk_groups: ChunkInts
-    ones: tuple[OneEvent, ...] = ()
-    marks: tuple[int, ...] = ()
-
-    @property
-    def events(self) -> tuple[Event, ...]:
-        """The batch's partition events in order, those of ``ones`` among them."""
-        ones = self.ones
-        if not ones:
-            return self.partition_events
-        merged: list[Event] = []
-        done = 0
-        for event, mark in zip(self.partition_events, self.marks, strict=True):
-            merged += map(_expanded, ones[done:mark])
-            done = mark
-            merged.append(event)
-        merged += map(_expanded, ones[done:])
-        return tuple(merged)
 
     @property
     def samples(self) -> np.ndarray[Any, Any]:
@@ -168,35 +134,26 @@ class Recorder:
         self.steps: list[int] = []
         self.counts: list[int] = []
         self.events: list[Event] = []
-        #: the events of units of one-partition groups (appended to by
-        #: :class:`~ddbloader._epoch.unit_steps.OneStep`), and how many of them come before each of
-        #: :attr:`events` (see :class:`ScheduledBatch`)
-        self.ones: list[OneEvent] = []
-        self.marks: list[int] = []
         #: the batch's runs of chunks drawn at once, among those of :attr:`samples`
         self.runs: list[_Run] = []
 
     def fetch(self, unit: int, key: PartitionKey) -> None:
         self.held += 1
         self.high_water = max(self.high_water, self.held)
-        self.marks.append(len(self.ones))
         self.events.append(_new(Event, (_FETCH, key, self.drawn, 0, 0, unit, 0, 0, -1)))
 
     def drop(self, unit: int, key: PartitionKey, step: int = -1) -> None:
         self.held -= 1
-        self.marks.append(len(self.ones))
         self.events.append(_new(Event, (_DROP, key, self.drawn, 0, 0, unit, 0, 0, step)))
 
     def load(self, unit: int, key: PartitionKey, left: int, right: int, first: int, stop: int) -> int:
         """Record a LOAD; the step's number."""
         step = self.loads
-        self.marks.append(len(self.ones))
         self.events.append(_new(Event, (_LOAD, key, self.drawn, left, right, unit, first, stop, step)))
         self.loads = step + 1
         return step
 
     def release(self, unit: int, key: PartitionKey) -> None:
-        self.marks.append(len(self.ones))
         self.events.append(_new(Event, (_RELEASE, key, self.drawn, 0, 0, unit, 0, 0, -1)))
 
     def draw(self, group: int, step: int, samples: np.ndarray[Any, Any], count: int) -> None:
@@ -230,11 +187,7 @@ class Recorder:
         else:
             chunks, steps = tuple(self.samples), tuple(self.steps)
             counts, groups = tuple(self.counts), tuple(self.groups)
-        batch = ScheduledBatch(
-            index, chunks, tuple(self.events), steps, counts, groups, tuple(self.ones), tuple(self.marks)
-        )
-        self.ones.clear()
-        self.marks.clear()
+        batch = ScheduledBatch(index, chunks, tuple(self.events), steps, counts, groups)
         self.groups.clear()
         self.samples.clear()
         self.steps.clear()

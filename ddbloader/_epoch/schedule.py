@@ -43,7 +43,7 @@ from .._sql.plan import QueryPlan, WorkUnit
 from .events import Event, EventKind, Recorder, ScheduledBatch
 from .shuffle import SampleOrders, SourceDraws
 from .slots import RUNS_FROM, Slots
-from .unit_steps import OneStep, UnitSteps
+from .unit_steps import UnitSteps
 
 __all__ = [
     "DDB_POOL",
@@ -137,20 +137,17 @@ class BatchSchedule:
         units = self.units
         waiting = deque(i for i, u in enumerate(units) if u.samples > 0)
         # a shuffled pool of many units draws in runs (see Slots), its active units in slots.units
-        slots = Slots[OneStep | UnitSteps](pool, config.batch_size, log) if self.in_runs else None
-        active: list[OneStep | UnitSteps] = [] if slots is None else slots.units
-        ahead: deque[OneStep | UnitSteps] = deque()
+        slots = Slots[UnitSteps](pool, config.batch_size, log) if self.in_runs else None
+        active: list[UnitSteps] = [] if slots is None else slots.units
+        ahead: deque[UnitSteps] = deque()
         draws = SourceDraws(config.seed, self._epoch, pool=pool)
         orders = SampleOrders(shuffle, config.seed, self._epoch)
         topped_up_at = -1
 
-        def make(index: int) -> OneStep | UnitSteps:
-            unit = units[index]
-            if len(unit.group.partitions) == 1:
-                return OneStep(index, unit, log)
-            return UnitSteps(index, unit, config, self.geometry, self._epoch, log)
+        def make(index: int) -> UnitSteps:
+            return UnitSteps(index, units[index], config, self.geometry, self._epoch, log)
 
-        def following() -> OneStep | UnitSteps | None:
+        def following() -> UnitSteps | None:
             if ahead:
                 return ahead.popleft()
             return make(waiting.popleft()) if waiting else None

@@ -1,10 +1,10 @@
 """The steps of one work unit, from row counts alone: what the schedule's pool holds of it.
 
-:class:`UnitSteps` serves a unit of a group of several partitions (fetches within the unit's
-share of the budget, a step per loaded partition, kept edge rows, releases at its end);
-:class:`OneStep` the unit of a group of one partition (one fetch, one step, its events recorded
-inline). Both are driven by :class:`~ddbloader._epoch.schedule.BatchSchedule` (one by one) or by
-:class:`~ddbloader._epoch.slots.Slots` (in runs). Not thread-safe: the schedule's iteration owns them.
+:class:`UnitSteps` serves a unit (fetches within the unit's share of the budget, a step per
+loaded partition, kept edge rows, releases at its end), driven by
+:class:`~ddbloader._epoch.schedule.BatchSchedule` (one by one) or by
+:class:`~ddbloader._epoch.slots.Slots` (in runs). Not thread-safe: the schedule's iteration owns
+them.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from .visits import partition_visits
 
 _FETCH, _LOAD, _DROP = EventKind.FETCH, EventKind.LOAD, EventKind.DROP
 
-__all__ = ["OneStep", "UnitSteps"]
+__all__ = ["UnitSteps"]
 
 
 class UnitSteps:
@@ -199,82 +199,3 @@ class UnitSteps:
         if not self._single:
             for position in self._needed:
                 self._log.release(self.index, (key, position))
-
-
-class OneStep:
-    """A unit of a group of one partition (most small groups): what :class:`UnitSteps` does for it
-    (the same events), without the bookkeeping of many partitions: one fetch, one step, no kept
-    rows, nothing to release (its one claim took its rows). Its events are recorded inline, as
-    :data:`~ddbloader._epoch.events.OneEvent` tuples (three per small group)."""
-
-    __slots__ = (
-        "_key",
-        "_log",
-        "_order",
-        "_served",
-        "_step",
-        "_unit",
-        "group",
-        "index",
-        "queued",
-        "remaining",
-    )
-
-    def __init__(self, index: int, unit: WorkUnit, log: Recorder) -> None:
-        self.index = index
-        self.group = unit.group.index
-        self.remaining = unit.stop - unit.first if unit.owed is None else len(unit.owed)
-        self.queued = False
-        self._unit = unit
-        self._log = log
-        self._key = unit.group.partitions[0].key
-        self._order: np.ndarray[Any, Any] | None = None
-        self._served = 0
-        self._step = -1
-
-    def top_up(self, room: int) -> None:
-        if room > 0 and not self.queued:
-            self._fetch()
-
-    def _fetch(self) -> None:
-        # Recorder.fetch, inline
-        self.queued = True
-        log = self._log
-        held = log.held = log.held + 1
-        log.high_water = max(log.high_water, held)
-        log.ones.append((_FETCH, self.index, -1, log.drawn, self._key, 0, 0))
-
-    def take(self, count: int, orders: SampleOrders) -> None:
-        """As :meth:`UnitSteps.take`."""
-        order = self._order
-        log = self._log
-        if order is None:
-            if not self.queued:
-                self._fetch()
-            unit = self._unit
-            first, stop = unit.first, unit.stop
-            step = self._step = log.loads
-            log.loads = step + 1
-            log.ones.append((_LOAD, self.index, step, log.drawn, self._key, first, stop))
-            order = self._order = keep_owed(unit, orders.order(first, stop))
-        served = self._served
-        # Recorder.draw, inline: a chunk or two per small group
-        log.groups.append(self.group)
-        log.steps.append(self._step)
-        log.counts.append(count)
-        log.samples.append(order[served : served + count])
-        log.drawn += count
-        self._served = served + count
-        self.remaining -= count
-        if not self.remaining:
-            log.held -= 1
-            log.ones.append((_DROP, self.index, self._step, log.drawn, self._key, 0, 0))
-
-    def serving(self) -> tuple[int, np.ndarray[Any, Any], int]:
-        """See :class:`~ddbloader._epoch.slots.Drawable`."""
-        order = self._order
-        return (-1, NO_SAMPLES, 0) if order is None else (self._step, order, self._served)
-
-    def drawn_in_run(self, count: int) -> None:
-        self._served += count
-        self.remaining -= count

@@ -67,12 +67,6 @@ class FetchUnit:
     tagged: bool = False
 
     @property
-    def windowed(self) -> bool:
-        """The cells are combed pieces of windows of one series, which share rows: split by their
-        runs (see :func:`~ddbloader._io.unit_split.windowed_rows`), not by the tag."""
-        return self.tagged and self.cells[0].windows is not None
-
-    @property
     def key_columns(self) -> int:
         """The columns after the rows' own (and the row hash) that tell a row's cell."""
         return 1 if self.tagged else len(self.cells[0].params)

@@ -29,7 +29,7 @@ from .convert import check_result_schema
 from .partition_fetch import fetch_partition
 from .retry import is_transient
 from .threads import Pending, ThreadFailure
-from .unit_split import UnitPartitions, split_by_key, take_rows, unit_blocks, windowed_rows
+from .unit_split import UnitPartitions, split_by_key, unit_blocks
 
 __all__ = ["Coalescer", "UnitJob"]
 
@@ -41,17 +41,10 @@ def _unit_contents(table: pa.Table, unit: FetchUnit) -> tuple[pa.Table, list[int
     hash sum; None when the result does not split into the planned cells (then neither does the
     data, and the unit falls back to its partitions' own subqueries)."""
     at = table.num_columns - unit.key_columns - 1
-    if unit.windowed:  # split whole: the split puts the rows in order by their key
-        found = windowed_rows(table, unit.cells)
-        sums = None
-        if found is not None:
-            hashes = found[0].select([at])
-            sums = [strip_hash(take_rows(hashes, rows), 0)[1] for rows in found[1]]
-    else:
-        hashed = split_by_key(
-            table.select([at, *range(at + 1, table.num_columns)]), unit.cells, tagged=unit.tagged
-        )
-        sums = None if hashed is None else [strip_hash(part, 0)[1] for part in hashed]
+    hashed = split_by_key(
+        table.select([at, *range(at + 1, table.num_columns)]), unit.cells, tagged=unit.tagged
+    )
+    sums = None if hashed is None else [strip_hash(part, 0)[1] for part in hashed]
     return table.remove_column(at), sums
 
 

@@ -23,7 +23,7 @@ from .._sql.plan import PartitionSpec
 from .block import Block
 from .convert import to_block
 
-__all__ = ["UnitPartitions", "split_by_key", "take_rows", "unit_blocks", "windowed_rows"]
+__all__ = ["UnitPartitions", "split_by_key", "take_rows", "unit_blocks"]
 
 
 def _codes(column: pa.ChunkedArray, values: Sequence[Any]) -> np.ndarray[Any, Any] | None:
@@ -183,49 +183,6 @@ def take_rows(data: pa.Table, rows: np.ndarray[Any, Any]) -> pa.Table:
     return data.take(pa.Array.from_buffers(pa.int64(), len(rows), [None, pa.py_buffer(rows)]))
 
 
-def windowed_rows(
-    table: pa.Table, cells: Sequence[PartitionSpec]
-) -> tuple[pa.Table, list[np.ndarray[Any, Any]]] | None:
-    """A unit of combed pieces of windows (one series; the query's last column a tag, 0 on every
-    row): its rows in the query's order without the tag, and per cell the indices of its rows
-    among them, in its order.
-
-    The pieces' runs (:class:`~ddbloader._sql.window_rows.WindowRows`) overlap where a stripe's
-    context is another piece's stripe, and the query returns such a row once: the result, put in
-    the query's order, is the union of the cells' runs, ascending, and each cell takes its runs'
-    rows from it (a row of two cells is indexed by both). None when the result holds another
-    number of rows than that union (the caller then fetches the cells one by one).
-    """
-    union: list[list[int]] = []  # [first series row, stop] of each run of the union, ascending
-    for first, rows in sorted(run for cell in cells if cell.windows for run in cell.windows.runs):
-        if union and first <= union[-1][1]:
-            union[-1][1] = max(union[-1][1], first + rows)
-        else:
-            union.append([first, first + rows])
-    if table.num_rows != sum(stop - first for first, stop in union):
-        return None
-    starts = np.array([first for first, _ in union], np.int64)
-    # per run of the union: its first row in the result minus its first series row
-    shifts = np.cumsum([0] + [stop - first for first, stop in union[:-1]], dtype=np.int64) - starts
-    ranges = cells[0].ranges
-    assert ranges is not None
-    data = ranges.in_order(table.select(range(table.num_columns - 1)))
-    indices = []
-    for cell in cells:
-        assert cell.windows is not None
-        firsts = np.array([first for first, _ in cell.windows.runs], np.int64)
-        at = firsts + shifts[np.searchsorted(starts, firsts, side="right") - 1]
-        indices.append(
-            np.concatenate(
-                [
-                    np.arange(a, a + n, dtype=np.int64)
-                    for a, (_, n) in zip(at.tolist(), cell.windows.runs, strict=True)
-                ]
-            )
-        )
-    return data, indices
-
-
 class UnitPartitions:
     """The wanted partitions of a fetch unit, in cell order: ``specs[i]``'s rows are
     :meth:`block` ``(i)``, made when asked for. Read-only, so thread-safe.
@@ -270,8 +227,6 @@ def unit_blocks(table: pa.Table, unit: FetchUnit, layout: ColumnLayout) -> UnitP
     cutting it into partitions and joining them again); a transform runs on each partition's
     rows, as for a partition fetched alone.
     """
-    if unit.windowed:
-        return _windowed_blocks(table, unit, layout)
     grouped = _grouped_by_cell(table, unit.cells, unit.tagged)
     if grouped is None:
         return None
@@ -295,21 +250,3 @@ def unit_blocks(table: pa.Table, unit: FetchUnit, layout: ColumnLayout) -> UnitP
     whole = to_block(pa.concat_tables([part for _, part in wanted]).combine_chunks(), layout)
     bounds = list(itertools.accumulate((part.num_rows for _, part in wanted), initial=0))
     return UnitPartitions(specs, whole=whole, bounds=bounds)
-
-
-def _windowed_blocks(table: pa.Table, unit: FetchUnit, layout: ColumnLayout) -> UnitPartitions | None:
-    """:func:`unit_blocks` of a unit of combed pieces of windows: the wanted cells' rows (a shared
-    row once per cell) gathered by one take, converted once, each block a view of it."""
-    found = windowed_rows(table, unit.cells)
-    if found is None:
-        return None
-    data, indices = found
-    wanted = [(spec, rows) for spec, rows in zip(unit.cells, indices, strict=True) if spec.key in unit.wanted]
-    joined = take_rows(data, np.concatenate([rows for _, rows in wanted]))
-    bounds = list(itertools.accumulate((len(rows) for _, rows in wanted), initial=0))
-    specs = [spec for spec, _ in wanted]
-    if layout.transform is not None:
-        return UnitPartitions(
-            specs, blocks=[to_block(joined.slice(a, b - a), layout) for a, b in itertools.pairwise(bounds)]
-        )
-    return UnitPartitions(specs, whole=to_block(joined, layout), bounds=bounds)

@@ -17,7 +17,6 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from .._epoch.events import OneEvent
 from .._epoch.owed import keep_owed
 from .._epoch.schedule import BatchSchedule, Event, EventKind, ScheduledBatch
 from .._epoch.visits import PartitionKey
@@ -119,30 +118,19 @@ class GroupPool:
         arena = self.arena
         if arena is not None:
             arena.recycle()
-        ones = batch.ones
-        if batch.partition_events:
-            self._partition_events(batch.partition_events, ones, batch.marks)
-        elif ones:
-            self._ones(ones)
+        if batch.events:
+            self._events(batch.events)
         placed = self._placed
         pieces = placed.pieces(batch)
         placed.forget_dropped()
         return pieces
 
-    def _partition_events(
-        self, events: Sequence[Event], ones: Sequence[OneEvent], marks: Sequence[int]
-    ) -> None:
-        """Honour ``events``, and ``ones`` among them (``marks[i]`` of them before ``events[i]``)."""
+    def _events(self, events: Sequence[Event]) -> None:
+        """Honour ``events``, in order."""
         releases: list[_Key] = []
         gauge = self.gauge
-        done = 0
         # the gauge's counts and the partition numbers inline: a few events per group
-        for event, mark in zip(events, marks, strict=True):
-            if mark != done:
-                if releases:
-                    self._release(releases)
-                self._ones(ones[done:mark])
-                done = mark
+        for event in events:
             kind = event.kind
             if releases and kind is not _RELEASE:
                 self._release(releases)
@@ -154,7 +142,6 @@ class GroupPool:
             elif kind is _LOAD:
                 pending = self._pending.pop(event.unit << 32 | event.key[1])
                 assert pending is not None
-                # units of one-partition groups come as ``ones``: this one has neighbours
                 self._load(event, pending.wait(self._stop, self._timeout))
             elif kind is _DROP:
                 self._drop(event.unit << 32 | event.key[1], event.step)
@@ -162,30 +149,6 @@ class GroupPool:
                 releases.append((event.unit, event.key[1]))
         if releases:
             self._release(releases)
-        if done < len(ones):
-            self._ones(ones[done:])
-
-    def _ones(self, ones: Sequence[OneEvent]) -> None:
-        """Honour the events of units of one-partition groups: a claim, a step placed as it is
-        (no neighbours, shift 0), a step dropped; no release (the claim took the rows)."""
-        gauge, pending, units = self.gauge, self._pending, self._units
-        arena, placed = self.arena, self._placed
-        segments = placed.segments
-        for kind, unit, step, _, key, first, stop in ones:
-            if kind is _LOAD:
-                claimed = pending.pop(unit << 32)
-                assert claimed is not None
-                block = claimed.wait(self._stop, self._timeout)
-                segment = segments[step] = arena.place((block,)) if arena is not None else Segment(block)
-                self._check_rows(segment, key, step, first, stop, 0)
-                if placed.indexed:
-                    placed.fresh.append(step)
-            elif kind is _FETCH:
-                held = gauge.held = gauge.held + 1
-                gauge.high_water = max(gauge.high_water, held)
-                pending[unit << 32] = self._fetcher.submit(units[unit].group.partitions[0])
-            else:
-                self._drop(unit << 32, step)
 
     def _drop(self, partition: int, step: int) -> None:
         """A DROP: the partition (numbered as in ``_pending``) is no longer held; its step's
@@ -207,7 +170,7 @@ class GroupPool:
         releases.clear()
 
     def _load(self, event: Event, block: Block) -> None:
-        """Place a step of a group of several partitions: its block with its neighbours' kept rows."""
+        """Place a step: its block with its neighbours' kept rows."""
         key = event.unit, event.key[1]
         self._edges.keep(key, block)
         self._place(event, self._edges.around(key, block, event.left, event.right, self._wait))

@@ -13,13 +13,8 @@ On DuckDB most of a combed piece's CPU goes to the blocks read, not to the key t
 stripes of ~2,000 rows each touch a vector or two of every column. Two pieces far apart read
 twice the blocks (0.94 of their two queries, measured); two *neighbours* (comb ``j`` and
 ``j + 1``, whose stripes touch) read about one piece's (0.67). So a fetch unit reads neighbours,
-visited one after the other (see :mod:`ddbloader._epoch.visits`).
-
-Combed pieces of windows share rows (a stripe's context is the next piece's stripe), so their
-query reads the union of their ranges (:func:`union_regions`), each shared row once, and the
-client splits it by the pieces' runs (:func:`ddbloader._io.unit_split.windowed_rows`); on
-DuckDB, one thread, the 9 pieces of a 2M-row series read two to a query cost 0.7 of their
-CPU read one by one.
+visited one after the other (see :mod:`ddbloader._epoch.visits`). Combed pieces of windows are
+each read alone (two to a query saved under 1.2x of an epoch, see ``benchmarks/LOG.md``).
 
 Only pieces the reader orders (:attr:`~ddbloader._sql.pieces.KeyRanges.sort`: the ORDER BY is
 one ascending integer, date or timestamp column, never NULL in the subquery) are tagged: their ranges
@@ -37,7 +32,7 @@ from sqlglot import exp
 from .pieces import KeyRanges, Point, Term, compare, paren, search
 from .rewrites import WrappedQuery
 
-__all__ = ["TAG_ALIAS", "TagRegions", "tag_regions", "tagged_sql", "union_regions"]
+__all__ = ["TAG_ALIAS", "TagRegions", "tag_regions", "tagged_sql"]
 
 #: The column a tagged query selects last: the index of the row's piece among the query's pieces.
 TAG_ALIAS = "_ddb_piece"
@@ -73,31 +68,6 @@ def tag_regions(pieces: Sequence[KeyRanges]) -> TagRegions:
             points.append(high)
             tags.append(None)
     return tuple(points), tuple(tags)
-
-
-def union_regions(pieces: Sequence[KeyRanges]) -> TagRegions:
-    """The regions of the union of ``pieces``' ranges, every one inside tagged 0. Pure.
-
-    For combed pieces of windows, whose ranges overlap (a stripe's context is the next piece's
-    stripe): a row may belong to two pieces, so the client splits such a unit's rows by the
-    pieces' runs (:func:`ddbloader._io.unit_split.windowed_rows`), not by a tag. Requires
-    bounds that Python orders as the engine does, as :func:`tag_regions` does.
-    """
-    descending = _descending(pieces)
-    merged: list[list[Any]] = []
-    spans = sorted(
-        ([_value(low), _value(high)] for piece in pieces for low, high in piece.ranges),
-        key=lambda span: (span[0] is not None, _Directed(span[0], descending)),
-    )
-    for low, high in spans:
-        last = merged[-1] if merged else None
-        if last is not None and (last[1] is None or low is None or _Directed(low, descending) <= last[1]):
-            later = high is not None and last[1] is not None and _Directed(last[1], descending) < high
-            last[1] = None if high is None or last[1] is None else (high if later else last[1])
-        else:
-            merged.append([low, high])
-    ranges = tuple((_point(low), _point(high)) for low, high in merged)
-    return tag_regions([KeyRanges(ranges, (False,), sort=pieces[0].sort)])
 
 
 class _Directed:
@@ -164,11 +134,8 @@ def tagged_sql(
     sides.append(exp.Not(this=exp.Is(this=exp.Paren(this=tree.copy()), expression=exp.Null())))
     select = query.filtered_where(columns, exp.and_(*sides), ordered=False)
     assert isinstance(select, exp.Select)
-    # regions of one piece (a union, see union_regions): every row's tag is 0, found again for
-    # nothing in the select
-    tag = exp.Literal.number(0) if set(tags) <= {0, None} else tree
     # a signed type the client can mark a missing tag in (ClickHouse types the CASE UInt8)
-    tag = exp.cast(tag, exp.DataType.build("bigint"))
+    tag = exp.cast(tree, exp.DataType.build("bigint"))
     return query.render(select.select(tag.as_(TAG_ALIAS), copy=False))
 
 

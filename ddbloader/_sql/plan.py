@@ -20,7 +20,7 @@ import numpy as np
 from .._core.window import WindowGeometry
 from .fingerprint import Fingerprint
 from .layout import ColumnLayout
-from .piece_tags import tag_regions, tagged_sql, union_regions
+from .piece_tags import tag_regions, tagged_sql
 from .pieces import KeyRanges
 from .query import Query, UserQuery
 from .window_rows import WindowRows
@@ -90,10 +90,17 @@ class PartitionSpec:
     @property
     def tagged(self) -> bool:
         """Whether a fetch unit may read this range piece together with others of its subquery
-        (see :mod:`ddbloader._sql.piece_tags`): a combed piece read whole, whose reader orders
-        its rows. Else (and when no unit holds it) it is read by a streaming query of its own."""
+        (see :mod:`ddbloader._sql.piece_tags`): a combed piece of rows (not of windows) read whole,
+        whose reader orders its rows. Else (and when no unit holds it) it is read by a streaming
+        query of its own."""
         ranges = self.ranges
-        return self.pieces == 1 and ranges is not None and ranges.band is not None and ranges.sort is not None
+        return (
+            self.pieces == 1
+            and ranges is not None
+            and ranges.band is not None
+            and ranges.sort is not None
+            and ranges.windows is None
+        )
 
     @property
     def head(self) -> int:
@@ -310,9 +317,8 @@ class QueryPlan:
 
     def tagged_unit(self, cells: Sequence[PartitionSpec]) -> tuple[str, tuple[Any, ...]] | None:
         """The query reading the tagged range pieces ``cells`` (of one subquery, in plan order;
-        see :attr:`PartitionSpec.tagged`) together, each row tagged with its cell's index (0 for
-        every row of combed pieces of windows, which share rows: the client splits them by their
-        runs), and its parameters; None when the plan's query cannot be filtered by key ranges.
+        see :attr:`PartitionSpec.tagged`) together, each row tagged with its cell's index, and its
+        parameters; None when the plan's query cannot be filtered by key ranges.
 
         The SQL is kept per shape of the pieces' regions, as :meth:`unit_sql` keeps its own: an
         epoch's pairs of combed pieces have a few shapes, and rendering one costs ~20 ms.
@@ -320,8 +326,7 @@ class QueryPlan:
         if not isinstance(self.query, UserQuery) or self.piece_key is None:
             return None
         ranges = [cell.ranges for cell in cells if cell.ranges is not None]
-        regions = union_regions if ranges[0].windows is not None else tag_regions
-        points, tags = regions(ranges)
+        points, tags = tag_regions(ranges)
         sqls = self._tagged_sqls
         if tags not in sqls:
             if len(sqls) >= UNIT_SQL_SHAPES:
