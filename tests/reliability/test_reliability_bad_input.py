@@ -212,6 +212,18 @@ WRONG_TYPES: list[Case] = [
         r"transform must be a callable or a list of callables, got 42",
     ),
     Case("key_col=int", series(key_col=3), TypeError, r"key_col must be a column name or a list of names"),
+    Case(
+        "split_col=int",
+        series(split_col=3, split_range=(1, 5)),
+        TypeError,
+        r"split_col must be a column name or SQL expression string, got 3",
+    ),
+    Case(
+        "split_range=int",
+        series(split_col="ts", split_range=5),
+        TypeError,
+        r"split_range must be a pair \(lo, hi\), either end None, got 5",
+    ),
     Case("collate=int", series(collate=42), TypeError, r"collate must be a callable .*got 42"),
     Case(
         "mode=int",
