@@ -29,6 +29,7 @@ from .pieces import (
     CONTIGUOUS_TILES,
     KeyRanges,
     Point,
+    combed_count,
     layout,
     paren,
 )
@@ -164,6 +165,8 @@ class RangeCutter:
         stripes = COMB_STRIPES if combed else CONTIGUOUS_TILES
         if edge:  # each stripe's context adds edge rows: at most 1/CONTEXT_SHARE of a piece's
             stripes = max(min(stripes, rows // pieces // (CONTEXT_SHARE * edge)), 1)
+        if rows_are_samples:  # read whole, so within the budget
+            pieces = combed_count(rows, pieces, stripes)
         sql = self._query.render(self._tiles_tree(columns, pieces * stripes, edge))
         try:
             table = self._run(sql, f"ranking the rows of a big subquery by {self.text}", params)
