@@ -703,3 +703,34 @@ def test_the_plan_fingerprint_of_zoned_keys_is_the_same_in_every_time_zone(
     with DDBDataLoader(con, "SELECT * FROM t ORDER BY tk, id", "y", **options) as loader:
         loader.load_state_dict(states[0])  # saved under UTC, resumed under Paris
     assert states[0]["plan"] == states[1]["plan"]
+
+
+def test_a_subquery_ordered_by_a_term_it_does_not_select_is_cut_by_that_term(
+    con: duckdb.DuckDBPyConnection,
+) -> None:
+    """``ORDER BY event_ts`` where the query does not select ``event_ts``: the term is carried as a
+    hidden result column, and each group's subquery is cut into range pieces by it (it was read
+    front to back, with a warning that named the hidden column, not ``event_ts``); each piece
+    holds its group's rows in the query's order, and every row comes once."""
+    con.execute(
+        "CREATE TABLE ob AS SELECT i AS id, i * 7 % 480 AS event_ts, i % 3 AS g, i * 1.0 AS y "
+        "FROM range(480) r(i)"
+    )
+    sql = "SELECT g, id, y FROM ob ORDER BY event_ts"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "cannot be cut into pieces"
+        loader = DDBDataLoader(con, sql, "y", input_col=["id"], group_col="g", shuffle=True, fetch_bytes=320)
+    with loader:
+        partitions = [p for group in loader.plan.groups for p in group.partitions]
+        got = sorted(int(v) for x, _ in loader for v in x[:, 0].tolist())
+        cursor = loader._backend.cursor()  # type: ignore[union-attr]
+        tables = [(p, cursor.fetch(p.sql, p.params)) for p in partitions]
+        cursor.close()
+    assert got == list(range(480))
+    assert len(partitions) > 3 and all(p.ranges is not None and p.ranges.sort is None for p in partitions)
+    assert any(p.ranges and len(p.ranges.ranges) > 1 for p in partitions)  # combed
+    whole = [tuple(r) for r in con.execute(f"SELECT g, id FROM ({sql}) AS q").fetchall()]
+    for p, table in tables:  # the very rows of the query run whole, in its order
+        ids = table.column("id").to_pylist()
+        assert table.num_rows == p.rows and "_ddb_order" not in ",".join(table.column_names)
+        assert ids == [i for g, i in whole if g == p.params[0] and i in set(ids)]

@@ -20,8 +20,8 @@ import pyarrow as pa
 from sqlglot import exp
 
 from .binding import binds_exactly
-from .comparisons import Run, disagreement, subquery
-from .ordering import is_carried, read_direction, same_name
+from .comparisons import Run, disagreement, over_pieces_scope, subquery
+from .ordering import read_direction, same_name
 from .parsing import NULLS_STATED
 from .pieces import (
     COMB_BAND,
@@ -109,13 +109,15 @@ class RangeCutter:
                 "cannot be resolved against the query's result columns"
             )
             return
+        resolved = query.resolved_order()
+        # a term the query does not select is carried as a hidden result column: cut by that
+        # column, named in messages as the user wrote it
+        written = {h.alias: h.this for h in resolved.hidden} if resolved is not None else {}
         terms = []
         for ordered_term in ordered:
             term = ordered_term.this
-            text = term.name if isinstance(term, exp.Column) else term.sql(dialect=query.dialect)
-            if is_carried(term):
-                self.reason = f"the ORDER BY term {text!r} is not a result column (select it)"
-                return
+            shown = written.get(term.name, term) if isinstance(term, exp.Column) else term
+            text = shown.name if isinstance(shown, exp.Column) else shown.sql(dialect=query.dialect)
             try:  # the engine's own direction and NULL placement, whatever its session settings
                 probe = query.direction_probe(ordered_term)
                 direction = run(probe, "asking the engine how the ORDER BY sorts", ())
@@ -276,11 +278,12 @@ class RangeCutter:
         its first row (``_ddb_ahead0``, ...: meaningless past the last row, whatever the engine
         returns there)."""
         assert isinstance(self._query, UserQuery) and self.terms
-        filtered = self._query.filtered_where(columns, exp.true(), ordered=False)
         names = [f"{_KEY_ALIAS}{i}" for i in range(len(self.terms))]
-        keys = exp.select(
-            *(paren(term.expression).as_(name) for term, name in zip(self.terms, names, strict=True))
-        ).from_(subquery(filtered, "_ddb_r"))
+        keys = over_pieces_scope(
+            self._query,
+            columns,
+            [paren(term.expression).as_(name) for term, name in zip(self.terms, names, strict=True)],
+        )
 
         def order() -> exp.Order:
             return exp.Order(
