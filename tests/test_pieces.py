@@ -734,3 +734,15 @@ def test_a_subquery_ordered_by_a_term_it_does_not_select_is_cut_by_that_term(
         ids = table.column("id").to_pylist()
         assert table.num_rows == p.rows and "_ddb_order" not in ",".join(table.column_names)
         assert ids == [i for g, i in whole if g == p.params[0] and i in set(ids)]
+
+
+def test_a_carried_term_that_cannot_be_cut_is_named_as_written(con: duckdb.DuckDBPyConnection) -> None:
+    con.execute(
+        "CREATE TABLE ob AS SELECT i AS id, i * 7 % 480 AS event_ts, i % 3 AS g, i * 1.0 AS y "
+        "FROM range(480) r(i)"
+    )
+    sql = "SELECT g, id, y FROM ob ORDER BY CAST(event_ts AS DECIMAL(18, 3))"  # no exact binding
+    with pytest.warns(UserWarning, match="cannot be cut into pieces") as caught:
+        DDBDataLoader(con, sql, "y", input_col=["id"], group_col="g", shuffle=True, fetch_bytes=320).close()
+    message = next(str(w.message) for w in caught if "cannot be cut" in str(w.message))
+    assert "'CAST(event_ts AS DECIMAL(18, 3))'" in message and "_ddb_order" not in message, message
