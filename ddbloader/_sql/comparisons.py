@@ -19,7 +19,7 @@ from sqlglot import exp
 from .pieces import Point, Term, compare, search
 from .query import UserQuery
 
-__all__ = ["Run", "disagreement", "subquery"]
+__all__ = ["Run", "disagreement", "over_pieces_scope", "subquery"]
 
 #: Runs a planning query: (sql, purpose, parameters) -> its result.
 Run = Callable[[str, str, Sequence[Any]], pa.Table]
@@ -31,6 +31,17 @@ _ROWS_ALIAS = "_ddb_rows"
 def subquery(tree: exp.Expr, alias: str) -> exp.Subquery:
     """``(tree) AS alias``."""
     return exp.Subquery(this=tree, alias=exp.TableAlias(this=exp.to_identifier(alias)))
+
+
+def over_pieces_scope(
+    query: UserQuery, columns: Sequence[exp.Expr], outputs: Sequence[exp.Expr]
+) -> exp.Select:
+    """``outputs`` over the rows of the subquery of ``columns`` (its keys' parameters first), in
+    the scope a piece's predicate reads: the query's result columns, and the ORDER BY terms it
+    carries as hidden ones (which the pieces' queries do not return)."""
+    filtered = query.filtered_where(columns, exp.true(), ordered=False)
+    assert isinstance(filtered, exp.Select)
+    return filtered.select(*outputs, append=False, copy=False)
 
 
 def disagreement(
@@ -54,9 +65,8 @@ def disagreement(
     first = len(columns) + 1
     bounds = tuple(value for point in points for value in point if value is not None)
     purpose = f"checking the pieces' comparisons of {text}"
-    filtered = query.filtered_where(columns, exp.true(), ordered=False)
     region = search(terms, nullable, points, first, exp.Literal.number)
-    regions = exp.select(region.as_(_REGION_ALIAS)).from_(subquery(filtered, "_ddb_r"))
+    regions = over_pieces_scope(query, columns, [region.as_(_REGION_ALIAS)])
     counted = (
         exp.select(exp.column(_REGION_ALIAS), exp.Count(this=exp.Star()).as_(_ROWS_ALIAS))
         .from_(subquery(regions, "_ddb_c"))
@@ -75,9 +85,7 @@ def disagreement(
         one = exp.Case(ifs=[exp.If(this=at, true=exp.Literal.number(1))], default=exp.Literal.number(0))
         sums.append(exp.Sum(this=one).as_(f"{_ROWS_ALIAS}{index}"))
         number += sum(value is not None for value in point)
-    table = run(
-        query.render(exp.select(*sums).from_(subquery(filtered, "_ddb_a"))), purpose, (*params, *bounds)
-    )
+    table = run(query.render(over_pieces_scope(query, columns, sums)), purpose, (*params, *bounds))
     for index, (row, _) in enumerate(marks):
         after = int(table.column(index)[0].as_py() or 0)
         if after != rows - row:

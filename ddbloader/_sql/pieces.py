@@ -20,11 +20,14 @@ Two layouts (:func:`layout`):
   consecutive tiles, the pieces in the query's order, so the rows
   of the pieces in plan order are the subquery's rows in its order, and windows straddle pieces
   as they straddle partitions.
-* *combed* (one row per sample): within a *band* of at most :data:`COMB_BAND` pieces' rows, tile
-  ``j`` goes to piece ``j mod pieces``, so each piece holds :data:`COMB_STRIPES` thin ranges
-  spread over the band: one piece's batches mix the whole band, where a contiguous piece would
-  hold a few thousand neighbouring rows. The cost: each piece's query reads its band (the rows
-  of up to :data:`COMB_BAND` pieces) to find its stripes. Windows are combed too where that is
+* *combed* (one row per sample): within a *band* of at most :data:`COMB_BAND` pieces' rows,
+  each pass of ``pieces`` consecutive tiles gives one tile to every piece, the deal rotated
+  from pass to pass, so each piece holds :data:`COMB_STRIPES` thin ranges evenly spread over
+  the band with its mean position at the band's middle: one piece's batches mix the whole band,
+  where a contiguous piece would hold a few thousand neighbouring rows, and no piece leans to
+  one end (so the order the pieces are visited makes no trend in the batches' mean position).
+  The cost: each piece's query reads its band (the rows of up to :data:`COMB_BAND` pieces) to
+  find its stripes. Windows are combed too where that is
   exact, each stripe widened by the rows its windows run into (:mod:`ddbloader._sql.window_pieces`).
 
 Invariants (checked by the tests without an engine): the tiles' ranges are disjoint and cover
@@ -56,6 +59,7 @@ __all__ = [
     "Point",
     "Term",
     "band_members",
+    "combed_count",
     "compare",
     "layout",
     "paren",
@@ -335,6 +339,15 @@ def layout(
     return result
 
 
+def combed_count(rows: int, pieces: int, stripes: int) -> int:
+    """How many combed pieces to cut ``rows`` rows into, at least ``pieces``, so that each holds
+    at most ``ceil(rows / pieces)`` rows however :func:`layout` deals the tiles: a piece takes
+    ``stripes`` tiles, and the ranking query's ``pieces * stripes`` tiles hold
+    ``ceil(rows / tiles)`` rows at most where the ORDER BY ties no rows. Pure."""
+    per_tile = -(-rows // pieces) // stripes
+    return max(pieces, -(-rows // (stripes * per_tile))) if per_tile else pieces
+
+
 def band_members(
     tiles: Sequence[tuple[Any, int]], pieces: int, band: int
 ) -> list[tuple[list[int], int | None]]:
@@ -344,33 +357,44 @@ def band_members(
     count = max(min(pieces, len(tiles)), 1)
     cut: list[tuple[list[int], int | None]] = []
     if band <= 1 or count == 1:
-        chunk = _chunks(tiles, total, count)
+        chunk = _chunks(tiles, total, [1] * count)
         for index, piece in enumerate(chunk):
             if not cut or piece != chunk[index - 1]:
                 cut.append(([], None))
             cut[-1][0].append(index)
         return cut
     bands = -(-count // band)
-    owner = _chunks(tiles, total, bands)
-    for b in range(bands):
+    shares = [count // bands + (1 if b < count % bands else 0) for b in range(bands)]
+    owner = _chunks(tiles, total, shares)
+    for b, share in enumerate(shares):
         members = [i for i, o in enumerate(owner) if o == b]
-        share = count // bands + (1 if b < count % bands else 0)
         per_band = max(min(share, len(members)), 1)
+        passes = -(-len(members) // per_band)
         combs: list[list[int]] = [[] for _ in range(per_band)]
         for j, index in enumerate(members):
-            combs[j % per_band].append(index)
+            # Pass k over the band deals its tiles to the pieces rotated by k * pieces / passes,
+            # so each piece's tiles sit at evenly spread places of the passes: its mean position
+            # is the band's middle within pieces / passes / 2 tiles, and its next tile lies at
+            # most a pass and pieces / passes tiles on. (Dealt alike every pass, piece j sat j
+            # tiles into each: the pieces leaned to one end of the band by up to half a pass,
+            # and the batches' mean position drifted with the order the pieces were visited.)
+            period, slot = divmod(j, per_band)
+            combs[(slot - period * per_band // passes) % per_band].append(index)
         cut.extend((c, b) for c in combs if c)
     return cut
 
 
-def _chunks(tiles: Sequence[tuple[Any, int]], total: int, count: int) -> list[int]:
-    """Per tile, which of ``count`` consecutive chunks of near-equal rows holds it (by the rows
-    before its middle, so a tile larger than a chunk takes the chunk it mostly falls in)."""
+def _chunks(tiles: Sequence[tuple[Any, int]], total: int, shares: Sequence[int]) -> list[int]:
+    """Per tile, which consecutive chunk holds it, chunk ``c`` taking ``shares[c]`` parts of
+    the rows (by the rows before its middle, so a tile larger than a chunk takes the chunk it
+    mostly falls in). Over equal tiles, ``shares[c]`` pieces' worth of tiles each."""
+    ends = np.cumsum(shares)
     owner = []
     before = 0
     for _, rows in tiles:
         middle = before + rows / 2
-        owner.append(min(int(middle * count / max(total, 1)), count - 1))
+        at = middle * int(ends[-1]) / max(total, 1)  # in shares
+        owner.append(min(int(np.searchsorted(ends, at, side="right")), len(shares) - 1))
         before += rows
     return owner
 

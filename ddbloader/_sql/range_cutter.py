@@ -20,8 +20,8 @@ import pyarrow as pa
 from sqlglot import exp
 
 from .binding import binds_exactly
-from .comparisons import Run, disagreement, subquery
-from .ordering import is_carried, read_direction, same_name
+from .comparisons import Run, disagreement, over_pieces_scope, subquery
+from .ordering import read_direction, same_name
 from .parsing import NULLS_STATED
 from .pieces import (
     COMB_BAND,
@@ -29,6 +29,7 @@ from .pieces import (
     CONTIGUOUS_TILES,
     KeyRanges,
     Point,
+    combed_count,
     layout,
     paren,
 )
@@ -108,13 +109,15 @@ class RangeCutter:
                 "cannot be resolved against the query's result columns"
             )
             return
+        resolved = query.resolved_order()
+        # a term the query does not select is carried as a hidden result column: cut by that
+        # column, named in messages as the user wrote it
+        written = {h.alias: h.this for h in resolved.hidden} if resolved is not None else {}
         terms = []
         for ordered_term in ordered:
             term = ordered_term.this
-            text = term.name if isinstance(term, exp.Column) else term.sql(dialect=query.dialect)
-            if is_carried(term):
-                self.reason = f"the ORDER BY term {text!r} is not a result column (select it)"
-                return
+            shown = written.get(term.name, term) if isinstance(term, exp.Column) else term
+            text = shown.name if isinstance(shown, exp.Column) else shown.sql(dialect=query.dialect)
             try:  # the engine's own direction and NULL placement, whatever its session settings
                 probe = query.direction_probe(ordered_term)
                 direction = run(probe, "asking the engine how the ORDER BY sorts", ())
@@ -164,7 +167,9 @@ class RangeCutter:
         stripes = COMB_STRIPES if combed else CONTIGUOUS_TILES
         if edge:  # each stripe's context adds edge rows: at most 1/CONTEXT_SHARE of a piece's
             stripes = max(min(stripes, rows // pieces // (CONTEXT_SHARE * edge)), 1)
-        sql = self._query.render(self._tiles_tree(columns, pieces * stripes, edge))
+        if rows_are_samples:  # read whole, so within the budget
+            pieces = combed_count(rows, pieces, stripes)
+        sql = self._query.render(self._tiles_tree(columns, pieces * stripes, rows, edge))
         try:
             table = self._run(sql, f"ranking the rows of a big subquery by {self.text}", params)
         except Exception as error:  # the engine's refusal is a reason to fall back, not to fail
@@ -263,21 +268,26 @@ class RangeCutter:
             self._sql[shape] = (query, query.render(tree))
         return self._sql[shape][1]
 
-    def _tiles_tree(self, columns: Sequence[exp.Expr], tiles: int, edge: int = 0) -> exp.Expr:
-        """Per non-empty tile of the subquery, by tile: its first row's tuple (``_ddb_low0``,
-        ...), its rows, and per term whether the subquery holds a NULL there. A row's tile is
-        ``(rank - 1) * tiles // rows`` (rows the ORDER BY ties share their rank); a tile's first
-        rows are those of its least rank, which all tie. With an ``edge`` (windows' ``span - 1``),
-        also whether a tuple of it is shared (the most any row's ``ROW_NUMBER() - RANK()``
-        reaches: 0 only where no row ties with an earlier one) and the tuple ``edge`` rows after
-        its first row (``_ddb_ahead0``, ...: meaningless past the last row, whatever the engine
-        returns there)."""
+    def _tiles_tree(self, columns: Sequence[exp.Expr], tiles: int, rows: int, edge: int = 0) -> exp.Expr:
+        """Per non-empty tile of the subquery's ``rows`` rows, by tile: its first row's tuple
+        (``_ddb_low0``, ...), its rows, and per term how many NULLs the subquery holds there. A
+        row's tile is ``(rank - 1) * tiles // rows`` (rows the ORDER BY ties share their rank); a
+        tile's first rows are those of its least rank, which all tie. With an ``edge`` (windows'
+        ``span - 1``), also whether a tuple of it is shared (the most any row's ``ROW_NUMBER() -
+        RANK()`` reaches: 0 only where no row ties with an earlier one) and the tuple ``edge``
+        rows after its first row (``_ddb_ahead0``, ...: meaningless past the last row, whatever
+        the engine returns there).
+
+        One ranking of the rows (``_ddb_r``), grouped by tile (``_ddb_t``: each tile's least
+        rank, rows and NULLs), joined back on that rank for the tuples: grouping costs a fifth
+        of the window functions partitioned by tile it replaces (DuckDB, 2M rows)."""
         assert isinstance(self._query, UserQuery) and self.terms
-        filtered = self._query.filtered_where(columns, exp.true(), ordered=False)
         names = [f"{_KEY_ALIAS}{i}" for i in range(len(self.terms))]
-        keys = exp.select(
-            *(paren(term.expression).as_(name) for term, name in zip(self.terms, names, strict=True))
-        ).from_(subquery(filtered, "_ddb_r"))
+        keys = over_pieces_scope(
+            self._query,
+            columns,
+            [paren(term.expression).as_(name) for term, name in zip(self.terms, names, strict=True)],
+        )
 
         def order() -> exp.Order:
             return exp.Order(
@@ -295,57 +305,66 @@ class RangeCutter:
             )
 
         rank = exp.Window(this=exp.Anonymous(this="RANK"), order=order())
-        everything = exp.Window(this=exp.Count(this=exp.Star()))
+        ranked = exp.select(*map(exp.column, names), rank.copy().as_(_RANK_ALIAS))
         # FLOOR of a division, not an integer division: every engine spells that alike, and the
         # tile only has to grow with the rank
         tile = exp.Floor(
             this=exp.Div(
                 this=exp.Paren(
                     this=exp.Mul(
-                        this=exp.Paren(this=exp.Sub(this=rank, expression=exp.Literal.number(1))),
+                        this=exp.Paren(
+                            this=exp.Sub(this=exp.column(_RANK_ALIAS), expression=exp.Literal.number(1))
+                        ),
                         expression=exp.Literal.number(tiles),
                     )
                 ),
-                expression=everything,
+                expression=exp.Literal.number(max(rows, 1)),
             )
         )
-        ranked = exp.select(*map(exp.column, names), rank.copy().as_(_RANK_ALIAS), tile.as_(_TILE_ALIAS))
-        ranked = ranked.from_(subquery(keys, "_ddb_s"))
-        outputs: list[exp.Expr] = [exp.column(_TILE_ALIAS)]
+        grouped = exp.select(
+            tile.copy().as_(_TILE_ALIAS),
+            exp.Min(this=exp.column(_RANK_ALIAS)).as_(_FIRST_ALIAS),
+            exp.Count(this=exp.Star()).as_(_ROWS_ALIAS),
+        )
+        outputs: list[exp.Expr] = [exp.column(_TILE_ALIAS, table="_ddb_t")]
+        outputs += [
+            exp.Min(this=exp.column(n, table="_ddb_r")).as_(f"{_LOW_ALIAS}{i}") for i, n in enumerate(names)
+        ]
+        outputs.append(exp.Min(this=exp.column(_ROWS_ALIAS, table="_ddb_t")).as_(_ROWS_ALIAS))
         for index, name in enumerate(names):
-            outputs.append(exp.Min(this=exp.column(name)).as_(f"{_LOW_ALIAS}{index}"))
-        outputs.append(exp.Min(this=exp.column(_ROWS_ALIAS)).as_(_ROWS_ALIAS))
-        by_tile = exp.Window(this=exp.Count(this=exp.Star()), partition_by=[exp.column(_TILE_ALIAS)])
-        first = exp.Window(this=exp.Min(this=exp.column(_RANK_ALIAS)), partition_by=[exp.column(_TILE_ALIAS)])
-        marked = exp.select("*", first.as_(_FIRST_ALIAS), by_tile.as_(_ROWS_ALIAS))
-        for index, name in enumerate(names):
-            nulls = exp.Sub(
-                this=exp.Window(this=exp.Count(this=exp.Star())),
-                expression=exp.Window(this=exp.Count(this=exp.column(name))),
+            nulls = exp.Sub(this=exp.Count(this=exp.Star()), expression=exp.Count(this=exp.column(name)))
+            grouped = grouped.select(nulls.as_(f"{_NULLS_ALIAS}{index}"))
+            outputs.append(
+                exp.Max(this=exp.column(f"{_NULLS_ALIAS}{index}", table="_ddb_t")).as_(
+                    f"{_NULLS_ALIAS}{index}"
+                )
             )
-            marked = marked.select(nulls.as_(f"{_NULLS_ALIAS}{index}"))
-            outputs.append(exp.Max(this=exp.column(f"{_NULLS_ALIAS}{index}")).as_(f"{_NULLS_ALIAS}{index}"))
         if edge:
             for index, name in enumerate(names):
                 shifted = exp.Lead(this=exp.column(name), offset=exp.Literal.number(edge))
                 ranked = ranked.select(exp.Window(this=shifted, order=order()).as_(f"{_AHEAD_ALIAS}{index}"))
                 outputs.append(
-                    exp.Min(this=exp.column(f"{_AHEAD_ALIAS}{index}")).as_(f"{_AHEAD_ALIAS}{index}")
+                    exp.Min(this=exp.column(f"{_AHEAD_ALIAS}{index}", table="_ddb_r")).as_(
+                        f"{_AHEAD_ALIAS}{index}"
+                    )
                 )
             number = exp.Window(this=exp.Anonymous(this="ROW_NUMBER"), order=order())
             ranked = ranked.select(exp.Sub(this=number, expression=rank.copy()).as_(_TIES_ALIAS))
-            most = exp.Window(
-                this=exp.Max(this=exp.column(_TIES_ALIAS)), partition_by=[exp.column(_TILE_ALIAS)]
-            )
-            marked = marked.select(most.as_(f"{_TIES_ALIAS}_t"))
-            outputs.append(exp.Max(this=exp.column(f"{_TIES_ALIAS}_t")).as_(_TIES_ALIAS))
-        marked = marked.from_(subquery(ranked, "_ddb_t"))
+            grouped = grouped.select(exp.Max(this=exp.column(_TIES_ALIAS)).as_(_TIES_ALIAS))
+            outputs.append(exp.Max(this=exp.column(_TIES_ALIAS, table="_ddb_t")).as_(_TIES_ALIAS))
+        ranked = ranked.from_(subquery(keys, "_ddb_s"))
+        grouped = grouped.from_("_ddb_r").group_by(tile)
+        first = exp.EQ(
+            this=exp.column(_RANK_ALIAS, table="_ddb_r"), expression=exp.column(_FIRST_ALIAS, table="_ddb_t")
+        )
         return (
             exp.select(*outputs)
-            .from_(subquery(marked, "_ddb_m"))
-            .where(exp.EQ(this=exp.column(_RANK_ALIAS), expression=exp.column(_FIRST_ALIAS)))
-            .group_by(exp.column(_TILE_ALIAS))
-            .order_by(exp.column(_TILE_ALIAS))
+            .from_("_ddb_t")
+            .join("_ddb_r", on=first)
+            .group_by(exp.column(_TILE_ALIAS, table="_ddb_t"))
+            .order_by(exp.column(_TILE_ALIAS, table="_ddb_t"))
+            .with_("_ddb_r", as_=ranked)
+            .with_("_ddb_t", as_=grouped)
         )
 
 
