@@ -22,13 +22,14 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-ORDER = ("throughput", "loop", "peers", "scale", "shuffle", "fingerprint", "splits", "spark")
+ORDER = ("throughput", "loop", "peers", "scale", "shuffle", "drift", "fingerprint", "splits", "spark")
 TITLES = {
     "throughput": "Throughput against export-and-memmap, the engine and RAM",
     "loop": "The training loop's view",
     "peers": "Against hand-written in-RAM loops",
     "scale": "Scale: groups, planning, one big group, memory",
     "shuffle": "Shuffle: mixing and its cost",
+    "drift": "Shuffle: does a big table's epoch drift?",
     "fingerprint": "The content fingerprint (`verify=True`)",
     "splits": "Time splits: rows read and cost",
     "spark": "Spark",
