@@ -39,6 +39,10 @@ class PartitionJob:
     def cancel(self) -> None:
         self.result.cancel()
 
+    @property
+    def own_slot(self) -> None:
+        return None
+
     def describe(self) -> str:
         return self.spec.describe()
 
