@@ -316,3 +316,29 @@ def test_a_db_api_stream_error_reaches_the_loop_only_and_no_thread_dies_with_it(
             list(loader)
     assert live_threads() == []
     assert died == []
+
+
+def test_a_parked_stream_resumes_on_the_thread_that_opened_its_sqlite_connection(tmp_path: Any) -> None:
+    # sqlite3 refuses a connection from any thread but its own: four groups streamed at once by
+    # four fetch threads, each stream parking and resuming many times
+    path = str(tmp_path / "series.db")
+    with contextlib.closing(sqlite3.connect(path)) as writer:
+        writer.execute("CREATE TABLE t (g INTEGER, id INTEGER, x DOUBLE, y DOUBLE)")
+        writer.executemany(
+            "INSERT INTO t VALUES (?, ?, ?, ?)", [(i % 4, i, i, 2 * i) for i in range(4 * ROWS)]
+        )
+        writer.commit()
+    with DDBDataLoader(
+        DBAPIBackend(lambda: sqlite3.connect(path)),
+        "SELECT * FROM t ORDER BY id",
+        "y",
+        input_col=["x"],
+        group_col="g",
+        fetch_bytes=FETCH_BYTES,
+        batch_size=100,
+        fetch_threads=4,
+    ) as loader:
+        assert all(p.pieces == 10 for g in loader.plan.groups for p in g.partitions)
+        got = [float(v) for _, y in loader for v in y.flatten().tolist()]
+    assert sorted(got) == [2.0 * i for i in range(4 * ROWS)]
+    assert live_threads() == []
