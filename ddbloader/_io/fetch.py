@@ -79,7 +79,7 @@ class Fetcher:
         a piece of a streamed subquery comes from that subquery's streaming query, and so does a
         tagged range piece no unit serves.
         """
-        if spec.streamed and not spec.tagged:
+        if spec.streamed and not spec.tagged:  # in no unit: do not cut the units to find that out
             return self._streams.claim(spec)
         pending, start = self._units.claim(spec)
         for index in start:

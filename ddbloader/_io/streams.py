@@ -238,9 +238,10 @@ class _Stream:
                 self._open(cursor)
             block = self._read_piece(spec)
             with self._cond:
-                _, pending = self._claims.pop(spec.piece)
+                claim = self._claims.pop(spec.piece, None)  # None: cancelled while it was read
                 self._ended = self._ended or spec.piece == spec.pieces - 1
-            pending.set(block)
+            if claim is not None:
+                claim[1].set(block)
             self._counts[0] += 1
             self._counts[1] += block.rows
         # what a run that failed before a retry delivered is reported with the run after it
@@ -294,9 +295,7 @@ class _Stream:
         if table is None or table.num_rows != spec.rows:
             raise _changed(spec, self._at)
         check_result_schema(table.schema, self._reading.layout, spec.describe)
-        if spec.ranges is not None:  # a combed piece's query may leave its order to us
-            table = spec.ranges.in_order(table)
-        block = to_block(table, self._reading.layout)
+        block = to_block(spec.in_order(table), self._reading.layout)
         if spec.piece == spec.pieces - 1:
             if (extra := rows.take(1)) is not None and extra.num_rows:
                 raise _changed(spec, self._at + extra.num_rows)
