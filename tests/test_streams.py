@@ -7,6 +7,7 @@ fault tests, raises after some of them): the wrapper changes nothing else on the
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import sqlite3
 import threading
 from collections.abc import Iterator, Sequence
@@ -38,6 +39,8 @@ class _ReadCursor:
     def __init__(self, backend: _CountingBackend) -> None:
         self._backend = backend
         self._inner = backend.inner.cursor()
+        with backend.lock:
+            backend.open += 1
 
     def fetch(self, sql: str, params: Sequence[Any]) -> pa.Table:
         return self._inner.fetch(sql, params)
@@ -56,12 +59,15 @@ class _ReadCursor:
         self._inner.interrupt()
 
     def close(self) -> None:
+        with self._backend.lock:
+            self._backend.open -= 1
         self._inner.close()
 
 
 class _CountingBackend:
     """A real DuckDB backend whose streaming reads count the rows handed out, and raise
-    ``error`` once when ``fail_after`` rows have been handed out."""
+    ``error`` once when ``fail_after`` rows have been handed out; ``open`` counts its cursors
+    not closed."""
 
     def __init__(self, con: duckdb.DuckDBPyConnection, error: BaseException | None = None) -> None:
         self.inner = DuckDBBackend(con)
@@ -70,6 +76,7 @@ class _CountingBackend:
         self.lock = threading.Lock()
         self.read = 0
         self.queries = 0
+        self.open = 0
         self.error = error or ConnectionError("injected: connection lost mid-stream")
         self.fail_after: int | None = None
 
@@ -165,21 +172,45 @@ def test_a_failure_that_is_not_transient_reaches_every_waiting_piece(con: duckdb
         for pending in waiting[1:]:
             with pytest.raises(RuntimeError, match="the engine gave up") as raised:
                 pending.wait(stop, 10)
-            assert any("streaming partition 1 of group 0" in note for note in raised.value.__notes__)
+            assert any("fetching partition 1 of group 0" in note for note in raised.value.__notes__)
     assert backend.queries == 1
 
 
-def test_close_stops_a_stream_waiting_for_the_manager_and_cancels_its_pieces(
+def test_a_parked_stream_leaves_the_only_fetch_thread_to_other_fetches(
+    con: duckdb.DuckDBPyConnection,
+) -> None:
+    with _fetching(con) as (pieces, backend, fetcher, stop):
+        first = fetcher.submit(pieces[0])
+        assert _rids(first.wait(stop, 10)) == [float(r) for r in range(MIN_PIECE_ROWS)]
+        # the whole subquery as one partition: a fetch of its own on the pool's one thread, run
+        # while the stream waits, parked, for its next piece
+        whole = fetcher.submit(dataclasses.replace(pieces[0], position=10, pieces=1, rows=ROWS))
+        assert _rids(whole.wait(stop, 10)) == [float(r) for r in range(ROWS)]
+        assert backend.open == 2  # the parked stream's cursor and the thread's
+        rest = [fetcher.submit(p) for p in pieces[1:]]
+        assert [r for p in rest for r in _rids(p.wait(stop, 10))] == [
+            float(r) for r in range(MIN_PIECE_ROWS, ROWS)
+        ]
+    assert backend.queries == 1  # the stream's one query, resumed where it parked
+    assert live_threads() == []
+
+
+def test_close_ends_a_parked_stream_and_cancels_its_pieces(
     con: duckdb.DuckDBPyConnection,
 ) -> None:
     plan = _plan(con)
-    fetcher = Fetcher(_CountingBackend(con), plan.layout, 1)
+    backend = _CountingBackend(con)
+    fetcher = Fetcher(backend, plan.layout, 1)
     stop = threading.Event()
     pieces = plan.groups[0].partitions
     fetcher.submit(pieces[0]).wait(stop, 10)
-    assert any(name.startswith("ddbloader-stream") for name in live_threads())
+    # the stream parked (its result open on its own cursor) and gave its thread back: no thread
+    # of its own, and the one pool thread is free for a partition fetched alone
+    assert backend.open == 1
+    assert live_threads() == ["ddbloader-fetch-0"]
     fetcher.close()
     assert live_threads() == []
+    assert backend.open == 0
     with pytest.raises(Stopped):
         fetcher.submit(pieces[1]).wait(stop, 10)
 
@@ -189,7 +220,7 @@ def test_release_ends_the_stream_once_it_delivered_what_was_asked(con: duckdb.Du
         asked = [fetcher.submit(p) for p in pieces[:2]]
         fetcher.release([(0, p.position) for p in pieces])
         assert [len(_rids(p.wait(stop, 10))) for p in asked] == [MIN_PIECE_ROWS] * 2
-        assert wait_until(lambda: not any(n.startswith("ddbloader-stream") for n in live_threads()))
+        assert wait_until(lambda: backend.open == 0)  # the stream ended and closed its cursor
         assert backend.read <= 3 * MIN_PIECE_ROWS
 
 
@@ -283,5 +314,31 @@ def test_a_db_api_stream_error_reaches_the_loop_only_and_no_thread_dies_with_it(
         expected = (ValueError, "data changed") if added else (sqlite3.OperationalError, "disk I/O error")
         with pytest.raises(expected[0], match=expected[1]):
             list(loader)
-    assert wait_until(lambda: not any(n.startswith("ddbloader-stream") for n in live_threads()))
+    assert live_threads() == []
     assert died == []
+
+
+def test_a_parked_stream_resumes_on_the_thread_that_opened_its_sqlite_connection(tmp_path: Any) -> None:
+    # sqlite3 refuses a connection from any thread but its own: four groups streamed at once by
+    # four fetch threads, each stream parking and resuming many times
+    path = str(tmp_path / "series.db")
+    with contextlib.closing(sqlite3.connect(path)) as writer:
+        writer.execute("CREATE TABLE t (g INTEGER, id INTEGER, x DOUBLE, y DOUBLE)")
+        writer.executemany(
+            "INSERT INTO t VALUES (?, ?, ?, ?)", [(i % 4, i, i, 2 * i) for i in range(4 * ROWS)]
+        )
+        writer.commit()
+    with DDBDataLoader(
+        DBAPIBackend(lambda: sqlite3.connect(path)),
+        "SELECT * FROM t ORDER BY id",
+        "y",
+        input_col=["x"],
+        group_col="g",
+        fetch_bytes=FETCH_BYTES,
+        batch_size=100,
+        fetch_threads=4,
+    ) as loader:
+        assert all(p.pieces == 10 for g in loader.plan.groups for p in g.partitions)
+        got = [float(v) for _, y in loader for v in y.flatten().tolist()]
+    assert sorted(got) == [2.0 * i for i in range(4 * ROWS)]
+    assert live_threads() == []

@@ -13,8 +13,6 @@ never changes what a partition holds, so the emitted sequence is the same with o
 
 from __future__ import annotations
 
-import functools
-import queue
 import threading
 from collections.abc import Callable, Iterable, Sequence
 
@@ -25,7 +23,7 @@ from .._sql.layout import ColumnLayout
 from .._sql.plan import PartitionSpec
 from .block import Block
 from .partition_fetch import PartitionJob
-from .retry import Cursors, CursorSlot, Job, RetryPolicy, fetch_worker, is_transient
+from .retry import Cursors, CursorSlot, RetryPolicy, Tasks, fetch_worker
 from .streams import Reading, Streams
 from .threads import Pending, join_all, start_thread
 from .unit_fetch import Coalescer, UnitJob
@@ -54,16 +52,15 @@ class Fetcher:
         self._backend = backend
         self._layout = layout
         self._units = Coalescer(units)
-        # None is close()'s wake-up call: one per thread, so none waits out its poll.
-        self._tasks: queue.Queue[Job | None] = queue.Queue()
+        self._tasks = Tasks(threads)
         self._cursors = Cursors(threading.Event())
         self._streams = Streams(
-            lambda: CursorSlot(backend, self._cursors),
-            Reading(layout, self._cursors.stop, retry, functools.partial(is_transient, backend), on_fetched),
+            lambda: CursorSlot(backend, self._cursors), Reading(layout, self._cursors.stop, self._tasks)
         )
         self._threads = [
             start_thread(
                 fetch_worker,
+                n,
                 backend,
                 self._tasks,
                 self._cursors,
@@ -82,7 +79,7 @@ class Fetcher:
         a piece of a streamed subquery comes from that subquery's streaming query, and so does a
         tagged range piece no unit serves.
         """
-        if spec.streamed and not spec.tagged:
+        if spec.streamed and not spec.tagged:  # in no unit: do not cut the units to find that out
             return self._streams.claim(spec)
         pending, start = self._units.claim(spec)
         for index in start:
@@ -114,16 +111,11 @@ class Fetcher:
         """
         self._cursors.stop.set()
         self._cursors.interrupt_all()
-        for _ in self._threads:
-            self._tasks.put(None)
+        self._streams.stop()  # downstream first: each parked stream is cancelled on its own thread
+        self._tasks.wake()
         join_all(self._threads)
+        for task in self._tasks.drain():
+            task.cancel()
         self._streams.close()
-        while True:
-            try:
-                task = self._tasks.get_nowait()
-            except queue.Empty:
-                break
-            if task is not None:
-                task.cancel()
         for index in range(len(self._units.units)):
             self._units.cancel(index)

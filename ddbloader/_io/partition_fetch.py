@@ -39,6 +39,10 @@ class PartitionJob:
     def cancel(self) -> None:
         self.result.cancel()
 
+    @property
+    def own_slot(self) -> None:
+        return None
+
     def describe(self) -> str:
         return self.spec.describe()
 
@@ -54,9 +58,7 @@ def fetch_partition(cursor: Cursor, spec: PartitionSpec, layout: ColumnLayout) -
     else:  # verify=True: the hash column goes before anything else sees the rows
         table, content = strip_hash(cursor.fetch(fingerprint.sql, spec.params))
     check_result_schema(table.schema, layout, spec.describe)
-    if spec.ranges is not None:  # a combed piece's query may leave its order to the reader
-        table = spec.ranges.in_order(table)
-    block = as_planned(spec, to_block(table, layout))
+    block = as_planned(spec, to_block(spec.in_order(table), layout))
     if fingerprint is not None and content != fingerprint.content:
         raise content_mismatch(spec.describe(), spec.key_params, spec.rows, fingerprint.content, content)
     return block

@@ -1,6 +1,12 @@
-"""The fetch threads' worker loop and its retries: which errors are transient
-(:func:`is_transient`), how often and how long to wait (:class:`RetryPolicy`), and the loop that
-runs each :class:`Job` on the thread's cursor.
+"""The fetch pool: its threads' worker loop and the one retry loop of every read. Which errors are
+transient (:func:`is_transient`), how often and how long to wait (:class:`RetryPolicy`), the work
+waiting for a thread (:class:`Tasks`) and the loop that runs each :class:`Job`.
+
+A job runs on its thread's cursor, or on its own (:attr:`Job.own_slot`: a streamed read, whose
+result stays open while it waits for the manager's next claim). Such a job is resumed on the
+thread that opened its cursor (a DB-API connection may refuse any other, as ``sqlite3`` does).
+No job waits for the consumer on a pool thread: each run reads what was asked for and returns,
+so every queued job starts once the jobs ahead of it have read what was asked of them.
 
 A job that fails with a transient error is tried again, up to ``RetryPolicy.retries`` more times,
 on a fresh cursor: the old one is closed and ``backend.cursor()`` called again. Every wait
@@ -14,9 +20,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
@@ -31,6 +37,7 @@ __all__ = [
     "Cursors",
     "Job",
     "RetryPolicy",
+    "Tasks",
     "fetch_worker",
     "is_transient",
 ]
@@ -91,6 +98,11 @@ class Job(Protocol):
 
     def fail(self, failure: ThreadFailure) -> None: ...
     def cancel(self) -> None: ...
+
+    @property
+    def own_slot(self) -> CursorSlot | None:
+        """The cursor the job reads on, if not its thread's (the retry loop replaces that one)."""
+        ...
 
     def describe(self) -> str:
         """What the job fetches, with its SQL, for error messages."""
@@ -155,28 +167,84 @@ class CursorSlot:
             self._cursors.discard(cursor)
 
 
+class Tasks:
+    """The jobs waiting for a fetch thread: any thread's, and each thread's own. Thread-safe.
+
+    ``put`` and ``close`` from any thread; ``get`` from pool thread ``thread`` only.
+    """
+
+    def __init__(self, threads: int) -> None:
+        self._cond = threading.Condition()
+        self._any: deque[Job] = deque()
+        self._own: list[deque[Job]] = [deque() for _ in range(threads)]
+
+    def put(self, job: Job, thread: int | None = None) -> None:
+        """Queue ``job`` for any thread, or for thread ``thread`` (a job resumed where it began)."""
+        with self._cond:
+            (self._any if thread is None else self._own[thread]).append(job)
+            self._cond.notify_all()
+
+    def get(self, thread: int, timeout: float) -> Job | None:
+        """Thread ``thread``'s own next job, else the next of any thread's; None within ``timeout``
+        when there is none."""
+        with self._cond:
+            if not (self._own[thread] or self._any):
+                self._cond.wait(timeout)
+            for jobs in (self._own[thread], self._any):
+                if jobs:
+                    return jobs.popleft()
+            return None
+
+    def wake(self) -> None:
+        """Wake every thread waiting in ``get`` (the stop event was set)."""
+        with self._cond:
+            self._cond.notify_all()
+
+    def drain(self) -> list[Job]:
+        """Take every job still queued (the threads are joined: they are to be cancelled)."""
+        with self._cond:
+            left = [*self._any, *(job for jobs in self._own for job in jobs)]
+            self._any.clear()
+            for jobs in self._own:
+                jobs.clear()
+            return left
+
+
+_pool = threading.local()
+
+
+def pool_thread() -> int:
+    """The index of the fetch thread running the caller (only called from a job's ``run``)."""
+    index: int = _pool.index
+    return index
+
+
 def fetch_worker(
+    thread: int,
     backend: Backend,
-    jobs: queue.Queue[Job | None],
+    tasks: Tasks,
     cursors: Cursors,
     retry: RetryPolicy,
     on_fetched: Callable[[int, int, int, float], None],
 ) -> None:
+    """Fetch thread ``thread``: run jobs until the stop event is set, then cancel the ones left in
+    its reach (a stream's own cursor is closed on the thread that opened it)."""
+    _pool.index = thread
     stop = cursors.stop
     slot = CursorSlot(backend, cursors)
     try:
-        while not stop.is_set():
-            try:
-                job = jobs.get(timeout=POLL_SECONDS)
-            except queue.Empty:
+        while True:
+            job = tasks.get(thread, POLL_SECONDS)
+            if job is None:
+                if stop.is_set():
+                    break
                 continue
-            if job is None or stop.is_set():
+            if stop.is_set():
                 # close() may already have interrupted the idle cursors; a query started now
                 # would run to completion and hold up the join.
-                if job is not None:
-                    job.cancel()
-                break
-            _run_job(backend, job, slot, stop, retry, on_fetched)
+                job.cancel()
+                continue
+            _run_job(backend, job, slot if job.own_slot is None else job.own_slot, stop, retry, on_fetched)
     finally:
         slot.drop()
 
@@ -189,7 +257,8 @@ def _run_job(
     retry: RetryPolicy,
     on_fetched: Callable[[int, int, int, float], None],
 ) -> None:
-    """Run ``job``, trying again on a fresh cursor after a transient error (see the module)."""
+    """Run ``job`` on ``slot``'s cursor, trying again on a fresh one after a transient error: the
+    one place that judges an error transient, backs off and reports a failure (see the module)."""
     started = time.perf_counter()
     attempt = 0
     while True:
@@ -199,6 +268,8 @@ def _run_job(
             cursor = slot.get()
             opening = False
             partitions, rows, queries = job.run(cursor)
+            if not partitions and not queries:  # a stream that ended or waits for the manager
+                return
         except Stopped:
             job.cancel()
             return

@@ -18,55 +18,40 @@ subquery's result in the engine's order, as for a partition fetched alone: with 
 A range piece (see :mod:`ddbloader._sql.pieces`) is read here too, as a subquery of one piece:
 its own query, outside fetch units, its rows checked against the planned count.
 
-Each stream runs on its own thread (``ddbloader-stream-G-P``) and cursor, so a stream waiting
-for the manager never holds up the fetch pool. A piece asked for again, or one behind the
-reader (after a fast-forward, a neighbour whose edge rows a window needs), starts a new stream;
-the old one delivers what it was asked for, then ends. A transient error is retried on a fresh
-cursor from the first piece not yet delivered.
+Thread model: a stream is a job of the fetch pool (:mod:`ddbloader._io.retry`) with a cursor of
+its own, whose result stays open between pieces. It runs on a pool thread only while a piece
+asked for is not delivered, and gives the thread back (parks) as soon as none is: no pool thread
+ever waits for the manager, so a stream cannot starve the fetches the manager waits for, nor
+they it. A claim on a parked stream queues it again, on the thread that opened its cursor. A
+piece asked for again, or one behind the reader (after a fast-forward, a neighbour whose edge
+rows a window needs), starts a new stream; the old one delivers what it was asked for, then
+ends. A transient error is retried by the pool's retry loop on a fresh cursor: the stream reads
+again from the first row and skips to the first piece not delivered, so each row is served once.
 """
 
 from __future__ import annotations
 
 import contextlib
-import logging
 import threading
-import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import pyarrow as pa
 
-from .._core.engine import Cursor, redact_uri
+from .._core.engine import Cursor
 from .._sql.fingerprint import HashSum, content_mismatch
 from .._sql.layout import ColumnLayout
 from .._sql.plan import PartitionSpec
 from .block import Block
 from .convert import check_result_schema, to_block
-from .threads import POLL_SECONDS, Pending, Stopped, ThreadFailure, join_all, start_thread
+from .retry import CursorSlot, Tasks, pool_thread
+from .threads import Pending, Stopped, ThreadFailure
 
 __all__ = ["Reading", "Streams", "read_batches"]
 
-_log = logging.getLogger("ddbloader")
-
 #: A streamed subquery's identity within a plan: (group index, position of its first piece).
 StreamKey = tuple[int, int]
-
-
-class CursorSlot(Protocol):
-    """A cursor opened on first use and dropped (closed) after a failure or at the end."""
-
-    def get(self) -> Cursor: ...
-    def drop(self) -> None: ...
-
-
-class Retry(Protocol):
-    """How often a failed read is tried again (:class:`~ddbloader._io.retry.RetryPolicy`)."""
-
-    @property
-    def retries(self) -> int: ...
-
-    def delay(self, attempt: int) -> float: ...
 
 
 def read_batches(cursor: Cursor, sql: str, params: Sequence[Any], rows: int) -> Iterator[pa.Table]:
@@ -84,15 +69,12 @@ def read_batches(cursor: Cursor, sql: str, params: Sequence[Any], rows: int) -> 
 
 @dataclass(frozen=True)
 class Reading:
-    """What every stream of a fetcher shares: the layout its rows convert to, the stop event,
-    the retry policy, the judge of transient errors and the stats callback (see
-    :class:`~ddbloader._io.fetch.Fetcher`)."""
+    """What every stream of a fetcher shares: the layout its rows convert to, the stop event and
+    the pool's queue (see :class:`~ddbloader._io.fetch.Fetcher`)."""
 
     layout: ColumnLayout
     stop: threading.Event
-    retry: Retry
-    transient: Callable[[BaseException], bool]
-    on_fetched: Callable[[int, int, int, float], None]
+    tasks: Tasks
 
 
 class _Rows:
@@ -131,27 +113,51 @@ class _Rows:
                 close()
 
 
-class _Done(Exception):
-    """Nothing more is asked of a stream: it ends."""
-
-
 class _Stream:
-    """One query reading the pieces of one subquery that are asked for, in order. Thread-safe.
+    """One query reading the pieces of one subquery that are asked for, in order: a fetch-pool
+    job (see :class:`~ddbloader._io.retry.Job`). Thread-safe.
 
-    ``claim`` (the assembler) and ``read`` (the stream's thread) meet under one condition:
-    pieces asked for wait in ``_claims``, in piece order, until their rows arrive.
+    ``claim`` and ``close_after_claims`` (the assembler) and ``run`` (a pool thread) meet under
+    one condition: pieces asked for wait in ``_claims``, in piece order, until their rows arrive.
+    Invariant: the job is queued or running (``_queued``) while a claim waits or it is closing,
+    and never twice at once (it is queued again only after it parked, on its cursor's thread);
+    its reader and cursor are closed once it ended and no thread runs it.
     """
 
     def __init__(self, spec: PartitionSpec, slot: CursorSlot, reading: Reading) -> None:
+        self._head = spec
         self._spec = spec
         self._slot = slot
         self._reading = reading
-        self._stop = reading.stop
         self._cond = threading.Condition()
         self._claims: dict[int, tuple[PartitionSpec, Pending[Block]]] = {}
         self._last_claimed = -1
         self._closing = False
         self._ended = False
+        self._queued = False
+        self._running = False
+        #: the pool thread that opened the cursor (None before): the stream resumes there
+        self._home: int | None = None
+        self._rows: _Rows | None = None
+        self._at = 0
+        self._digest = HashSum()
+        #: pieces and rows delivered and queries sent, not yet reported to the pool
+        self._counts = [0, 0, 0]
+
+    @property
+    def ended(self) -> bool:
+        return self._ended
+
+    @property
+    def own_slot(self) -> CursorSlot:
+        return self._slot
+
+    def describe(self) -> str:
+        return self._spec.describe()
+
+    def label(self) -> str:
+        spec = self._spec
+        return f"piece {spec.piece + 1} of {spec.pieces} of group {spec.group}'s partition {spec.head}"
 
     def claim(self, spec: PartitionSpec) -> Pending[Block] | None:
         """A waiter for piece ``spec``, or None when this stream will not read it (it ended, is
@@ -162,14 +168,28 @@ class _Stream:
             pending: Pending[Block] = Pending(f"fetching {spec.describe()}, streamed")
             self._claims[spec.piece] = (spec, pending)
             self._last_claimed = spec.piece
-            self._cond.notify_all()
+            self._schedule()
             return pending
 
     def close_after_claims(self) -> None:
         """Deliver what was asked for, then end."""
         with self._cond:
             self._closing = True
-            self._cond.notify_all()
+            self._schedule()
+
+    def wake(self) -> None:
+        """Queue a parked stream on its thread, which cancels it there (the stop event is set)."""
+        with self._cond:
+            self._schedule()
+
+    def _schedule(self) -> None:
+        """Queue the job unless it is queued, running or ended (call under ``_cond``)."""
+        if not self._queued and not self._ended:
+            self._queued = True
+            self._reading.tasks.put(self, self._home)
+
+    def fail(self, failure: ThreadFailure) -> None:
+        self._end(lambda pending: pending.fail(failure))
 
     def cancel(self) -> None:
         """Give up on every piece asked for and not delivered (the fetcher is closing)."""
@@ -181,147 +201,141 @@ class _Stream:
             for _, pending in self._claims.values():
                 settle(pending)
             self._claims.clear()
+            running = self._running
+        if not running:
+            self._close()
 
-    def _next_claim(self) -> tuple[PartitionSpec, Pending[Block]]:
-        """The first piece asked for and not delivered, once there is one.
+    def _close(self) -> None:
+        with self._cond:  # the thread that ran it last and the one that ended it may both get here
+            rows, self._rows = self._rows, None
+            if rows is not None:  # before the cursor its reader may still use
+                rows.close()
+            self._slot.drop()
+
+    def run(self, cursor: Cursor) -> tuple[int, int, int]:
+        """Deliver the pieces asked for, then park; the pieces and rows delivered, the queries
+        sent. An error leaves the stream to read again from the first row (see the module)."""
+        with self._cond:
+            self._running = True
+        try:
+            return self._read(cursor)
+        except BaseException:
+            rows, self._rows = self._rows, None
+            if rows is not None:  # before the retry loop drops the cursor its reader may still use
+                rows.close()
+            raise
+        finally:
+            with self._cond:
+                self._running = False
+                ended = self._ended
+            if ended:
+                self._close()
+
+    def _read(self, cursor: Cursor) -> tuple[int, int, int]:
+        while (spec := self._next_claim()) is not None:
+            if self._rows is None:
+                self._counts[2] += 1
+                self._open(cursor)
+            block = self._read_piece(spec)
+            with self._cond:
+                claim = self._claims.pop(spec.piece, None)  # None: cancelled while it was read
+                self._ended = self._ended or spec.piece == spec.pieces - 1
+            if claim is not None:
+                claim[1].set(block)
+            self._counts[0] += 1
+            self._counts[1] += block.rows
+        # what a run that failed before a retry delivered is reported with the run after it
+        delivered, rows, queries = self._counts
+        self._counts = [0, 0, 0]
+        return delivered, rows, queries
+
+    def _open(self, cursor: Cursor) -> None:
+        """Start the query on ``cursor``, a fresh one opened on this thread."""
+        spec = self._head
+        with self._cond:
+            self._home = pool_thread()
+        # verify=True: every row read (skipped or delivered) is hashed, so the last piece checks all
+        self._digest = HashSum()
+        sql = spec.sql if spec.fingerprint is None else spec.fingerprint.sql
+        tables = read_batches(cursor, sql, spec.params, spec.rows)
+        self._rows = _Rows(tables if spec.fingerprint is None else self._digest.stripping(tables))
+        self._at = 0
+
+    def _next_claim(self) -> PartitionSpec | None:
+        """The first piece asked for and not delivered; None when there is none (the stream
+        parks, or ends if it is closing).
 
         Raises:
-            _Done: the stream is closing and nothing more is asked for.
             Stopped: the fetcher is closing.
         """
         with self._cond:
-            while True:
-                if self._stop.is_set():
-                    raise Stopped
-                if self._claims:
-                    return self._claims[min(self._claims)]
-                if self._closing:
-                    self._ended = True
-                    raise _Done
-                self._cond.wait(POLL_SECONDS)
-
-    def _delivered(self, spec: PartitionSpec, block: Block) -> None:
-        with self._cond:
-            _, pending = self._claims.pop(spec.piece)
-            if spec.piece == spec.pieces - 1:
+            if self._reading.stop.is_set():
+                raise Stopped
+            if self._ended:
+                return None
+            if self._claims:
+                self._spec = self._claims[min(self._claims)][0]
+                return self._spec
+            if self._closing:
                 self._ended = True
-        pending.set(block)
+            self._queued = False
+            return None
 
-    def read(self) -> None:
-        """The stream's thread: read, deliver, retry on a transient error (see the module)."""
-        attempt = 0
-        try:
-            while not self._read_once(attempt := attempt + 1):
-                pass
-        finally:
-            self._slot.drop()
+    def _read_piece(self, spec: PartitionSpec) -> Block:
+        """Piece ``spec``'s rows, checked against planning (skipping the rows before it)."""
+        rows = self._rows
+        assert rows is not None
+        while self._at < spec.first_row:
+            skipped = rows.take(min(spec.first_row - self._at, spec.rows))
+            if skipped is None:
+                raise _changed(spec, self._at)
+            self._at += skipped.num_rows
+        table = rows.take(spec.rows)
+        self._at += 0 if table is None else table.num_rows
+        if table is None or table.num_rows != spec.rows:
+            raise _changed(spec, self._at)
+        check_result_schema(table.schema, self._reading.layout, spec.describe)
+        block = to_block(spec.in_order(table), self._reading.layout)
+        if spec.piece == spec.pieces - 1:
+            if (extra := rows.take(1)) is not None and extra.num_rows:
+                raise _changed(spec, self._at + extra.num_rows)
+            fingerprint = self._head.fingerprint
+            if fingerprint is not None and self._digest.total != fingerprint.content:
+                whole = f"{spec.describe()}, read in {spec.pieces} pieces"
+                raise content_mismatch(
+                    whole if spec.pieces > 1 else spec.describe(),
+                    spec.key_params,
+                    self._at,
+                    fingerprint.content,
+                    self._digest.total,
+                )
+        return block
 
-    def _read_once(self, attempt: int) -> bool:
-        """One query: deliver the pieces asked for; False to try again on a fresh cursor."""
-        spec = self._spec
-        rows: _Rows | None = None
-        started = time.perf_counter()
-        # verify=True: every row read (skipped or delivered) is hashed, so the last piece checks all
-        fingerprint = spec.fingerprint
-        digest = HashSum()
-        try:
-            sql = spec.sql if fingerprint is None else fingerprint.sql
-            tables = read_batches(self._slot.get(), sql, spec.params, spec.rows)
-            rows = _Rows(tables if fingerprint is None else digest.stripping(tables))
-            at, queries = 0, 1
-            while True:
-                spec, _ = self._next_claim()
-                while at < spec.first_row:
-                    skipped = rows.take(min(spec.first_row - at, spec.rows))
-                    if skipped is None:
-                        raise self._changed(spec, at)
-                    at += skipped.num_rows
-                table = rows.take(spec.rows)
-                at += 0 if table is None else table.num_rows
-                if table is None or table.num_rows != spec.rows:
-                    raise self._changed(spec, at)
-                check_result_schema(table.schema, self._reading.layout, spec.describe)
-                if spec.ranges is not None:  # a combed piece's query may leave its order to us
-                    table = spec.ranges.in_order(table)
-                block = to_block(table, self._reading.layout)
-                if spec.piece == spec.pieces - 1 and (extra := rows.take(1)) is not None and extra.num_rows:
-                    raise self._changed(spec, at + extra.num_rows)
-                last = spec.piece == spec.pieces - 1
-                if last and fingerprint is not None and digest.total != fingerprint.content:
-                    raise content_mismatch(
-                        f"{spec.describe()}, read in {spec.pieces} pieces"
-                        if spec.pieces > 1
-                        else spec.describe(),
-                        spec.key_params,
-                        at,
-                        fingerprint.content,
-                        digest.total,
-                    )
-                self._delivered(spec, block)
-                self._reading.on_fetched(1, block.rows, queries, time.perf_counter() - started)
-                queries, started = 0, time.perf_counter()
-                if spec.piece == spec.pieces - 1:
-                    return True
-        except (_Done, Stopped):
-            self.cancel()
-            return True
-        except BaseException as error:  # every failure must reach the consumer, whatever its type
-            if rows is not None:  # before the retry drops the cursor its reader may still use
-                rows.close()
-            if self._retry_after(error, attempt, spec):
-                return False
-            failure = ThreadFailure(error, f"streaming {spec.describe()}")
-            self._end(lambda pending: pending.fail(failure))
-            return True
-        finally:
-            if rows is not None:
-                rows.close()
 
-    def _retry_after(self, error: BaseException, attempt: int, spec: PartitionSpec) -> bool:
-        """Whether to read again from the first piece not delivered, on a fresh cursor."""
-        self._slot.drop()
-        retry = self._reading.retry
-        if attempt > retry.retries or self._stop.is_set() or not self._reading.transient(error):
-            return False
-        delay = retry.delay(attempt)
-        _log.warning(
-            "streaming %s failed on attempt %d of %d with %s: %s; reading again from that piece on a "
-            "fresh cursor in %.3g s",
-            spec.describe(),
-            attempt,
-            retry.retries + 1,
-            type(error).__name__,
-            redact_uri(str(error)),
-            delay,
-        )
-        return not self._stop.wait(delay)
-
-    @staticmethod
-    def _changed(spec: PartitionSpec, rows: int) -> ValueError:
-        planned = spec.first_row + spec.rows
-        found = f"ended after {rows} rows" if rows < planned else f"returned {rows} rows"
-        return ValueError(
-            f"{spec.describe()} {found}, but planning counted {planned} up to the end of this piece: "
-            f"the data changed after the loader was built (len(), the windows and the sample order "
-            f"all rest on those counts); build the loader again"
-        )
+def _changed(spec: PartitionSpec, rows: int) -> ValueError:
+    planned = spec.first_row + spec.rows
+    found = f"ended after {rows} rows" if rows < planned else f"returned {rows} rows"
+    return ValueError(
+        f"{spec.describe()} {found}, but planning counted {planned} up to the end of this piece: "
+        f"the data changed after the loader was built (len(), the windows and the sample order "
+        f"all rest on those counts); build the loader again"
+    )
 
 
 class Streams:
     """The streamed subqueries of one epoch's fetcher: one live stream per subquery. Thread-safe.
 
-    ``claim`` and ``release`` are called from the assembler; ``close`` once, after the stop
-    event is set and the cursors interrupted (the fetcher's ``close``).
+    ``claim`` and ``release`` are called from the assembler; ``stop`` once the stop event is set,
+    ``close`` once the pool's threads are joined (the fetcher's ``close``).
     """
 
     def __init__(self, slot: Callable[[], CursorSlot], reading: Reading) -> None:
         self._slot = slot
         self._reading = reading
-        self._stop = reading.stop
         self._lock = threading.Lock()
         self._current: dict[StreamKey, _Stream] = {}
         self._heads: dict[tuple[int, int], int] = {}
-        self._streams: list[tuple[_Stream, threading.Thread]] = []
+        self._streams: list[_Stream] = []
 
     def claim(self, spec: PartitionSpec) -> Pending[Block]:
         """Piece ``spec`` from its subquery's live stream if that has not passed it, else from a
@@ -339,12 +353,9 @@ class Streams:
             pending = stream.claim(spec)
             assert pending is not None
             self._current[key] = stream
-            self._streams = [(s, t) for s, t in self._streams if t.is_alive()]
-            if self._stop.is_set():
+            self._streams = [s for s in self._streams if not s.ended] + [stream]
+            if self._reading.stop.is_set():  # the fetcher closed: no thread will run it
                 stream.cancel()
-                return pending
-            thread = start_thread(stream.read, name=f"ddbloader-stream-{spec.group}-{spec.head}")
-            self._streams.append((stream, thread))
             return pending
 
     def release(self, keys: Iterable[tuple[int, int]]) -> None:
@@ -359,10 +370,16 @@ class Streams:
                 if stream is not None:
                     stream.close_after_claims()
 
-    def close(self) -> None:
-        """Join the streams' threads and cancel what they did not deliver."""
+    def stop(self) -> None:
+        """Queue every parked stream on its thread, which cancels it there."""
         with self._lock:
             streams = list(self._streams)
-        join_all([thread for _, thread in streams])
-        for stream, _ in streams:
+        for stream in streams:
+            stream.wake()
+
+    def close(self) -> None:
+        """Cancel what the streams did not deliver and close their cursors."""
+        with self._lock:
+            streams, self._streams = self._streams, []
+        for stream in streams:
             stream.cancel()

@@ -238,6 +238,10 @@ class UnitJob:
         self._alone: PartitionSpec | None = None
 
     @property
+    def own_slot(self) -> None:
+        return None
+
+    @property
     def unit(self) -> FetchUnit:
         return self.coalescer.units[self.index]
 

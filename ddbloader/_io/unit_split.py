@@ -169,9 +169,7 @@ def _in_order(data: pa.Table, bounds: Sequence[int], cells: Sequence[PartitionSp
     :meth:`~ddbloader._sql.pieces.KeyRanges.in_order`, as for a piece read alone; ``data`` itself
     when every cell's rows came in order (one pass over the key each)."""
     parts = [data.slice(bounds[i], bounds[i + 1] - bounds[i]) for i in range(len(cells))]
-    ordered = [
-        part if c.ranges is None else c.ranges.in_order(part) for c, part in zip(cells, parts, strict=True)
-    ]
+    ordered = [c.in_order(part) for c, part in zip(cells, parts, strict=True)]
     if all(a is b for a, b in zip(ordered, parts, strict=True)):
         return data
     return pa.concat_tables([data.slice(0, bounds[0]), *ordered])

@@ -13,7 +13,7 @@ import functools
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -24,6 +24,9 @@ from .piece_tags import tag_regions, tagged_sql
 from .pieces import KeyRanges
 from .query import Query, UserQuery
 from .window_rows import WindowRows
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 __all__ = ["MIN_PIECE_ROWS", "GroupPlan", "PartitionSpec", "QueryPlan", "WorkUnit", "series_rows"]
 
@@ -101,6 +104,12 @@ class PartitionSpec:
             and ranges.sort is not None
             and ranges.windows is None
         )
+
+    def in_order(self, table: pa.Table) -> pa.Table:
+        """This partition's rows ``table`` in the query's order: a combed piece's query may leave
+        its order to the reader (see :meth:`~ddbloader._sql.pieces.KeyRanges.in_order`); any
+        other's result is in order already."""
+        return table if self.ranges is None else self.ranges.in_order(table)
 
     @property
     def head(self) -> int:
