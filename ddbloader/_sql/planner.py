@@ -23,7 +23,6 @@ from .aliases import ROWS_ALIAS
 from .binding import POSTGRES_TYPE, binds_exactly, text_identifies
 from .cells import (
     Lost,
-    PlanKey,
     Tallied,
     TickingCursor,
     parse_query,
@@ -34,6 +33,7 @@ from .cells import (
 )
 from .columns import nullable_candidates, resolve_layout, resolve_layout_on_rows
 from .fingerprint import Fingerprint, row_hash
+from .key_values import PlanKey
 from .plan import GroupPlan, PartitionSpec, QueryPlan, pieces, series_rows
 from .query import Query, UserQuery
 from .ranges import range_pieces

@@ -20,8 +20,9 @@ from .._core.engine import Cursor
 from .._core.errors import warn_caller
 from .._core.window import WindowGeometry
 from .aliases import ROWS_ALIAS
-from .cells import Cell, PlanKey, run_planning
+from .cells import Cell, run_planning
 from .fingerprint import HASH_SUM_ALIAS, Fingerprint, planned_sum
+from .key_values import PlanKey
 from .pieces import KeyRanges
 from .plan import pieces
 from .query import Query, UserQuery

@@ -40,7 +40,8 @@ from sqlglot import exp
 from .._core.config import LoaderConfig
 from .._core.window import WindowGeometry
 from .binding import binds_exactly
-from .cells import PlanKey, Tallied, TickingCursor, plan_cells, run_planning
+from .cells import Tallied, TickingCursor, plan_cells, run_planning
+from .key_values import PlanKey
 from .query import Query, UserQuery
 from .rewrites import Tally, operand, subquery
 
