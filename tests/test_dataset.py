@@ -290,15 +290,19 @@ def test_epochs_after_a_resume_under_workers_are_whole_and_warn_nothing(
 @pytest.mark.parametrize("num_workers", [0, 1])
 def test_a_dataloader_that_would_batch_the_batches_again_is_refused(db_path: str, num_workers: int) -> None:
     data = dataset(db_path)
+    # Workers from a fork server: this test's subject is the refusal, and a worker forked from the
+    # test process could inherit an engine lock held by a thread of an earlier test's abandoned
+    # iterator (a DataLoader worker segfaulted here now and then when the whole suite ran).
+    context = {"multiprocessing_context": "forkserver"} if num_workers else {}
     for options in ({}, {"batch_size": 4}):
         with pytest.raises(
             ValueError, match=r"default_collate would stack .* DataLoader\(dataset, batch_size=None\)"
         ):
-            next(iter(DataLoader(data, num_workers=num_workers, **options)))
+            next(iter(DataLoader(data, num_workers=num_workers, **context, **options)))
     # a collate_fn of the user's takes the list of batches itself (HF Trainer's data collator)
-    x, _ = next(iter(DataLoader(data, batch_size=1, num_workers=num_workers, collate_fn=_first)))
+    x, _ = next(iter(DataLoader(data, batch_size=1, num_workers=num_workers, collate_fn=_first, **context)))
     assert x.shape == (13, 3, 1)
-    x, _ = next(iter(DataLoader(data, batch_size=None, num_workers=num_workers)))
+    x, _ = next(iter(DataLoader(data, batch_size=None, num_workers=num_workers, **context)))
     assert x.shape == (13, 3, 1)
 
 
