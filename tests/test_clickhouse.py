@@ -10,6 +10,7 @@ import multiprocessing
 import subprocess
 import sys
 import textwrap
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -159,3 +160,23 @@ def test_a_float_group_key_holding_both_zeros_is_refused_or_read_once(clickhouse
     ) as loader:
         served = sorted(int(v) for x, _ in loader for v in x[:, 0].tolist())
     assert served == ids
+
+
+@pytest.mark.parametrize("passed", [False, True])
+def test_interrupt_leaves_a_streamed_read_to_finish(clickhouse: ClickHouseEngine, passed: bool) -> None:
+    """A cancel from the closing thread raced the reading thread's close of the result and could
+    hang it and stop chDB's server, so ``interrupt()`` leaves chDB's query running: the reader
+    still delivers every row (a cancel ends it with "query cancelled")."""
+    backend = connect(clickhouse.admin if passed else clickhouse.uri)
+    cursor = backend.cursor()
+    try:
+        tables = cursor.batches("SELECT number FROM numbers(3000000)", [], 65536)
+        rows = next(tables).num_rows
+        interrupter = threading.Thread(target=cursor.interrupt)
+        interrupter.start()
+        interrupter.join(10)
+        rows += sum(table.num_rows for table in tables)
+    finally:
+        cursor.close()
+        backend.close()
+    assert rows == 3_000_000

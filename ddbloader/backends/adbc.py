@@ -188,6 +188,8 @@ class _ADBCCursor:
             self._cursor.execute("ROLLBACK")
 
     def interrupt(self) -> None:
+        if not self._backend.cancels:
+            return
         with self._lock:
             if self._cursor is not None:
                 # Cancelling an idle statement is a no-op; a closed one has nothing to stop.
@@ -253,6 +255,11 @@ class ADBCBackend:
             self.close()
             raise TypeError(f"cannot tell the SQL dialect of ADBC vendor {vendor!r}: pass dialect=")
         self.dialect: str = found
+        # chDB cancels a streamed read, but a cancel from another thread racing the reading
+        # thread's close of that result can hang the close and stop chDB's embedded server
+        # ("The server is shutting down due to a fatal error"): there, close() lets a running
+        # query reach its next batch instead.
+        self.cancels: bool = found != "clickhouse"
         if found == "postgres" and is_adbc_connection(source):
             # A clone is a fresh libpq session: the user's SET search_path / TimeZone / ROLE are
             # not in it, so the loader would read other tables or other days than the user's query.

@@ -22,8 +22,9 @@ The loader fetches in threads: keep ``num_workers=0`` with chDB.
 
 The SQL is ClickHouse's (sqlglot's ``clickhouse`` dialect); parameters are bound by the driver
 (``?``), one per key value in a fetch unit. Rows come through the driver's Arrow record batch
-reader. Not supported by chDB 4.4 (so not by the loader): ``interrupt()`` reaches the driver,
-but chDB finishes the running query; closing a streamed read stops it at the next batch.
+reader. ``interrupt()`` does nothing on chDB (4.4): a cancel from another thread that races
+the close of a streamed result can hang that close and stop chDB's embedded server, so the
+loader's ``close()`` lets a running query finish, and a streamed read stops at its next piece.
 
 ``verify=True`` hashes each row as ``cityHash64(tuple(*))`` (the ADBC vendor ``ClickHouse``
 says so, see :mod:`ddbloader._sql.fingerprint`): a tuple hashes its NULL elements by position,
