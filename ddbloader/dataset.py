@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import functools
+import os
 import sys
+import threading
+import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -21,6 +24,31 @@ __all__ = ["DDBIterableDataset"]
 
 #: worker slots of the shared epoch counters (a DataLoader rarely has more than a few dozen)
 _MAX_WORKERS = 256
+
+#: the loader's threads that ran in the parent when this process was forked from it (a forked
+#: child has none of them, but inherits the locks they held: an engine's, the allocator's)
+_threads_at_fork: list[str] = []
+
+
+def _note_threads_at_fork() -> None:
+    _threads_at_fork[:] = [t.name for t in threading.enumerate() if t.name.startswith("ddbloader-")]
+
+
+os.register_at_fork(before=_note_threads_at_fork, after_in_parent=_threads_at_fork.clear)
+
+
+def _warn_if_forked_from_threads() -> None:
+    if _threads_at_fork:
+        warnings.warn(
+            f"this DataLoader worker was forked while {len(_threads_at_fork)} ddbloader threads ran in "
+            f"the parent ({', '.join(sorted(set(_threads_at_fork)))}: another loader's iteration, not "
+            f"finished or closed): the worker inherits the locks they held and may hang or crash in the "
+            f"engine; close earlier iterations first, or give the DataLoader "
+            f"multiprocessing_context='forkserver'",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        _threads_at_fork.clear()
 
 
 class DDBIterableDataset(IterableDataset[Delivered]):
@@ -101,6 +129,7 @@ class DDBIterableDataset(IterableDataset[Delivered]):
             )
         if info is None:
             return self.loader.iterate()
+        _warn_if_forked_from_threads()
         if info.num_workers > _MAX_WORKERS:
             raise ValueError(f"DDBIterableDataset serves at most {_MAX_WORKERS} DataLoader workers")
         slot = info.id

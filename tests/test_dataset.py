@@ -308,3 +308,28 @@ def test_a_dataloader_that_would_batch_the_batches_again_is_refused(db_path: str
 
 def _first(batches: list[Any]) -> Any:
     return batches[0]
+
+
+def _fork_warnings_are_errors(_: int) -> None:
+    warnings.filterwarnings("error", message="this DataLoader worker was forked")
+
+
+def test_a_worker_forked_while_another_loader_iterates_is_warned(db_path: str) -> None:
+    """A forked worker inherits the locks the parent's fetch threads held (an engine's): it is
+    told which threads ran and how to avoid it, before it touches an engine."""
+    with DDBDataLoader(db_path, SERIES_SQL, "y", batch_size=4) as other:
+        running = iter(other)
+        next(running)  # its threads are alive until the iteration ends or is closed
+        forked = DataLoader(
+            dataset(db_path),
+            batch_size=None,
+            num_workers=1,
+            multiprocessing_context="fork",
+            worker_init_fn=_fork_warnings_are_errors,
+        )
+        with pytest.raises(RuntimeWarning, match=r"forked while \d+ ddbloader threads .*forkserver"):
+            next(iter(forked))
+        running.close()
+    # no loader thread runs now: a forked worker is not warned
+    x, _ = next(iter(forked))
+    assert x.shape[0] > 0
