@@ -6,6 +6,7 @@ Usage::
     python benchmarks/loop.py --steps 500 --step 2,3
     python benchmarks/loop.py --profile loop_profile.md  # + where the loader holds the GIL
     python benchmarks/loop.py --smoke
+    python benchmarks/loop.py --contenders ddbloader,ready --against REV  # this checkout and REV's
 
 A training step is simulated by holding the GIL for ``g`` ms (pure Python, as a model's Python
 side does) and then releasing it for ``r`` ms (``time.sleep``, as a GPU kernel or a C++ op
@@ -285,6 +286,9 @@ def arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--profile", type=Path, help="write where the loader holds the GIL (Markdown)")
     parser.add_argument("--rate", type=int, default=1000, help="py-spy samples per second (--profile)")
     parser.add_argument("--only-profile", action="store_true", help="with --profile: no table")
+    parser.add_argument(
+        "--contenders", default="ddbloader,ready,dataloader", help="which contenders (comma-separated)"
+    )
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -305,16 +309,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     for hold, release in steps:
         todo = [
             ("feed", {**p, "hold_ms": hold, "release_ms": release, "label": label})
-            for label in ("ddbloader", "ready", "dataloader")
+            for label in args.contenders.split(",")
         ]
         results = harness.interleaved(args.script, todo, args.rounds)
+        by = {r["contender"].removeprefix("feed "): r for r in results}
         for r in results:
             r["contender"] = (
                 f"hold {hold:g} ms, release {release:g} ms: {r['contender'].removeprefix('feed ')}"
             )
         rows += results
-        for r in (results[0], results[2]):
-            ratios[f"{r['contender']}: slowdown / ready's"] = r["slowdown"] / results[1]["slowdown"]
+        if "ready" in by:
+            for label, r in by.items():
+                if label != "ready":
+                    ratios[f"{r['contender']}: slowdown / ready's"] = r["slowdown"] / by["ready"]["slowdown"]
     return {"params": {**p, "steps_ms": steps}, "rows": rows, "ratios": ratios, "notes": notes}
 
 

@@ -138,12 +138,15 @@ def _window_copies(
     windows: about twice a row-wise take's speed when the rows are spread over many groups; numpy
     checks the bounds (a window past the rows raises) and releases the GIL for the copy.
 
-    Row-major rows: an item is a window's bytes (one ``memcpy`` each); otherwise a window view."""
+    Row-major rows: a window is one row of a ``[windows, bytes]`` byte view (one ``memcpy`` each);
+    otherwise a window view. Bytes, not one ``void`` item per window: numpy keeps the GIL through
+    the copy of a fancy index of at most 500 items (a batch is tens of windows) but releases it
+    for an index that copies a subarray per item, at the same speed."""
     count, features = rows.shape
     windows = max(count - length + 1, 0)
     if rows.flags.c_contiguous and windows and features:
-        item = np.dtype((np.void, length * features * rows.itemsize))
-        blocks = np.ndarray((windows,), item, rows, 0, (rows.strides[0],))
+        window_bytes = length * features * rows.itemsize
+        blocks = np.ndarray((windows, window_bytes), np.uint8, rows, 0, (rows.strides[0], 1))
         copied: np.ndarray[Any, Any] = blocks[starts].view(rows.dtype).reshape(len(starts), length, features)
         return copied
     view = np.lib.stride_tricks.as_strided(
