@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import functools
 import itertools
-import threading
-import time
 from typing import Any
 
 import numpy as np
@@ -280,34 +278,3 @@ def test_window_copies_of_rows_that_are_not_row_major() -> None:
     with pytest.raises(IndexError):
         _window_copies(rows, 3, np.array([8], np.int64))
 
-
-def _runs_python_during(copy: Any) -> bool:
-    """Whether this thread ran Python while another thread was inside ``copy()``: it cannot
-    while that thread holds the GIL."""
-    inside: list[float] = []
-    seen: list[float] = []
-    started = threading.Event()
-
-    def copying() -> None:
-        started.set()
-        begun = time.perf_counter()
-        copy()
-        inside.extend((begun, time.perf_counter()))
-
-    thread = threading.Thread(target=copying)
-    thread.start()
-    started.wait(10)
-    while thread.is_alive():
-        seen.append(time.perf_counter())
-    thread.join(10)
-    return any(inside[0] < t < inside[1] for t in seen)
-
-
-def test_window_copies_of_a_batch_release_the_gil() -> None:
-    # a batch is tens of windows, and numpy keeps the GIL through a fancy index of at most 500
-    # items; the assembler's copy must leave the GIL to the training loop's Python meanwhile
-    # (the loop benchmark's batch: 64 windows of 50 rows x 100 float32; a copy of ~0.02 ms, so
-    # a thread switch inside it is a matter of luck once, but not thirty times over)
-    rows = np.ones((178, 100), np.float32)
-    copy = functools.partial(_window_copies, rows, 50, np.arange(0, 128, 2, dtype=np.int64))
-    assert any(_runs_python_during(copy) for _ in range(30))
