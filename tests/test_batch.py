@@ -277,4 +277,3 @@ def test_window_copies_of_rows_that_are_not_row_major() -> None:
     assert copied.tolist() == [rows[0:3].tolist(), rows[7:10].tolist()]
     with pytest.raises(IndexError):
         _window_copies(rows, 3, np.array([8], np.int64))
-
