@@ -26,7 +26,7 @@ from ._diagnostics.mixing import MixingWatch
 from ._epoch.elastic import Stretch, epoch_remainder
 from ._epoch.shard import (
     Sharding,
-    agree_seed,
+    agree_ranks,
     distributed_world_size,
     epoch_units,
     part_range,
@@ -40,6 +40,7 @@ from ._pipeline.batch import batch_count
 from ._pipeline.device import DeviceStage
 from ._pipeline.epoch import EpochRun
 from ._sql.plan import QueryPlan, WorkUnit
+from ._sql.plan_fingerprint import plan_fingerprint
 from .backends import Backend
 from .stats import StatsRecorder
 
@@ -78,26 +79,31 @@ class EpochClaims:
         def _backend_here(self) -> Backend: ...
         def _shelve(self, arena: Arena) -> None: ...
 
-    def _agree(self, sharding: Sharding) -> None:
-        """Agree on the seed among ``sharding``'s ranks (once per world size), warn of an unordered query.
+    def _agree(self, sharding: Sharding, again: bool = False) -> None:
+        """Agree among ``sharding``'s ranks on the seed and check that they share one plan (once per
+        world size, or ``again`` after a new plan), and warn of an unordered query.
 
         Raises:
+            RuntimeError: a rank's plan differs from rank 0's (see :func:`agree_ranks`).
             ValueError: ``shuffle`` without a seed in a DataLoader worker of a multi-rank run whose
                 loader was built before the process group (a worker cannot broadcast the seed).
         """
         world = sharding.world_size
-        if world in (1, self._agreed_world):
+        if world == 1 or (world == self._agreed_world and not again):
             return
-        if not self._seed_given:
-            if get_worker_info() is not None and self.config.shuffle:
-                raise ValueError(
-                    f"shuffle=True and seed=None under {world} ranks, in a DataLoader worker of a loader "
-                    f"built before the process group: the ranks cannot agree on a seed here; give the same "
-                    f"seed= on every rank"
-                )
-            if get_worker_info() is None:
-                shared = agree_seed(self.config.seed, sharding, self.config.shuffle)
+        if get_worker_info() is None:
+            shuffled = self.config.shuffle and not self._seed_given
+            shared = agree_ranks(self.config.seed, plan_fingerprint(self.plan), sharding, shuffled)
+            if not self._seed_given:
                 self.config = dataclasses.replace(self.config, seed=shared)
+        elif not self._seed_given and self.config.shuffle:
+            raise ValueError(
+                f"shuffle=True and seed=None under {world} ranks, in a DataLoader worker of a loader "
+                f"built before the process group: the ranks cannot agree on a seed here; give the same "
+                f"seed= on every rank"
+            )
+        if world == self._agreed_world:
+            return
         self._agreed_world = world
         query = self.plan.query
         if query is not None and not query.is_ordered():

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from ._core.config import LoaderConfig
 from ._core.errors import warn_caller
-from ._epoch.shard import Sharding
+from ._epoch.shard import Sharding, from_rank0
 from ._io.cache import PartitionCache
 from ._pipeline.arena import Arena
 from ._pipeline.epoch import EpochIterator
@@ -65,6 +65,18 @@ class LoaderResources:
             self._backend = backend
             self._backend_pid = os.getpid()
         return self._backend
+
+    def _follow_rank0(self, sharding: Sharding) -> None:
+        """Read rank 0's PostgreSQL snapshot where this backend pins one and the ranks can talk
+        (torch.distributed initialised with ``sharding``'s world size: a collective), so every
+        rank plans and reads the same rows by construction; rank 0's loader keeps it open."""
+        backend = self._backend
+        follow = getattr(backend, "follow", None)
+        snapshot = getattr(backend, "snapshot", None)
+        if snapshot is not None and follow is not None:
+            shared = from_rank0(snapshot, sharding)
+            if shared != snapshot:
+                follow(shared)
 
     def _partition_cache(self) -> PartitionCache | None:
         """A cache for the partitions when ``cache_bytes`` allows all of them, else None."""

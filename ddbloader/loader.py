@@ -217,6 +217,7 @@ class DDBDataLoader(DataLoaderFace, LoaderCheckpoint, LoaderResources):
         self._backend_pid = os.getpid()
         self._backend: Backend | None = connect(source)
         try:
+            self._follow_rank0(built)
             self.plan = build_plan(self._backend, sql, self.config, progress=progress)
             self.config = dataclasses.replace(self.config, group_pool_size=pool_size(self.plan, self.config))
             self._handover.check(self.plan)
