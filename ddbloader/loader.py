@@ -22,7 +22,7 @@ import torch
 
 from ._checkpoint import LoaderCheckpoint
 from ._claims import Iteration
-from ._construction import NO_SOURCE, arrow_backend, build_splits, parquet_backend, records_given_arguments
+from ._construction import NO_SOURCE, LoaderConstructors, records_given_arguments
 from ._core.config import normalise_config, resolve_aliases
 from ._core.display import plan_html, plan_text
 from ._core.errors import warn_caller
@@ -48,7 +48,7 @@ __all__ = ["DDBDataLoader"]
 Batch = tuple[torch.Tensor, torch.Tensor]
 
 
-class DDBDataLoader(DataLoaderFace, LoaderCheckpoint, LoaderResources):
+class DDBDataLoader(DataLoaderFace, LoaderCheckpoint, LoaderResources, LoaderConstructors):
     """Feed PyTorch from a SQL query: split it into subqueries, fetch in the background, yield batches.
 
     Semantics (see the Concepts page of the docs): groups never mix inside a sample; windows
@@ -365,39 +365,6 @@ class DDBDataLoader(DataLoaderFace, LoaderCheckpoint, LoaderResources):
     def __del__(self) -> None:
         if not getattr(self, "_closed", True):
             self.close()
-
-    @classmethod
-    def split(
-        cls, *args: Any, split_col: str, at: Sequence[Any], gap: Any = None, **kwargs: Any
-    ) -> tuple[DDBDataLoader, ...]:
-        """Train, validation, test (...) loaders of one query (``args``: source, sql, target_col),
-        cut at the ascending points ``at`` of ``split_col``: ``len(at) + 1`` loaders with
-        ``split_range`` ``(None, at[0])``, ``(at[0] + gap, at[1])``, ..., ``(at[-1] + gap, None)``;
-        ``shuffle`` only on the first. ``gap`` (an embargo: a number, or a ``timedelta`` for dates
-        and datetimes) leaves the samples whose y starts within it after a cut in no split."""
-        return build_splits(cls, args, split_col, at, gap, kwargs)
-
-    @classmethod
-    def from_parquet(
-        cls, path: str | os.PathLike[str], target_col: Any, sql: str = "SELECT * FROM data", **kwargs: Any
-    ) -> DDBDataLoader:
-        """A loader over Parquet file(s) (a path or glob), read in place as the view ``data``."""
-        return cls(parquet_backend(path), sql, target_col, **kwargs)
-
-    @classmethod
-    def from_arrow(
-        cls, table: Any, target_col: Any, sql: str = "SELECT * FROM data", **kwargs: Any
-    ) -> DDBDataLoader:
-        """A loader over an Arrow table (or anything DuckDB scans: a pandas DataFrame), copied into
-        an in-memory DuckDB table ``data``."""
-        return cls(arrow_backend(table), sql, target_col, **kwargs)
-
-    @classmethod
-    def from_pandas(
-        cls, frame: Any, target_col: Any, sql: str = "SELECT * FROM data", **kwargs: Any
-    ) -> DDBDataLoader:
-        """A loader over a pandas DataFrame, copied into an in-memory DuckDB table ``data``."""
-        return cls.from_arrow(frame, target_col, sql, **kwargs)
 
     def _plan_rows(self) -> list[tuple[str, str]]:
         return plan_rows(self.plan, self.config, self.sharding, self.batches())
