@@ -29,6 +29,7 @@ from ._epoch.shard import (
     agree_ranks,
     distributed_world_size,
     epoch_units,
+    from_rank0,
     part_range,
     shard_samples,
     share_units,
@@ -39,6 +40,7 @@ from ._pipeline.arena import Arena, arena_for
 from ._pipeline.batch import batch_count
 from ._pipeline.device import DeviceStage
 from ._pipeline.epoch import EpochRun
+from ._resources import REPLAN_IN_WORKER
 from ._sql.plan import QueryPlan, WorkUnit
 from ._sql.plan_fingerprint import plan_fingerprint
 from .backends import Backend
@@ -71,12 +73,17 @@ class EpochClaims:
     _fixed_sharding: Sharding | None
     _seed_given: bool
     _agreed_world: int
+    #: ``replan="epoch"``; and whether the current plan has served an epoch
+    _replans: bool
+    _plan_served: bool
+    sql: str
 
     if TYPE_CHECKING:  # the loader's own, used here
 
         @property
         def sharding(self) -> Sharding: ...
         def _backend_here(self) -> Backend: ...
+        def _plan_now(self, backend: Backend, sql: str, progress: bool = False) -> None: ...
         def _shelve(self, arena: Arena) -> None: ...
 
     def _agree(self, sharding: Sharding, again: bool = False) -> None:
@@ -112,6 +119,33 @@ class EpochClaims:
                 f"ORDER BY: a partition that two ranks both read may come back in another order on each, "
                 f"losing or repeating rows across ranks; add an ORDER BY that orders the rows totally"
             )
+
+    def _replan_if_due(self) -> None:
+        """Under ``replan="epoch"``, before an iteration that starts a new epoch once the current
+        plan has served one (not one that resumes a started epoch): plan again on a fresh
+        snapshot where the backend pins one, rank 0's on every rank where the ranks can talk (a
+        collective), and check that the ranks' plans agree.
+
+        Raises:
+            ValueError: in a DataLoader worker process (see :func:`replans`).
+            RuntimeError: a rank's new plan differs from rank 0's (see :func:`agree_ranks`).
+        """
+        if not self._replans or not self._plan_served or (self._resume is not None and self._resume.started):
+            return
+        if get_worker_info() is not None:
+            raise ValueError(REPLAN_IN_WORKER)
+        backend, sharding = self._backend_here(), self.sharding
+        fresh, follow = getattr(backend, "fresh_snapshot", None), getattr(backend, "follow", None)
+        if fresh is not None and follow is not None and getattr(backend, "snapshot", None) is not None:
+            own = fresh()
+            shared = from_rank0(own, sharding)
+            if shared != own:
+                follow(shared)
+        self._plan_now(backend, self.sql)
+        self._left, self._plan_served = None, False
+        self._mixing = MixingWatch(self.plan, self.config)
+        self._agree(sharding, again=True)
+        _log.info("epoch %d planned anew: %d samples", self._epoch, self.plan.samples)
 
     def _pending(self, worker: int, num_workers: int) -> tuple[int, int]:
         """``(epoch, batches)`` an iteration of this worker would serve if it started now."""
@@ -192,6 +226,8 @@ class EpochClaims:
         if self._closed:
             raise RuntimeError("this DDBDataLoader is closed")
         in_worker = get_worker_info() is not None
+        if in_worker and self._replans:
+            raise ValueError(REPLAN_IN_WORKER)
         if in_worker and self.config.device.type != "cpu":
             raise ValueError(
                 f"device={str(self.config.device)!r} in a DataLoader worker process: a worker cannot "
@@ -250,7 +286,7 @@ class EpochClaims:
             (f" (resuming after batch {skip})" if skip else "")
             + (f" (the rest after {len(stretches)} stretch(es) under other worlds)" if stretches else ""),
         )
-        self._epoch = epoch + 1
+        self._epoch, self._plan_served = epoch + 1, True
         self._resume = None
         self._running = Resume(
             stretches,

@@ -10,7 +10,6 @@ from a DataLoader (``batch_size``, ``dataset``, ``sampler``, ...) are :mod:`ddbl
 
 from __future__ import annotations
 
-import dataclasses
 import inspect
 import itertools
 import os
@@ -29,16 +28,14 @@ from ._core.errors import warn_caller
 from ._diagnostics.mixing import MixingWatch
 from ._diagnostics.summary import plan_rows
 from ._epoch.elastic import Stretch
-from ._epoch.schedule import pool_size
 from ._epoch.shard import Sharding, resolve_sharding
 from ._epoch.state import Resume
 from ._modes import Handover, tf_dataset
 from ._pipeline.arena import Arena
 from ._pipeline.epoch import EpochIterator
-from ._resources import LoaderResources
+from ._resources import LoaderResources, replans
 from ._samples import DataLoaderFace
 from ._sql.plan import WorkUnit
-from ._sql.planner import build_plan
 from .backends import Backend, connect
 from .stats import LoaderStats, StatsRecorder
 from .transforms import as_pipeline
@@ -140,6 +137,12 @@ class DDBDataLoader(DataLoaderFace, LoaderCheckpoint, LoaderResources, LoaderCon
         split_col: with ``split_range=(lo, hi)`` (either end None), serve exactly the samples whose
             y rows all have ``lo <= split_col < hi``, x looking back before ``lo`` (see :meth:`split`
             and the Splits page of the docs).
+        replan: ``"never"`` (the default): one plan, and on PostgreSQL one snapshot, from
+            construction to ``close()``. ``"epoch"``: each iteration that starts a new epoch,
+            once the current plan has served one, plans again on what is committed then (on
+            PostgreSQL a fresh snapshot; under DDP rank 0's, shared), so an epoch sees the rows
+            written before it and ``len()`` after ``iter()`` counts that epoch (see the PostgreSQL
+            page of the docs). Refused with ``cache_bytes`` and in DataLoader worker processes.
         mode: the same batches as ``"pytorch"``, ``"numpy"``, ``"jax"`` or ``"tensorflow"`` arrays.
         verbose: accepted for DolphinDB code and ignored: ddbloader reports through the
             ``"ddbloader"`` logger (INFO per epoch, DEBUG per partition).
@@ -191,6 +194,7 @@ class DDBDataLoader(DataLoaderFace, LoaderCheckpoint, LoaderResources, LoaderCon
         verify: bool = False,
         split_col: str | None = None,
         split_range: tuple[Any, Any] | None = None,
+        replan: str = "never",
         mode: str = "pytorch",
         verbose: bool = False,
         **aliases: Any,
@@ -212,15 +216,15 @@ class DDBDataLoader(DataLoaderFace, LoaderCheckpoint, LoaderResources, LoaderCon
         if not isinstance(progress, bool):
             raise TypeError(f"progress must be a bool, got {type(progress).__name__} {progress!r}")
         self._seed_given = args["seed"] is not None
+        self._replans, self._plan_served = replans(replan, self.config), False
+        self._pool_given = self.config.group_pool_size
         self._agreed_world = 1
         self._source = source
         self._backend_pid = os.getpid()
         self._backend: Backend | None = connect(source)
         try:
             self._follow_rank0(built)
-            self.plan = build_plan(self._backend, sql, self.config, progress=progress)
-            self.config = dataclasses.replace(self.config, group_pool_size=pool_size(self.plan, self.config))
-            self._handover.check(self.plan)
+            self._plan_now(self._backend, sql, progress)
         except BaseException:
             self._backend.close()
             raise
@@ -323,6 +327,7 @@ class DDBDataLoader(DataLoaderFace, LoaderCheckpoint, LoaderResources, LoaderCon
             "loop, keep the one you have; for shapes see loader.plan)"
         )
         self._give_back(None)
+        self._replan_if_due()
         iteration = Iteration(self, next(self._tokens), worker, num_workers, claimed)
         iterator = self._handover.iterator(iteration)
         weakref.finalize(iterator, self._give_back, iteration.token).atexit = False

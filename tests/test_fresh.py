@@ -10,15 +10,20 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import duckdb
 import pgserver
 import pytest
+import torch
 from servers import free_port
+
+from ddbloader import DDBDataLoader
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -154,3 +159,151 @@ def test_ranks_built_after_the_process_group_read_rank_0_s_snapshot(
     served = sorted((row for report in reports for row in report["rows"]), key=lambda row: row[1])
     assert served == table
     assert reports[0]["len"] == reports[1]["len"]
+
+
+# --- replan="epoch" -------------------------------------------------------------------------
+
+FRESH: dict[str, Any] = {
+    "input_col": ["v", "ts"],
+    "group_col": "g",
+    "batch_size": 32,
+    "shuffle": True,
+    "seed": 7,
+    "fetch_bytes": 4096,
+    "dtype": torch.float64,
+}
+#: The oracle: the loader's query run whole, its x columns sorted by ts.
+ORACLE = f"SELECT v, ts FROM ({SQL}) q ORDER BY ts"
+#: Written between epochs (or mid-epoch) by another session: new rows and changed values.
+WRITES = (
+    "INSERT INTO t SELECT i % 6, 1000 + i, 2.0, 0.5 FROM generate_series(0, 69) s(i)",
+    "UPDATE t SET v = 3.0 WHERE ts % 5 = 0",
+)
+
+
+def _served(batches: Any) -> list[list[float]]:
+    """Every (v, ts) row of an epoch's batches, sorted by ts."""
+    return sorted(([float(v), float(ts)] for x, _ in batches for v, ts in x.tolist()), key=lambda r: r[1])
+
+
+class _Postgres:
+    """The table ``t`` on the session's PostgreSQL, written by another session."""
+
+    def __init__(self, uri: str) -> None:
+        from adbc_driver_postgresql import dbapi
+
+        self.source = uri
+        self.writer = dbapi.connect(uri, autocommit=True)
+
+    def run(self, sql: str) -> list[list[float]]:
+        with self.writer.cursor() as cursor:
+            cursor.execute(sql)
+            return [[float(v) for v in row] for row in cursor.fetchall()] if cursor.description else []
+
+
+class _DuckDB:
+    """The table ``t`` in an in-memory DuckDB whose connection the loader is given."""
+
+    def __init__(self) -> None:
+        self.source = duckdb.connect()
+        self.writer = self.source
+
+    def run(self, sql: str) -> list[list[float]]:
+        rows = self.source.execute(sql).fetchall()
+        return [[float(v) for v in row] for row in rows] if rows and rows[0] is not None else []
+
+
+@pytest.fixture(params=["duckdb", "postgres"])
+def engine(request: pytest.FixtureRequest) -> Iterator[Any]:
+    """A table ``t`` of 6 groups x 100 rows on a real engine, and how to run SQL there."""
+    made = _Postgres(request.getfixturevalue("pg_server").uri) if request.param == "postgres" else _DuckDB()
+    made.run("DROP TABLE IF EXISTS t")
+    made.run(
+        "CREATE TABLE t AS SELECT (i % 6) AS g, i AS ts, CAST(1 AS DOUBLE PRECISION) AS v, "
+        f"CAST(0.5 AS DOUBLE PRECISION) AS y FROM generate_series(0, {ROWS - 1}) s(i)"
+    )
+    yield made
+    made.writer.close()
+
+
+def test_each_epoch_is_the_query_run_whole_on_the_data_committed_before_it(engine: Any) -> None:
+    """A write mid-epoch 1 changes nothing in epoch 1 where a snapshot holds (PostgreSQL); epoch 2
+    is the query run whole after it, and len() counts epoch 2's batches once it starts."""
+    before = engine.run(ORACLE)
+    with DDBDataLoader(engine.source, SQL, "y", replan="epoch", **FRESH) as loader:
+        first_len = len(loader)
+        iterator = iter(loader)
+        first = next(iterator)
+        if engine.source is not engine.writer:  # PostgreSQL: written by another session mid-epoch
+            for statement in WRITES:
+                engine.run(statement)
+        epoch1 = _served([first, *iterator])
+        if engine.source is engine.writer:  # DuckDB: a passed connection sees writes between queries
+            for statement in WRITES:
+                engine.run(statement)
+        assert epoch1 == before
+        after = engine.run(ORACLE)
+        assert len(after) == len(before) + 70 and after != before
+        iterator = iter(loader)
+        assert len(loader) == len(iterator) == -(-len(after) // 32) != first_len
+        assert _served(iterator) == after
+        assert _served(loader) == after  # a later epoch with no write: the same rows again
+
+
+def test_replan_never_keeps_one_snapshot(pg_server: pgserver.PostgresServer) -> None:
+    """The default: epoch 2 reads the snapshot of construction, not the rows written since."""
+    engine = _Postgres(pg_server.uri)
+    try:
+        engine.run("DROP TABLE IF EXISTS t")
+        engine.run(
+            "CREATE TABLE t AS SELECT (i % 6) AS g, i AS ts, CAST(1 AS DOUBLE PRECISION) AS v, "
+            f"CAST(0.5 AS DOUBLE PRECISION) AS y FROM generate_series(0, {ROWS - 1}) s(i)"
+        )
+        before = engine.run(ORACLE)
+        with DDBDataLoader(pg_server.uri, SQL, "y", **FRESH) as loader:
+            assert _served(loader) == before
+            for statement in WRITES:
+                engine.run(statement)
+            assert _served(loader) == before
+    finally:
+        engine.writer.close()
+
+
+def test_a_state_inside_an_epoch_needs_its_plan_one_at_its_end_takes_a_fresh_one(engine: Any) -> None:
+    """Resume under replan='epoch': a state saved mid-epoch is refused once the data changed (its
+    snapshot is gone), naming why; a state saved after an epoch ended resumes on a fresh plan."""
+    with DDBDataLoader(engine.source, SQL, "y", replan="epoch", **FRESH) as loader:
+        iterator = iter(loader)
+        next(iterator)
+        inside = loader.state_dict()
+        list(iterator)
+        ended = loader.state_dict()
+    assert inside["batches"] == 1 and ended["batches"] == 0
+    for statement in WRITES:
+        engine.run(statement)
+    after = engine.run(ORACLE)
+    with DDBDataLoader(engine.source, SQL, "y", replan="epoch", **FRESH) as loader:
+        with pytest.raises(ValueError, match="the snapshot this state's epoch was planned on is gone"):
+            loader.load_state_dict(inside)
+        loader.load_state_dict(ended)
+        assert loader.epoch == 1
+        assert _served(loader) == after
+    with (
+        DDBDataLoader(engine.source, SQL, "y", **FRESH) as loader,  # replan='never': a change refuses
+        pytest.raises(ValueError, match="600 samples per epoch; this one has 670"),
+    ):
+        loader.load_state_dict(ended)
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        ({"replan": "always"}, "replan must be 'never' or 'epoch', got 'always'"),
+        ({"replan": "epoch", "cache_bytes": 2**20}, "replan='epoch' with cache_bytes=1048576"),
+    ],
+)
+def test_bad_replan_arguments_are_refused(arguments: dict[str, Any], message: str) -> None:
+    con = duckdb.connect()
+    con.execute("CREATE TABLE t AS SELECT i % 6 AS g, i AS ts, 1.0 AS v, 0.5 AS y FROM range(60) r(i)")
+    with pytest.raises(ValueError, match=re.escape(message)):
+        DDBDataLoader(con, SQL, "y", **{**FRESH, **arguments})

@@ -242,6 +242,8 @@ class ADBCBackend:
         self._lock = threading.Lock()
         self._session: tuple[tuple[str, str], ...] = ()
         self._holder: SnapshotHolder | None = None
+        #: the holder of the snapshot before :meth:`fresh_snapshot`'s, kept until the next one
+        self._previous: SnapshotHolder | None = None
         #: The PostgreSQL snapshot every cursor reads (its id); None on other engines.
         self.snapshot: str | None = None
         self._spare = _autocommit(self._open())
@@ -326,6 +328,24 @@ class ADBCBackend:
         if holder is not None:
             holder.close()
 
+    def fresh_snapshot(self) -> str:
+        """Take a new snapshot that every cursor reads from now on (``replan="epoch"``), and return
+        its id. The previous one stays importable until the next call or :meth:`close`, so a
+        DDP rank that follows it may finish its last fetches while rank 0 shares the new one.
+
+        Raises:
+            ValueError: this backend reads no PostgreSQL snapshot.
+        """
+        if self.snapshot is None:
+            raise ValueError(f"a {self.engine} backend reads no PostgreSQL snapshot")
+        holder = SnapshotHolder(replicate(_autocommit(self._open()), self._session))
+        with self._lock:
+            retired, self._previous, self._holder = self._previous, self._holder, holder
+            self.snapshot = holder.id
+        if retired is not None:
+            retired.close()
+        return holder.id
+
     def renew_snapshot(self, lost: str) -> str:
         """A new snapshot for every cursor, when ``lost`` can no longer be imported (the server
         restarted, or ended the holding session): the rest of the loader's life reads that one,
@@ -356,9 +376,11 @@ class ADBCBackend:
         stays open."""
         with self._lock:
             spare, self._spare = self._spare, None
-            holder, self._holder = self._holder, None
-        if holder is not None:
-            holder.close()
+            holders = (self._holder, self._previous)
+            self._holder = self._previous = None
+        for holder in holders:
+            if holder is not None:
+                holder.close()
         if spare is not None:
             with contextlib.suppress(Exception):
                 spare.close()

@@ -153,6 +153,10 @@ class SnapshotHolder:
         In a process forked after the holder was made, a no-op: the session is the parent's."""
         connection, self._connection = self._connection, None
         if connection is not None:
+            # ending the transaction first releases the snapshot when close() returns: a closed
+            # connection's server session ends a moment later, when the server gets to it
+            with contextlib.suppress(Exception), contextlib.closing(connection.cursor()) as cursor:
+                cursor.execute("ROLLBACK")
             with contextlib.suppress(Exception):
                 connection.close()
 
