@@ -70,6 +70,14 @@ if order == "before":  # rank 0 builds, writes, then rank 1 builds; then the pro
         write()
         open(flag, "w").write("written")
     init()
+elif order == "epoch":  # replan='epoch': rank 1 writes between epochs 1 and 2; report epoch 2
+    init()
+    loader = DDBDataLoader(uri, SQL, "y", replan="epoch", **ARGS)
+    list(loader)
+    dist.barrier()
+    if rank == 1:
+        write()
+    dist.barrier()
 else:  # the process group first; rank 1 writes once rank 0 holds its snapshot, then builds
     init()
     if rank == 1:
@@ -307,3 +315,21 @@ def test_bad_replan_arguments_are_refused(arguments: dict[str, Any], message: st
     con.execute("CREATE TABLE t AS SELECT i % 6 AS g, i AS ts, 1.0 AS v, 0.5 AS y FROM range(60) r(i)")
     with pytest.raises(ValueError, match=re.escape(message)):
         DDBDataLoader(con, SQL, "y", **{**FRESH, **arguments})
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(180)
+def test_ranks_replan_each_epoch_on_rank_0_s_snapshot(
+    pg_server: pgserver.PostgresServer, table: list[list[float]], tmp_path: Path
+) -> None:
+    """replan='epoch' under two ranks: a write between epochs 1 and 2; the ranks' epoch-2 shards
+    together are the query run whole after it, each sample once."""
+    reports = _two_ranks(pg_server.uri, "epoch", tmp_path)
+    from adbc_driver_postgresql import dbapi
+
+    with dbapi.connect(pg_server.uri, autocommit=True) as admin, admin.cursor() as cursor:
+        cursor.execute(ORACLE)
+        after = [[float(v), float(ts)] for v, ts in cursor.fetchall()]
+    assert len(after) == ROWS + 60
+    served = sorted((row for report in reports for row in report["rows"]), key=lambda row: row[1])
+    assert served == after
