@@ -22,8 +22,9 @@ import pgserver
 import pytest
 import torch
 from servers import free_port
+from torch.utils.data import DataLoader
 
-from ddbloader import DDBDataLoader
+from ddbloader import DDBDataLoader, DDBIterableDataset
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -36,7 +37,7 @@ _RANK = """
 import json, sys, time
 import torch.distributed as dist
 from adbc_driver_postgresql import dbapi
-from ddbloader import DDBDataLoader
+from ddbloader import DDBDataLoader, DDBIterableDataset
 
 SQL = __SQL__
 uri, port, rank, order, flag = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5]
@@ -333,3 +334,17 @@ def test_ranks_replan_each_epoch_on_rank_0_s_snapshot(
     assert len(after) == ROWS + 60
     served = sorted((row for report in reports for row in report["rows"]), key=lambda row: row[1])
     assert served == after
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(90)
+def test_replan_is_refused_in_a_dataloader_worker(db_path: str) -> None:
+    """A worker is a copy of the loader that cannot follow its parent's new plan: its first batch
+    refuses, naming the combination (torch re-raises it in the main process, same type)."""
+    data = DDBIterableDataset(db_path, "SELECT f0, y FROM series ORDER BY rid", "y", replan="epoch")
+    try:
+        with pytest.raises(ValueError, match=r"replan='epoch' in a DataLoader worker process.*num_workers=0"):
+            next(iter(DataLoader(data, batch_size=None, num_workers=1)))
+        assert len(list(DataLoader(data, batch_size=None, num_workers=0))) == len(data.loader)
+    finally:
+        data.loader.close()
