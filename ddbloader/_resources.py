@@ -1,4 +1,9 @@
-"""What a loader holds in its process: its backend, its partition cache, its arena, its running iteration.
+"""What a loader holds in its process: its backend and the plan made on it, its partition cache, its
+arena, its running iteration.
+
+A plan is made on what the backend reads (on PostgreSQL its snapshot; under DDP rank 0's, where
+the ranks can talk at construction), at construction and, with ``replan="epoch"``, before each
+new epoch (see :mod:`ddbloader._claims`).
 
 A backend belongs to the process that opened it: a DataLoader worker process (a pickled copy of
 the loader) opens its own from the source, which must therefore be one a process can open again

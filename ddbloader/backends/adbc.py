@@ -14,8 +14,9 @@ Every connection the backend opens runs in autocommit mode, and every query runs
 the session was switched to read-only where the engine has a switch
 (:func:`~ddbloader._core.engine.read_only_statement`: PostgreSQL, SQLite), so a SELECT that calls
 a side-effecting function is refused by the engine. On PostgreSQL every cursor reads one
-snapshot, held from construction to :meth:`ADBCBackend.close` (see
-:mod:`ddbloader.backends.postgres`), in a read-only transaction of its own.
+snapshot, held from construction to :meth:`ADBCBackend.close` or replaced by
+:meth:`ADBCBackend.fresh_snapshot` (see :mod:`ddbloader.backends.postgres`), in a read-only
+transaction of its own.
 Parameters are bound by the driver: ``$n`` as rendered for PostgreSQL and DuckDB, rewritten to
 ``?`` for the other drivers. PostgreSQL ``numeric`` (which the driver returns as text) arrives as
 float64, the type the loader converts decimals to anyway.

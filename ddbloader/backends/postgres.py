@@ -5,7 +5,8 @@ snapshot (``pg_export_snapshot()``); every cursor of the backend reads in a read
 READ transaction that imports it (``SET TRANSACTION SNAPSHOT``, see :func:`begin_snapshot`). So
 planning's counts and fingerprints and every fetch of every epoch see the same rows, whatever
 other sessions commit meanwhile. Writers are never blocked; the cost is that VACUUM keeps the row
-versions the snapshot may see until the holder closes (the loader's ``close()``).
+versions the snapshot may see until the holder closes (the loader's ``close()``, or with
+``replan="epoch"`` the epoch after the next snapshot is taken).
 """
 
 from __future__ import annotations
