@@ -102,7 +102,13 @@ class EpochClaims:
             return
         if get_worker_info() is None:
             shuffled = self.config.shuffle and not self._seed_given
-            shared = agree_ranks(self.config.seed, plan_fingerprint(self.plan), sharding, shuffled)
+            content = sum(
+                p.fingerprint.content
+                for g in self.plan.groups
+                for p in g.partitions
+                if p.fingerprint is not None
+            )
+            shared = agree_ranks(self.config.seed, plan_fingerprint(self.plan), sharding, shuffled, content)
             if not self._seed_given:
                 self.config = dataclasses.replace(self.config, seed=shared)
         elif not self._seed_given and self.config.shuffle:

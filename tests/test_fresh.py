@@ -43,9 +43,13 @@ SQL = __SQL__
 uri, port, rank, order, flag = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5]
 ARGS = dict(input_col=["v", "ts"], group_col="g", batch_size=16, shuffle=True, seed=5, fetch_bytes=4096)
 
+UPDATE_ONLY = order == "before_verify"  # a change that keeps every count: verify=True's hashes see it
+ARGS["verify"] = UPDATE_ONLY
+
 def write():
     with dbapi.connect(uri, autocommit=True) as writer, writer.cursor() as cursor:
-        cursor.execute("INSERT INTO t SELECT i % 6, 1000 + i, -1, 0.5 FROM generate_series(0, 59) i")
+        if not UPDATE_ONLY:
+            cursor.execute("INSERT INTO t SELECT i % 6, 1000 + i, -1, 0.5 FROM generate_series(0, 59) i")
         cursor.execute("UPDATE t SET v = -1")
 
 def snapshot_held():
@@ -63,7 +67,7 @@ def wait(ready):
 def init():
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
 
-if order == "before":  # rank 0 builds, writes, then rank 1 builds; then the process group
+if order.startswith("before"):  # rank 0 builds, writes, then rank 1 builds; then the process group
     if rank == 1:
         wait(lambda: open(flag).read() == "written")
     loader = DDBDataLoader(uri, SQL, "y", **ARGS)
@@ -144,16 +148,21 @@ def _two_ranks(uri: str, order: str, tmp_path: Path) -> list[dict[str, Any]]:
 
 @pytest.mark.multiprocess
 @pytest.mark.timeout(180)
+@pytest.mark.parametrize(
+    ("order", "difference"),
+    [("before", "the planned row counts per partition"), ("before_verify", "the rows' content")],
+)
 def test_ranks_built_on_different_data_refuse_before_the_first_batch(
-    pg_server: pgserver.PostgresServer, table: list[list[float]], tmp_path: Path
+    pg_server: pgserver.PostgresServer, table: list[list[float]], tmp_path: Path, order: str, difference: str
 ) -> None:
     """Built before the process group, each rank pins its own snapshot: an INSERT between the two
-    constructions gives rank 1 more rows; every rank refuses at its first batch, naming why."""
-    reports = _two_ranks(pg_server.uri, "before", tmp_path)
+    constructions gives rank 1 more rows, an UPDATE other values (seen by verify=True's row hashes);
+    every rank refuses at its first batch, naming why."""
+    reports = _two_ranks(pg_server.uri, order, tmp_path)
     for report in reports:
         assert "error" in report, report.keys()
         assert report["error"].startswith("rank(s) [1] planned another plan than rank 0")
-        assert "the planned row counts per partition" in report["error"]
+        assert difference in report["error"]
         assert "the data changed between the ranks' constructions" in report["error"]
 
 

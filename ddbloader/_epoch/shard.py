@@ -216,9 +216,10 @@ def from_rank0(value: Any, sharding: Sharding) -> Any:
     return box[0]
 
 
-def agree_ranks(drawn: int, fingerprint: str, sharding: Sharding, shuffle: bool) -> int:
+def agree_ranks(drawn: int, fingerprint: str, sharding: Sharding, shuffle: bool, content: int = 0) -> int:
     """The seed every rank uses when the user gave none, rank 0's; and a check that every rank
-    planned the same plan (its :func:`~ddbloader._sql.plan_fingerprint.plan_fingerprint`).
+    planned the same plan (its :func:`~ddbloader._sql.plan_fingerprint.plan_fingerprint`, and
+    ``content``, the sum of its partitions' row hashes where ``verify=True`` planned them).
 
     Ranks cut one shuffled sequence of one plan: with independently drawn seeds their shards would
     overlap and miss samples, and with plans of different data (the table changed between two
@@ -242,14 +243,16 @@ def agree_ranks(drawn: int, fingerprint: str, sharding: Sharding, shuffle: bool)
             )
         return drawn
     gathered: list[Any] = [None] * sharding.world_size
-    torch.distributed.all_gather_object(gathered, (drawn, fingerprint))
-    (seed, first), *_ = gathered
-    others = {rank: plan for rank, (_, plan) in enumerate(gathered) if plan != first}
+    torch.distributed.all_gather_object(gathered, (drawn, fingerprint, content))
+    (seed, *first), *_ = gathered
+    others = {rank: plan for rank, (_, *plan) in enumerate(gathered) if plan != first}
     if others:
-        differences = sorted({d for plan in others.values() for d in plan_differences(first, plan)})
+        differences = {d for plan, _ in others.values() for d in plan_differences(first[0], plan)}
+        if any(sums != first[1] for _, sums in others.values()):
+            differences.add("the rows' content (verify=True's row hashes)")
         raise RuntimeError(
             f"rank(s) {sorted(others)} planned another plan than rank 0 (it differs in "
-            f"{'; '.join(differences)}): the data changed between the ranks' constructions of their "
+            f"{'; '.join(sorted(differences))}): the data changed between the ranks' constructions of their "
             f"loaders, and their shards would lose or repeat samples; build the loaders from data that "
             f"does not change meanwhile, or on PostgreSQL build them after init_process_group (the "
             f"ranks then read rank 0's snapshot) or with replan='epoch' (every epoch is planned on a "
