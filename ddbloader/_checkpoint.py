@@ -15,8 +15,9 @@ from typing import TYPE_CHECKING, Any
 
 from ._claims import EpochClaims
 from ._epoch.shard import shard_samples
-from ._epoch.state import Resume, check_state, make_state
+from ._epoch.state import Resume, check_state, make_state, resume_of
 from ._pipeline.batch import batch_count
+from ._sql.plan_fingerprint import plan_fingerprint
 
 __all__ = ["LoaderCheckpoint"]
 
@@ -86,6 +87,29 @@ class LoaderCheckpoint(EpochClaims):
         place = Resume((), sharding.world_size, sharding.even_batches, 1, 0, batch, (batch,))
         return make_state(epoch, self.config, self.plan, sharding.rank, place)
 
+    def _checked(self, state: Mapping[str, Any]) -> Resume:
+        """Where ``state`` stopped, checked against this loader (see :meth:`load_state_dict`)."""
+        if not self._replans:
+            return check_state(state, self.config, self.plan)
+        try:
+            boundary = not resume_of(state).started
+        except (KeyError, TypeError, ValueError):
+            boundary = False  # malformed: check_state names what is wrong
+        if boundary:
+            plan = self.plan
+            fresh = {"samples": plan.samples, "partitions": plan.partitions, "plan": plan_fingerprint(plan)}
+            state = {**state, **fresh}
+        try:
+            return check_state(state, self.config, self.plan)
+        except ValueError as error:
+            if boundary:
+                raise
+            raise ValueError(
+                f"{error}. Under replan='epoch' the snapshot this state's epoch was planned on is gone "
+                f"(every epoch plans on a fresh one, and the data changed since): resume from a state "
+                f"saved at an epoch's end, or with replan='never' on data that does not change"
+            ) from error
+
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue from ``state``: the next iteration resumes that epoch after its last batch.
 
@@ -96,9 +120,11 @@ class LoaderCheckpoint(EpochClaims):
         Raises:
             ValueError: the state belongs to another plan (sample count, or partition count:
                 streamed pieces depend on ``fetch_bytes``), batch size, shuffle, drop_last,
-                group_pool_size or version, or is malformed.
+                group_pool_size or version, or is malformed. Under ``replan="epoch"`` a state
+                saved at an epoch's boundary resumes on this loader's plan (a fresh one is
+                what that epoch would have planned); one saved inside an epoch needs its plan.
         """
-        resume = check_state(state, self.config, self.plan)
+        resume = self._checked(state)
         self._stop_iterator("this DDBDataLoader iteration was superseded by load_state_dict()")
         self._peek = None
         if state["seed"] != self.config.seed:

@@ -4,7 +4,9 @@ An iteration (:class:`Iteration`, one ``iter(loader)``) claims the next epoch at
 the claim fixes the epoch's work units for this (rank, worker) under the world size of that
 moment (an elastic resume's remainder, or the epoch's own), the batches to skip, and where it
 started; every step reports its progress, so a state saved at any point names where the epoch
-stands. An iteration abandoned after its first batch only (a peek) gives its epoch back.
+stands. An iteration abandoned after its first batch only (a peek) gives its epoch back. Ranks
+agree on the seed and check that they share one plan; under ``replan="epoch"`` an iteration that
+starts a new epoch plans it anew first.
 :class:`EpochClaims` is a base of :class:`~ddbloader.DDBDataLoader`, which sets the attributes
 declared there; one consumer thread claims at a time.
 """
@@ -26,9 +28,10 @@ from ._diagnostics.mixing import MixingWatch
 from ._epoch.elastic import Stretch, epoch_remainder
 from ._epoch.shard import (
     Sharding,
-    agree_seed,
+    agree_ranks,
     distributed_world_size,
     epoch_units,
+    from_rank0,
     part_range,
     shard_samples,
     share_units,
@@ -39,7 +42,9 @@ from ._pipeline.arena import Arena, arena_for
 from ._pipeline.batch import batch_count
 from ._pipeline.device import DeviceStage
 from ._pipeline.epoch import EpochRun
+from ._resources import REPLAN_IN_WORKER
 from ._sql.plan import QueryPlan, WorkUnit
+from ._sql.plan_fingerprint import plan_fingerprint
 from .backends import Backend
 from .stats import StatsRecorder
 
@@ -70,34 +75,50 @@ class EpochClaims:
     _fixed_sharding: Sharding | None
     _seed_given: bool
     _agreed_world: int
+    #: ``replan="epoch"``; and whether the current plan has served an epoch
+    _replans: bool
+    _plan_served: bool
+    sql: str
 
     if TYPE_CHECKING:  # the loader's own, used here
 
         @property
         def sharding(self) -> Sharding: ...
         def _backend_here(self) -> Backend: ...
+        def _plan_now(self, backend: Backend, sql: str, progress: bool = False) -> None: ...
         def _shelve(self, arena: Arena) -> None: ...
 
-    def _agree(self, sharding: Sharding) -> None:
-        """Agree on the seed among ``sharding``'s ranks (once per world size), warn of an unordered query.
+    def _agree(self, sharding: Sharding, again: bool = False) -> None:
+        """Agree among ``sharding``'s ranks on the seed and check that they share one plan (once per
+        world size, or ``again`` after a new plan), and warn of an unordered query.
 
         Raises:
+            RuntimeError: a rank's plan differs from rank 0's (see :func:`agree_ranks`).
             ValueError: ``shuffle`` without a seed in a DataLoader worker of a multi-rank run whose
                 loader was built before the process group (a worker cannot broadcast the seed).
         """
         world = sharding.world_size
-        if world in (1, self._agreed_world):
+        if world == 1 or (world == self._agreed_world and not again):
             return
-        if not self._seed_given:
-            if get_worker_info() is not None and self.config.shuffle:
-                raise ValueError(
-                    f"shuffle=True and seed=None under {world} ranks, in a DataLoader worker of a loader "
-                    f"built before the process group: the ranks cannot agree on a seed here; give the same "
-                    f"seed= on every rank"
-                )
-            if get_worker_info() is None:
-                shared = agree_seed(self.config.seed, sharding, self.config.shuffle)
+        if get_worker_info() is None:
+            shuffled = self.config.shuffle and not self._seed_given
+            content = sum(
+                p.fingerprint.content
+                for g in self.plan.groups
+                for p in g.partitions
+                if p.fingerprint is not None
+            )
+            shared = agree_ranks(self.config.seed, plan_fingerprint(self.plan), sharding, shuffled, content)
+            if not self._seed_given:
                 self.config = dataclasses.replace(self.config, seed=shared)
+        elif not self._seed_given and self.config.shuffle:
+            raise ValueError(
+                f"shuffle=True and seed=None under {world} ranks, in a DataLoader worker of a loader "
+                f"built before the process group: the ranks cannot agree on a seed here; give the same "
+                f"seed= on every rank"
+            )
+        if world == self._agreed_world:
+            return
         self._agreed_world = world
         query = self.plan.query
         if query is not None and not query.is_ordered():
@@ -106,6 +127,33 @@ class EpochClaims:
                 f"ORDER BY: a partition that two ranks both read may come back in another order on each, "
                 f"losing or repeating rows across ranks; add an ORDER BY that orders the rows totally"
             )
+
+    def _replan_if_due(self) -> None:
+        """Under ``replan="epoch"``, before an iteration that starts a new epoch once the current
+        plan has served one (not one that resumes a started epoch): plan again on a fresh
+        snapshot where the backend pins one, rank 0's on every rank where the ranks can talk (a
+        collective), and check that the ranks' plans agree.
+
+        Raises:
+            ValueError: in a DataLoader worker process (see :func:`replans`).
+            RuntimeError: a rank's new plan differs from rank 0's (see :func:`agree_ranks`).
+        """
+        if not self._replans or not self._plan_served or (self._resume is not None and self._resume.started):
+            return
+        if get_worker_info() is not None:
+            raise ValueError(REPLAN_IN_WORKER)
+        backend, sharding = self._backend_here(), self.sharding
+        fresh, follow = getattr(backend, "fresh_snapshot", None), getattr(backend, "follow", None)
+        if fresh is not None and follow is not None and getattr(backend, "snapshot", None) is not None:
+            own = fresh()
+            shared = from_rank0(own, sharding)
+            if shared != own:
+                follow(shared)
+        self._plan_now(backend, self.sql)
+        self._left, self._plan_served = None, False
+        self._mixing = MixingWatch(self.plan, self.config)
+        self._agree(sharding, again=True)
+        _log.info("epoch %d planned anew: %d samples", self._epoch, self.plan.samples)
 
     def _pending(self, worker: int, num_workers: int) -> tuple[int, int]:
         """``(epoch, batches)`` an iteration of this worker would serve if it started now."""
@@ -186,6 +234,8 @@ class EpochClaims:
         if self._closed:
             raise RuntimeError("this DDBDataLoader is closed")
         in_worker = get_worker_info() is not None
+        if in_worker and self._replans:
+            raise ValueError(REPLAN_IN_WORKER)
         if in_worker and self.config.device.type != "cpu":
             raise ValueError(
                 f"device={str(self.config.device)!r} in a DataLoader worker process: a worker cannot "
@@ -244,7 +294,7 @@ class EpochClaims:
             (f" (resuming after batch {skip})" if skip else "")
             + (f" (the rest after {len(stretches)} stretch(es) under other worlds)" if stretches else ""),
         )
-        self._epoch = epoch + 1
+        self._epoch, self._plan_served = epoch + 1, True
         self._resume = None
         self._running = Resume(
             stretches,

@@ -1,5 +1,6 @@
-"""Building a loader: the argument bookkeeping of ``DDBDataLoader.__init__`` and the DuckDB
-connections its ``from_parquet`` / ``from_arrow`` constructors open (owned: closed with the loader).
+"""Building a loader: the argument bookkeeping of ``DDBDataLoader.__init__``, and its other
+constructors (:class:`LoaderConstructors`: ``split`` and ``from_*``, whose DuckDB connections the
+loader owns and closes).
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import inspect
 import itertools
 import os
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import duckdb
 from sqlglot import exp
@@ -19,6 +20,7 @@ from .backends import DuckDBBackend
 
 __all__ = [
     "NO_SOURCE",
+    "LoaderConstructors",
     "arrow_backend",
     "build_splits",
     "parquet_backend",
@@ -34,6 +36,7 @@ class _Closable(Protocol):
 
 
 _Loader = TypeVar("_Loader", bound=_Closable)
+_Made = TypeVar("_Made", bound="LoaderConstructors")
 
 #: ``source``'s default, so that DolphinDB's ``ddbSession=`` keyword can give it instead.
 NO_SOURCE: Any = object()
@@ -148,3 +151,51 @@ def build_splits(
             loader.close()
         raise
     return tuple(made)
+
+
+class LoaderConstructors:
+    """The constructors of :class:`~ddbloader.DDBDataLoader` besides ``__init__``, a base of it:
+    each calls the class with a source it opens (owned by the loader) or with a split's range."""
+
+    if TYPE_CHECKING:  # the loader's own, used here
+
+        def close(self) -> None: ...
+
+    @classmethod
+    def split(
+        cls: type[_Made], *args: Any, split_col: str, at: Sequence[Any], gap: Any = None, **kwargs: Any
+    ) -> tuple[_Made, ...]:
+        """Train, validation, test (...) loaders of one query (``args``: source, sql, target_col),
+        cut at the ascending points ``at`` of ``split_col``: ``len(at) + 1`` loaders with
+        ``split_range`` ``(None, at[0])``, ``(at[0] + gap, at[1])``, ..., ``(at[-1] + gap, None)``;
+        ``shuffle`` only on the first. ``gap`` (an embargo: a number, or a ``timedelta`` for dates
+        and datetimes) leaves the samples whose y starts within it after a cut in no split."""
+        return build_splits(cls, args, split_col, at, gap, kwargs)
+
+    @classmethod
+    def from_parquet(
+        cls: type[_Made],
+        path: str | os.PathLike[str],
+        target_col: Any,
+        sql: str = "SELECT * FROM data",
+        **kwargs: Any,
+    ) -> _Made:
+        """A loader over Parquet file(s) (a path or glob), read in place as the view ``data``."""
+        make: Callable[..., _Made] = cls
+        return make(parquet_backend(path), sql, target_col, **kwargs)
+
+    @classmethod
+    def from_arrow(
+        cls: type[_Made], table: Any, target_col: Any, sql: str = "SELECT * FROM data", **kwargs: Any
+    ) -> _Made:
+        """A loader over an Arrow table (or anything DuckDB scans: a pandas DataFrame), copied into
+        an in-memory DuckDB table ``data``."""
+        make: Callable[..., _Made] = cls
+        return make(arrow_backend(table), sql, target_col, **kwargs)
+
+    @classmethod
+    def from_pandas(
+        cls: type[_Made], frame: Any, target_col: Any, sql: str = "SELECT * FROM data", **kwargs: Any
+    ) -> _Made:
+        """A loader over a pandas DataFrame, copied into an in-memory DuckDB table ``data``."""
+        return cls.from_arrow(frame, target_col, sql, **kwargs)

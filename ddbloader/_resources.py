@@ -1,4 +1,9 @@
-"""What a loader holds in its process: its backend, its partition cache, its arena, its running iteration.
+"""What a loader holds in its process: its backend and the plan made on it, its partition cache, its
+arena, its running iteration.
+
+A plan is made on what the backend reads (on PostgreSQL its snapshot; under DDP rank 0's, where
+the ranks can talk at construction), at construction and, with ``replan="epoch"``, before each
+new epoch (see :mod:`ddbloader._claims`).
 
 A backend belongs to the process that opened it: a DataLoader worker process (a pickled copy of
 the loader) opens its own from the source, which must therefore be one a process can open again
@@ -9,6 +14,7 @@ cached partitions of the original. :class:`LoaderResources` is a base of
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import os
 import weakref
@@ -16,14 +22,19 @@ from typing import TYPE_CHECKING, Any
 
 from ._core.config import LoaderConfig
 from ._core.errors import warn_caller
-from ._epoch.shard import Sharding
+from ._epoch.schedule import pool_size
+from ._epoch.shard import Sharding, from_rank0
 from ._io.cache import PartitionCache
 from ._pipeline.arena import Arena
 from ._pipeline.epoch import EpochIterator
 from ._sql.plan import QueryPlan
+from ._sql.planner import build_plan
 from .backends import Backend, connect
 
-__all__ = ["LoaderResources", "reopenable"]
+if TYPE_CHECKING:
+    from ._modes import Handover
+
+__all__ = ["REPLAN_IN_WORKER", "LoaderResources", "reopenable", "replans"]
 
 
 class LoaderResources:
@@ -42,6 +53,9 @@ class LoaderResources:
     _cache: PartitionCache | None
     _arena: Arena | None
     _iterator: weakref.ref[EpochIterator] | None
+    _handover: Handover
+    #: ``group_pool_size`` as given (0: sized from each plan)
+    _pool_given: int
 
     if TYPE_CHECKING:  # the loader's own, used here
 
@@ -65,6 +79,26 @@ class LoaderResources:
             self._backend = backend
             self._backend_pid = os.getpid()
         return self._backend
+
+    def _follow_rank0(self, sharding: Sharding) -> None:
+        """Read rank 0's PostgreSQL snapshot where this backend pins one and the ranks can talk
+        (torch.distributed initialised with ``sharding``'s world size: a collective), so every
+        rank plans and reads the same rows by construction; rank 0's loader keeps it open."""
+        backend = self._backend
+        follow = getattr(backend, "follow", None)
+        snapshot = getattr(backend, "snapshot", None)
+        if snapshot is not None and follow is not None:
+            shared = from_rank0(snapshot, sharding)
+            if shared != snapshot:
+                follow(shared)
+
+    def _plan_now(self, backend: Backend, sql: str, progress: bool = False) -> None:
+        """Plan ``sql`` on what ``backend`` reads now; the group pool is sized from this plan
+        unless ``group_pool_size`` was given."""
+        config = dataclasses.replace(self.config, group_pool_size=self._pool_given)
+        self.plan = build_plan(backend, sql, config, progress=progress)
+        self.config = dataclasses.replace(config, group_pool_size=pool_size(self.plan, config))
+        self._handover.check(self.plan)
 
     def _partition_cache(self) -> PartitionCache | None:
         """A cache for the partitions when ``cache_bytes`` allows all of them, else None."""
@@ -112,3 +146,27 @@ def reopenable(source: Any) -> bool:
     if isinstance(source, (str, os.PathLike)):
         return str(source) != ":memory:"
     return callable(source) and not hasattr(source, "cursor")
+
+
+REPLAN_IN_WORKER = (
+    "replan='epoch' in a DataLoader worker process: each worker is a copy of the loader and "
+    "cannot follow the snapshot and plan its parent takes at each epoch; serve the loader with "
+    "num_workers=0 (it fetches in threads of its own), or use replan='never'"
+)
+
+
+def replans(replan: str, config: LoaderConfig) -> bool:
+    """Whether ``replan`` asks for a new plan per epoch (``"epoch"``) or not (``"never"``).
+
+    Raises:
+        ValueError: another value, or ``"epoch"`` with ``cache_bytes`` (which serves later
+            epochs from the first epoch's partitions).
+    """
+    if replan not in ("never", "epoch"):
+        raise ValueError(f"replan must be 'never' or 'epoch', got {replan!r}")
+    if replan == "epoch" and config.cache_bytes is not None:
+        raise ValueError(
+            f"replan='epoch' with cache_bytes={config.cache_bytes}: the cache serves later epochs "
+            f"from the first epoch's rows, a new plan reads what is committed then; give one of them"
+        )
+    return replan == "epoch"

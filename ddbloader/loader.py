@@ -10,7 +10,6 @@ from a DataLoader (``batch_size``, ``dataset``, ``sampler``, ...) are :mod:`ddbl
 
 from __future__ import annotations
 
-import dataclasses
 import inspect
 import itertools
 import os
@@ -22,23 +21,21 @@ import torch
 
 from ._checkpoint import LoaderCheckpoint
 from ._claims import Iteration
-from ._construction import NO_SOURCE, arrow_backend, build_splits, parquet_backend, records_given_arguments
+from ._construction import NO_SOURCE, LoaderConstructors, records_given_arguments
 from ._core.config import normalise_config, resolve_aliases
 from ._core.display import plan_html, plan_text
 from ._core.errors import warn_caller
 from ._diagnostics.mixing import MixingWatch
 from ._diagnostics.summary import plan_rows
 from ._epoch.elastic import Stretch
-from ._epoch.schedule import pool_size
 from ._epoch.shard import Sharding, resolve_sharding
 from ._epoch.state import Resume
 from ._modes import Handover, tf_dataset
 from ._pipeline.arena import Arena
 from ._pipeline.epoch import EpochIterator
-from ._resources import LoaderResources
+from ._resources import LoaderResources, replans
 from ._samples import DataLoaderFace
 from ._sql.plan import WorkUnit
-from ._sql.planner import build_plan
 from .backends import Backend, connect
 from .stats import LoaderStats, StatsRecorder
 from .transforms import as_pipeline
@@ -48,7 +45,7 @@ __all__ = ["DDBDataLoader"]
 Batch = tuple[torch.Tensor, torch.Tensor]
 
 
-class DDBDataLoader(DataLoaderFace, LoaderCheckpoint, LoaderResources):
+class DDBDataLoader(DataLoaderFace, LoaderCheckpoint, LoaderResources, LoaderConstructors):
     """Feed PyTorch from a SQL query: split it into subqueries, fetch in the background, yield batches.
 
     Semantics (see the Concepts page of the docs): groups never mix inside a sample; windows
@@ -140,6 +137,12 @@ class DDBDataLoader(DataLoaderFace, LoaderCheckpoint, LoaderResources):
         split_col: with ``split_range=(lo, hi)`` (either end None), serve exactly the samples whose
             y rows all have ``lo <= split_col < hi``, x looking back before ``lo`` (see :meth:`split`
             and the Splits page of the docs).
+        replan: ``"never"`` (the default): one plan, and on PostgreSQL one snapshot, from
+            construction to ``close()``. ``"epoch"``: each iteration that starts a new epoch,
+            once the current plan has served one, plans again on what is committed then (on
+            PostgreSQL a fresh snapshot; under DDP rank 0's, shared), so an epoch sees the rows
+            written before it and ``len()`` after ``iter()`` counts that epoch (see the PostgreSQL
+            page of the docs). Refused with ``cache_bytes`` and in DataLoader worker processes.
         mode: the same batches as ``"pytorch"``, ``"numpy"``, ``"jax"`` or ``"tensorflow"`` arrays.
         verbose: accepted for DolphinDB code and ignored: ddbloader reports through the
             ``"ddbloader"`` logger (INFO per epoch, DEBUG per partition).
@@ -191,6 +194,7 @@ class DDBDataLoader(DataLoaderFace, LoaderCheckpoint, LoaderResources):
         verify: bool = False,
         split_col: str | None = None,
         split_range: tuple[Any, Any] | None = None,
+        replan: str = "never",
         mode: str = "pytorch",
         verbose: bool = False,
         **aliases: Any,
@@ -212,14 +216,15 @@ class DDBDataLoader(DataLoaderFace, LoaderCheckpoint, LoaderResources):
         if not isinstance(progress, bool):
             raise TypeError(f"progress must be a bool, got {type(progress).__name__} {progress!r}")
         self._seed_given = args["seed"] is not None
+        self._replans, self._plan_served = replans(replan, self.config), False
+        self._pool_given = self.config.group_pool_size
         self._agreed_world = 1
         self._source = source
         self._backend_pid = os.getpid()
         self._backend: Backend | None = connect(source)
         try:
-            self.plan = build_plan(self._backend, sql, self.config, progress=progress)
-            self.config = dataclasses.replace(self.config, group_pool_size=pool_size(self.plan, self.config))
-            self._handover.check(self.plan)
+            self._follow_rank0(built)
+            self._plan_now(self._backend, sql, progress)
         except BaseException:
             self._backend.close()
             raise
@@ -322,6 +327,7 @@ class DDBDataLoader(DataLoaderFace, LoaderCheckpoint, LoaderResources):
             "loop, keep the one you have; for shapes see loader.plan)"
         )
         self._give_back(None)
+        self._replan_if_due()
         iteration = Iteration(self, next(self._tokens), worker, num_workers, claimed)
         iterator = self._handover.iterator(iteration)
         weakref.finalize(iterator, self._give_back, iteration.token).atexit = False
@@ -364,39 +370,6 @@ class DDBDataLoader(DataLoaderFace, LoaderCheckpoint, LoaderResources):
     def __del__(self) -> None:
         if not getattr(self, "_closed", True):
             self.close()
-
-    @classmethod
-    def split(
-        cls, *args: Any, split_col: str, at: Sequence[Any], gap: Any = None, **kwargs: Any
-    ) -> tuple[DDBDataLoader, ...]:
-        """Train, validation, test (...) loaders of one query (``args``: source, sql, target_col),
-        cut at the ascending points ``at`` of ``split_col``: ``len(at) + 1`` loaders with
-        ``split_range`` ``(None, at[0])``, ``(at[0] + gap, at[1])``, ..., ``(at[-1] + gap, None)``;
-        ``shuffle`` only on the first. ``gap`` (an embargo: a number, or a ``timedelta`` for dates
-        and datetimes) leaves the samples whose y starts within it after a cut in no split."""
-        return build_splits(cls, args, split_col, at, gap, kwargs)
-
-    @classmethod
-    def from_parquet(
-        cls, path: str | os.PathLike[str], target_col: Any, sql: str = "SELECT * FROM data", **kwargs: Any
-    ) -> DDBDataLoader:
-        """A loader over Parquet file(s) (a path or glob), read in place as the view ``data``."""
-        return cls(parquet_backend(path), sql, target_col, **kwargs)
-
-    @classmethod
-    def from_arrow(
-        cls, table: Any, target_col: Any, sql: str = "SELECT * FROM data", **kwargs: Any
-    ) -> DDBDataLoader:
-        """A loader over an Arrow table (or anything DuckDB scans: a pandas DataFrame), copied into
-        an in-memory DuckDB table ``data``."""
-        return cls(arrow_backend(table), sql, target_col, **kwargs)
-
-    @classmethod
-    def from_pandas(
-        cls, frame: Any, target_col: Any, sql: str = "SELECT * FROM data", **kwargs: Any
-    ) -> DDBDataLoader:
-        """A loader over a pandas DataFrame, copied into an in-memory DuckDB table ``data``."""
-        return cls.from_arrow(frame, target_col, sql, **kwargs)
 
     def _plan_rows(self) -> list[tuple[str, str]]:
         return plan_rows(self.plan, self.config, self.sharding, self.batches())

@@ -26,6 +26,7 @@ import torch
 
 from .._core.config import LoaderConfig
 from .._sql.plan import GroupPlan, QueryPlan, WorkUnit
+from .._sql.plan_fingerprint import plan_differences
 from .owed import owed_unit
 from .shuffle import Purpose, visit_order
 
@@ -33,9 +34,10 @@ __all__ = [
     "EvenBatches",
     "Sharding",
     "WorkUnit",
-    "agree_seed",
+    "agree_ranks",
     "distributed_world_size",
     "epoch_units",
+    "from_rank0",
     "part_range",
     "resolve_sharding",
     "shard_samples",
@@ -199,29 +201,61 @@ def resolve_sharding(rank: int | None, world_size: int | None, even_batches: str
     return Sharding(rank, world_size, even_batches)  # type: ignore[arg-type]
 
 
-def agree_seed(drawn: int, sharding: Sharding, shuffle: bool) -> int:
-    """The seed every rank uses when the user gave none: rank 0's drawn seed.
+def _group_of(sharding: Sharding) -> bool:
+    """Whether torch.distributed is initialised with ``sharding``'s world size (so ranks can talk)."""
+    return _distributed() and torch.distributed.get_world_size() == sharding.world_size > 1
 
-    Ranks cut one shuffled sequence, so they must shuffle alike: with independently drawn seeds
-    their shards would overlap and miss samples. When torch.distributed is initialised with this
-    world size the seed is broadcast from rank 0 (a collective: every rank builds its loader).
+
+def from_rank0(value: Any, sharding: Sharding) -> Any:
+    """Rank 0's ``value`` (picklable), broadcast where torch.distributed is initialised with
+    ``sharding``'s world size (a collective: every rank calls it); else ``value``."""
+    if not _group_of(sharding):
+        return value
+    box = [value]
+    torch.distributed.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def agree_ranks(drawn: int, fingerprint: str, sharding: Sharding, shuffle: bool, content: int = 0) -> int:
+    """The seed every rank uses when the user gave none, rank 0's; and a check that every rank
+    planned the same plan (its :func:`~ddbloader._sql.plan_fingerprint.plan_fingerprint`, and
+    ``content``, the sum of its partitions' row hashes where ``verify=True`` planned them).
+
+    Ranks cut one shuffled sequence of one plan: with independently drawn seeds their shards would
+    overlap and miss samples, and with plans of different data (the table changed between two
+    ranks' constructions) their shards would lose or repeat samples silently. When
+    torch.distributed is initialised with this world size, every rank's (seed, fingerprint) is
+    gathered (a collective: every rank calls it), so every rank refuses alike, none is left waiting
+    in the training step's collective.
 
     Raises:
+        RuntimeError: a rank's plan differs from rank 0's; names the ranks and what differs.
         ValueError: ``shuffle`` over several ranks with no process group to agree on a seed.
     """
     if sharding.world_size == 1:
         return drawn
-    if (
-        torch.distributed.is_available()
-        and torch.distributed.is_initialized()
-        and torch.distributed.get_world_size() == sharding.world_size
-    ):
-        box = [drawn]
-        torch.distributed.broadcast_object_list(box, src=0)
-        return int(box[0])
-    if shuffle:
-        raise ValueError(
-            f"shuffle=True with world_size={sharding.world_size} and seed=None: give the same seed on "
-            "every rank (without torch.distributed each rank would draw its own, and shards would overlap)"
+    if not _group_of(sharding):
+        if shuffle:
+            raise ValueError(
+                f"shuffle=True with world_size={sharding.world_size} and seed=None: give the same seed "
+                "on every rank (without torch.distributed each rank would draw its own, and shards would "
+                "overlap)"
+            )
+        return drawn
+    gathered: list[Any] = [None] * sharding.world_size
+    torch.distributed.all_gather_object(gathered, (drawn, fingerprint, content))
+    (seed, *first), *_ = gathered
+    others = {rank: plan for rank, (_, *plan) in enumerate(gathered) if plan != first}
+    if others:
+        differences = {d for plan, _ in others.values() for d in plan_differences(first[0], plan)}
+        if any(sums != first[1] for _, sums in others.values()):
+            differences.add("the rows' content (verify=True's row hashes)")
+        raise RuntimeError(
+            f"rank(s) {sorted(others)} planned another plan than rank 0 (it differs in "
+            f"{'; '.join(sorted(differences))}): the data changed between the ranks' constructions of their "
+            f"loaders, and their shards would lose or repeat samples; build the loaders from data that "
+            f"does not change meanwhile, or on PostgreSQL build them after init_process_group (the "
+            f"ranks then read rank 0's snapshot) or with replan='epoch' (every epoch is planned on a "
+            f"snapshot rank 0 takes and shares)"
         )
-    return drawn
+    return int(seed)

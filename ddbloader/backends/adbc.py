@@ -14,8 +14,9 @@ Every connection the backend opens runs in autocommit mode, and every query runs
 the session was switched to read-only where the engine has a switch
 (:func:`~ddbloader._core.engine.read_only_statement`: PostgreSQL, SQLite), so a SELECT that calls
 a side-effecting function is refused by the engine. On PostgreSQL every cursor reads one
-snapshot, held from construction to :meth:`ADBCBackend.close` (see
-:mod:`ddbloader.backends.postgres`), in a read-only transaction of its own.
+snapshot, held from construction to :meth:`ADBCBackend.close` or replaced by
+:meth:`ADBCBackend.fresh_snapshot` (see :mod:`ddbloader.backends.postgres`), in a read-only
+transaction of its own.
 Parameters are bound by the driver: ``$n`` as rendered for PostgreSQL and DuckDB, rewritten to
 ``?`` for the other drivers. PostgreSQL ``numeric`` (which the driver returns as text) arrives as
 float64, the type the loader converts decimals to anyway.
@@ -242,6 +243,8 @@ class ADBCBackend:
         self._lock = threading.Lock()
         self._session: tuple[tuple[str, str], ...] = ()
         self._holder: SnapshotHolder | None = None
+        #: the holder of the snapshot before :meth:`fresh_snapshot`'s, kept until the next one
+        self._previous: SnapshotHolder | None = None
         #: The PostgreSQL snapshot every cursor reads (its id); None on other engines.
         self.snapshot: str | None = None
         self._spare = _autocommit(self._open())
@@ -326,6 +329,24 @@ class ADBCBackend:
         if holder is not None:
             holder.close()
 
+    def fresh_snapshot(self) -> str:
+        """Take a new snapshot that every cursor reads from now on (``replan="epoch"``), and return
+        its id. The previous one stays importable until the next call or :meth:`close`, so a
+        DDP rank that follows it may finish its last fetches while rank 0 shares the new one.
+
+        Raises:
+            ValueError: this backend reads no PostgreSQL snapshot.
+        """
+        if self.snapshot is None:
+            raise ValueError(f"a {self.engine} backend reads no PostgreSQL snapshot")
+        holder = SnapshotHolder(replicate(_autocommit(self._open()), self._session))
+        with self._lock:
+            retired, self._previous, self._holder = self._previous, self._holder, holder
+            self.snapshot = holder.id
+        if retired is not None:
+            retired.close()
+        return holder.id
+
     def renew_snapshot(self, lost: str) -> str:
         """A new snapshot for every cursor, when ``lost`` can no longer be imported (the server
         restarted, or ended the holding session): the rest of the loader's life reads that one,
@@ -356,9 +377,11 @@ class ADBCBackend:
         stays open."""
         with self._lock:
             spare, self._spare = self._spare, None
-            holder, self._holder = self._holder, None
-        if holder is not None:
-            holder.close()
+            holders = (self._holder, self._previous)
+            self._holder = self._previous = None
+        for holder in holders:
+            if holder is not None:
+                holder.close()
         if spare is not None:
             with contextlib.suppress(Exception):
                 spare.close()

@@ -5,7 +5,8 @@ snapshot (``pg_export_snapshot()``); every cursor of the backend reads in a read
 READ transaction that imports it (``SET TRANSACTION SNAPSHOT``, see :func:`begin_snapshot`). So
 planning's counts and fingerprints and every fetch of every epoch see the same rows, whatever
 other sessions commit meanwhile. Writers are never blocked; the cost is that VACUUM keeps the row
-versions the snapshot may see until the holder closes (the loader's ``close()``).
+versions the snapshot may see until the holder closes (the loader's ``close()``, or with
+``replan="epoch"`` the epoch after the next snapshot is taken).
 """
 
 from __future__ import annotations
@@ -153,6 +154,10 @@ class SnapshotHolder:
         In a process forked after the holder was made, a no-op: the session is the parent's."""
         connection, self._connection = self._connection, None
         if connection is not None:
+            # ending the transaction first releases the snapshot when close() returns: a closed
+            # connection's server session ends a moment later, when the server gets to it
+            with contextlib.suppress(Exception), contextlib.closing(connection.cursor()) as cursor:
+                cursor.execute("ROLLBACK")
             with contextlib.suppress(Exception):
                 connection.close()
 
