@@ -18,6 +18,7 @@ from ._construction import NO_SOURCE, build_splits
 from ._epoch.shard import Sharding
 from ._epoch.state import merge_worker_states
 from ._pipeline.epoch import Delivered
+from ._resources import REPLAN_IN_WORKER
 from .loader import DDBDataLoader
 
 __all__ = ["DDBIterableDataset"]
@@ -110,6 +111,8 @@ class DDBIterableDataset(IterableDataset[Delivered]):
                 f"DDBIterableDataset feeds torch's DataLoader, which makes tensors of what it is given: "
                 f"mode={kwargs['mode']!r} needs DDBDataLoader(..., mode={kwargs['mode']!r}) itself"
             )
+        if num_workers and kwargs.get("replan") == "epoch":
+            raise ValueError(f"DDBIterableDataset(num_workers={num_workers}) with {REPLAN_IN_WORKER}")
         self.loader = DDBDataLoader(source, sql, target_col, *args, **kwargs)
         # shared memory: a forked or spawned worker writes the slot this process's copy reads
         self._worker_epochs = torch.zeros(_MAX_WORKERS, dtype=torch.int64).share_memory_()  # type: ignore[no-untyped-call]

@@ -357,3 +357,8 @@ def test_replan_is_refused_in_a_dataloader_worker(db_path: str) -> None:
         assert len(list(DataLoader(data, batch_size=None, num_workers=0))) == len(data.loader)
     finally:
         data.loader.close()
+    # told the worker count, the dataset refuses at construction
+    with pytest.raises(ValueError, match=r"num_workers=2\) with replan='epoch' in a DataLoader worker"):
+        DDBIterableDataset(
+            db_path, "SELECT f0, y FROM series ORDER BY rid", "y", replan="epoch", num_workers=2
+        )
