@@ -31,8 +31,9 @@ from ddbloader import DDBDataLoader
 from ddbloader._epoch.shard import epoch_units
 from ddbloader._epoch.units import fetch_units
 from ddbloader._epoch.visits import PIECES_PER_QUERY, neighbours
-from ddbloader._sql.pieces import KeyRanges, Point, combed_count, layout
+from ddbloader._sql.pieces import KeyRanges, combed_count, layout
 from ddbloader._sql.range_cutter import OrderKey
+from ddbloader._sql.tuple_order import Point
 
 # --- the layout, pure --------------------------------------------------------------------------
 
