@@ -186,20 +186,26 @@ class GroupPlan:
         return series_rows(self.partitions)
 
     @functools.cached_property
+    def row_maps(self) -> tuple[WindowRows | None, ...]:
+        """Per partition (by position): where its rows lie in the series when they are not the
+        rows after the previous partition's (a combed piece of windows, see
+        :mod:`ddbloader._sql.window_pieces`: it serves the windows starting in its stripes, with
+        every row they read, so it needs no neighbour's rows); None where they are."""
+        return tuple(p.windows for p in self.partitions)
+
+    @functools.cached_property
     def combed_windows(self) -> bool:
-        """Whether the partitions are combed pieces of windows (see
-        :mod:`ddbloader._sql.window_pieces`): each serves the windows starting in its stripes,
-        with every row they read, so none needs a neighbour's rows."""
-        return any(p.windows is not None for p in self.partitions)
+        """Whether the partitions are combed pieces of windows (see :attr:`row_maps`)."""
+        return any(rows is not None for rows in self.row_maps)
 
     @functools.cached_property
     def _stripe_index(self) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any], np.ndarray[Any, Any]]:
         """Every stripe's first row, ascending, its stop, and the position of the partition holding it."""
         stripes = sorted(
             (low, high, position)
-            for position, p in enumerate(self.partitions)
-            if p.windows is not None
-            for low, high in p.windows.starts
+            for position, rows in enumerate(self.row_maps)
+            if rows is not None
+            for low, high in rows.starts
         )
         columns = list(zip(*stripes, strict=True)) if stripes else [(), (), ()]
         low, high, at = (np.array(column, np.int64) for column in columns)
@@ -224,11 +230,7 @@ class GroupPlan:
         if not self.combed_windows:
             return None
         return np.concatenate(
-            [
-                p.windows.samples(self.first_sample, self.sample_stop)
-                for p in self.partitions
-                if p.windows is not None
-            ]
+            [rows.samples(self.first_sample, self.sample_stop) for rows in self.row_maps if rows is not None]
         )
 
     def starting_partitions(self, rows: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
