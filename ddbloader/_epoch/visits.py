@@ -21,7 +21,14 @@ from .._sql.plan import PartitionSpec, WorkUnit
 from .owed import owed_partitions
 from .shuffle import Purpose, visit_order
 
-__all__ = ["PIECES_PER_QUERY", "PartitionKey", "neighbours", "partition_visits", "touched_partitions"]
+__all__ = [
+    "PIECES_PER_QUERY",
+    "PartitionKey",
+    "neighbours",
+    "partition_visits",
+    "touched_partitions",
+    "visit_weights",
+]
 
 
 #: Tagged range pieces (see :mod:`ddbloader._sql.piece_tags`) one fetch unit's query reads at most:
@@ -67,6 +74,20 @@ def touched_partitions(unit: WorkUnit, geometry: WindowGeometry) -> Sequence[int
             touched.append(position)
         start = stop
     return touched
+
+
+def visit_weights(unit: WorkUnit, geometry: WindowGeometry) -> list[int] | None:
+    """The rows of each block a shuffled epoch visits in a random order to serve ``unit``: its
+    samples when it touches one partition, else each touched partition's rows. None where it
+    touches a piece of a subquery read in pieces, whose visits are no such blocks (a streamed
+    subquery's pieces are read front to back by one query)."""
+    touched = touched_partitions(unit, geometry)
+    if len(touched) == 1:
+        return [unit.samples]
+    partitions = [unit.group.partitions[position] for position in touched]
+    if any(p.streamed for p in partitions):
+        return None
+    return [p.rows for p in partitions]
 
 
 def neighbours(a: PartitionSpec, b: PartitionSpec) -> bool:

@@ -306,6 +306,18 @@ class QueryPlan:
         """The most rows one partition holds (an arena's regions are sized from it)."""
         return max((p.rows for g in self.groups for p in g.partitions), default=0)
 
+    def piece_notes(self) -> list[str]:
+        """How the subqueries larger than ``fetch_bytes`` are read, for messages: ``'2 streamed
+        in 9 pieces'``, ``'40 range pieces of the order key'``; empty when none is."""
+        every = [p for g in self.groups for p in g.partitions]
+        streamed = [p for p in every if p.streamed and p.ranges is None]
+        ranged = sum(p.ranges is not None and p.piece == 0 for p in every)
+        heads = sum(p.piece == 0 for p in streamed)
+        notes = [f"{heads:,} streamed in {len(streamed):,} pieces"] if streamed else []
+        if ranged:
+            notes.append(f"{ranged:,} range piece{'' if ranged == 1 else 's'} of the order key")
+        return notes
+
     def unit_sql(self, counts: Sequence[int | None], *, lists: bool) -> str | None:
         """``query.filtered_many`` of the plan's keys, rendered once per shape of unit.
 
