@@ -28,9 +28,9 @@ import numpy as np
 
 from .._core.config import LoaderConfig
 from .._core.window import WindowGeometry
-from .._sql.plan import GroupPlan, PartitionSpec, QueryPlan, WorkUnit
+from .._sql.plan import PIECES_PER_QUERY, GroupPlan, PartitionSpec, QueryPlan, WorkUnit
 from .schedule import DDB_POOL
-from .visits import PIECES_PER_QUERY, PartitionKey, neighbours, partition_visits, touched_partitions
+from .visits import PartitionKey, partition_visits, touched_partitions
 
 __all__ = ["FIRST_UNIT_SHARE", "MAX_VALUES", "FetchUnit", "fetch_units"]
 
@@ -55,21 +55,20 @@ class FetchUnit:
 
     Invariants: ``wanted`` ⊆ keys of ``cells``; every cell's key values are among ``values``.
 
-    ``tagged``: the cells are tagged range pieces of one subquery (see
-    :mod:`ddbloader._sql.piece_tags`), and the query's last column is the index of each row's cell
-    instead of its key values.
+    ``cell_index``: the query's last column is the index of each row's cell instead of its key
+    values (a read run's query, see :meth:`~ddbloader._sql.plan.QueryPlan.read_run_query`).
     """
 
     sql: str
     params: tuple[Any, ...]
     cells: tuple[PartitionSpec, ...]
     wanted: frozenset[PartitionKey]
-    tagged: bool = False
+    cell_index: bool = False
 
     @property
     def key_columns(self) -> int:
         """The columns after the rows' own (and the row hash) that tell a row's cell."""
-        return 1 if self.tagged else len(self.cells[0].params)
+        return 1 if self.cell_index else len(self.cells[0].params)
 
     @property
     def rows(self) -> int:
@@ -112,15 +111,15 @@ def fetch_units(
     default shape the first batch then waits for 4,000-row queries instead of whole groups of
     10,000: 45-61 against 75-89 ms a warm epoch); a group larger than ``budget`` becomes runs of its
     partitions in visit order (the query restricts the group to one value and the
-    repartition key to the run's values); tagged range pieces (see
-    :attr:`~ddbloader._sql.plan.PartitionSpec.tagged`) visited one after the other that are
-    :func:`~ddbloader._epoch.visits.neighbours` join a unit of their own, up to
-    :data:`~ddbloader._epoch.visits.PIECES_PER_QUERY` of them (the visits keep such runs
-    together); the pieces of a streamed subquery (see :mod:`ddbloader._io.streams`) join no
-    unit. A partition asked for twice (a padded shard) is in the first unit only; a unit of one
-    partition is left out (the partition's own subquery, or its stream, fetches it). No units at
-    all when ``budget <= 0``, when the plan has neither keys nor range pieces, or when the query
-    cannot select its keys (see ``filtered_many``).
+    repartition key to the run's values); partitions of one read run (see
+    :attr:`~ddbloader._sql.plan.GroupPlan.read_runs`) visited one after the other join a unit of
+    their own, up to :data:`~ddbloader._sql.plan.PIECES_PER_QUERY` of them (the visits keep such
+    runs together); any other partition that no query listing key values reads (see
+    :attr:`~ddbloader._sql.plan.PartitionSpec.by_keys`: read by a stream of its own, see
+    :mod:`ddbloader._io.streams`) joins no unit. A partition asked for twice (a padded shard) is
+    in the first unit only; a unit of one partition is left out (the partition's own subquery,
+    or its stream, fetches it). No units at all when ``budget <= 0``, when the plan has neither
+    keys nor range pieces, or when the query cannot select its keys (see ``filtered_many``).
     """
     if budget <= 0 or plan.query is None or not (plan.keys or plan.piece_key is not None):
         return
@@ -227,26 +226,28 @@ class _Cutter:
 
     def add_runs(self, group: GroupPlan, visits: Sequence[int]) -> None:
         """Units of runs of ``group``'s partitions ``visits``, in that order: runs within the budget,
-        tagged pieces in runs of neighbours, streamed pieces in none."""
+        partitions of a read run in runs of up to PIECES_PER_QUERY, those no query listing key
+        values reads in none."""
         run: list[int] = []
         run_bytes = 0
-        tagged: list[int] = []
+        together: list[int] = []
         row_bytes = self.row_bytes
+        read_runs = group.read_runs
         for position in visits:
             partition = group.partitions[position]
-            if partition.tagged:
+            if read_runs[position] is not None:
                 self.add_run(group, run)
                 run, run_bytes = [], 0
-                if tagged and (
-                    len(tagged) >= PIECES_PER_QUERY or not neighbours(group.partitions[tagged[-1]], partition)
+                if together and (
+                    len(together) >= PIECES_PER_QUERY or not group.read_together(together[-1], position)
                 ):
-                    self.add_tagged(group, tagged)
-                    tagged = []
-                tagged.append(position)
+                    self.add_together(group, together)
+                    together = []
+                together.append(position)
                 continue
-            self.add_tagged(group, tagged)
-            tagged = []
-            if partition.streamed:  # read by its own streaming query
+            self.add_together(group, together)
+            together = []
+            if not partition.by_keys:  # read by its own streaming query
                 self.add_run(group, run)
                 run, run_bytes = [], 0
                 continue
@@ -257,7 +258,7 @@ class _Cutter:
             run.append(position)
             run_bytes += size
         self.add_run(group, run)
-        self.add_tagged(group, tagged)
+        self.add_together(group, together)
 
     def add_group(self, group: GroupPlan, visits: Sequence[int], size: int) -> None:
         if self._groups and (
@@ -298,15 +299,15 @@ class _Cutter:
         else:
             self._add([len(cells)], repartition_values, cells, wanted)
 
-    def add_tagged(self, group: GroupPlan, positions: Sequence[int]) -> None:
-        """A unit of the tagged pieces ``positions`` of ``group`` (none for fewer than two)."""
+    def add_together(self, group: GroupPlan, positions: Sequence[int]) -> None:
+        """A unit of the partitions ``positions`` of one read run of ``group`` (none for fewer than two)."""
         if len(positions) < 2:
             return
         cells = tuple(group.partitions[p] for p in sorted(positions))
-        found = self._plan.tagged_unit(cells)
+        found = self._plan.read_run_query(cells)
         if found is not None:
             sql, params = found
-            self.units.append(FetchUnit(sql, params, cells, frozenset(c.key for c in cells), tagged=True))
+            self.units.append(FetchUnit(sql, params, cells, frozenset(c.key for c in cells), cell_index=True))
 
     def _add(
         self,

@@ -42,7 +42,7 @@ def _unit_contents(table: pa.Table, unit: FetchUnit) -> tuple[pa.Table, list[int
     data, and the unit falls back to its partitions' own subqueries)."""
     at = table.num_columns - unit.key_columns - 1
     hashed = split_by_key(
-        table.select([at, *range(at + 1, table.num_columns)]), unit.cells, tagged=unit.tagged
+        table.select([at, *range(at + 1, table.num_columns)]), unit.cells, cell_index=unit.cell_index
     )
     sums = None if hashed is None else [strip_hash(part, 0)[1] for part in hashed]
     return table.remove_column(at), sums
