@@ -129,6 +129,13 @@ class PartitionSpec:
         read run (see :attr:`GroupPlan.read_runs`)."""
         return not self.streamed
 
+    @property
+    def in_units(self) -> bool:
+        """Whether a fetch unit's query may read this partition: by its key values (see
+        :attr:`by_keys`) or with its read run (see :attr:`GroupPlan.read_runs`). Else only its
+        own streaming query reads it."""
+        return not self.streamed or self.tagged
+
     def in_order(self, table: pa.Table) -> pa.Table:
         """This partition's rows ``table`` in the query's order: a combed piece's query may leave
         its order to the reader (see :meth:`~ddbloader._sql.pieces.KeyRanges.in_order`); any
