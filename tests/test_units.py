@@ -23,11 +23,12 @@ from resume_check import assert_resumes_exactly, assert_same_batches
 from ddbloader import DDBDataLoader
 from ddbloader._epoch.schedule import BatchSchedule, EventKind
 from ddbloader._epoch.shard import epoch_units
-from ddbloader._epoch.units import FIRST_UNIT_SHARE, MAX_VALUES, FetchUnit, fetch_units
+from ddbloader._epoch.units import FIRST_UNIT_SHARE, MAX_VALUES, fetch_units
 from ddbloader._epoch.visits import partition_visits
 from ddbloader._io.convert import to_block
 from ddbloader._io.unit_split import split_by_key, unit_blocks
 from ddbloader._sql.plan import PIECES_PER_QUERY, PartitionSpec
+from ddbloader._sql.read import Read
 from ddbloader.backends import DuckDBBackend
 
 UTC = dt.timezone.utc
@@ -138,6 +139,7 @@ def test_split_imports_no_pandas() -> None:
         """
         import sys, duckdb
         from ddbloader._sql.plan import PIECES_PER_QUERY, PartitionSpec
+from ddbloader._sql.read import Read
         from ddbloader._io.unit_split import split_by_key
         table = duckdb.sql(
             "SELECT i AS v, 'g' || (i % 2) AS _ddb_group, DATE '2024-01-01' + (i % 3)::INT "
@@ -169,7 +171,7 @@ def test_unit_blocks_give_each_wanted_partition_the_rows_of_its_own_subquery(
     with DDBDataLoader(con, sql, "y", repartition_scheme=[0, 1, 2], **options) as loader:
         plan = loader.plan
     specs = tuple(p for g in plan.groups for p in g.partitions)
-    unit = FetchUnit(
+    unit = Read(
         plan.unit_sql([2, None], lists=False) or "",
         (0, 1),
         specs,

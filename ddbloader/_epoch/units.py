@@ -1,9 +1,10 @@
 """Fetch units: which partitions one query fetches, cut to a byte budget along the epoch's visits.
 
 One query per (group, repartition) partition makes an epoch cost one round trip, and on an
-engine that cannot prune on the key one table scan, per partition. A :class:`FetchUnit` instead
-fetches many partitions with one query (:meth:`~ddbloader._sql.query.UserQuery.filtered_many`: the
-key values bound as an ``IN`` list, the keys selected as extra columns) and
+engine that cannot prune on the key one table scan, per partition. A fetch unit instead fetches
+many partitions with one query, a :class:`~ddbloader._sql.read.Read` rendered in ``_sql``
+(:meth:`~ddbloader._sql.query.UserQuery.filtered_many`: the key values bound as an ``IN`` list,
+the keys selected as extra columns) and
 :func:`~ddbloader._io.unit_split.unit_blocks` splits the Arrow result by key, vectorised,
 keeping the query's order within each partition.
 
@@ -18,21 +19,18 @@ counts, and a result that does not split exactly is fetched again one partition 
 
 from __future__ import annotations
 
-import itertools
 import sys
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any
-
-import numpy as np
 
 from .._core.config import LoaderConfig
 from .._core.window import WindowGeometry
 from .._sql.plan import PIECES_PER_QUERY, GroupPlan, PartitionSpec, QueryPlan, WorkUnit
+from .._sql.read import Read, keys_read, run_read
 from .schedule import DDB_POOL
 from .visits import PartitionKey, partition_visits, touched_partitions
 
-__all__ = ["FIRST_UNIT_SHARE", "MAX_VALUES", "FetchUnit", "fetch_units"]
+__all__ = ["FIRST_UNIT_SHARE", "MAX_VALUES", "fetch_units"]
 
 #: Bound parameters in one unit's query at most: SQLite's historical limit, low enough for all.
 MAX_VALUES = 999
@@ -44,46 +42,6 @@ MAX_VALUES = 999
 FIRST_UNIT_SHARE = 8
 
 
-@dataclass(frozen=True)
-class FetchUnit:
-    """Many partitions fetched by one query.
-
-    ``cells`` are every partition whose rows the query returns, in plan order; ``wanted`` are the
-    keys of those the epoch asks for (the others belong to another worker's share of a group and
-    are dropped on arrival). ``values[i]`` lists the values of key ``i`` the query binds, or is
-    None where the query does not restrict key ``i``.
-
-    Invariants: ``wanted`` ⊆ keys of ``cells``; every cell's key values are among ``values``.
-
-    ``cell_index``: the query's last column is the index of each row's cell instead of its key
-    values (a read run's query, see :meth:`~ddbloader._sql.plan.QueryPlan.read_run_query`).
-    """
-
-    sql: str
-    params: tuple[Any, ...]
-    cells: tuple[PartitionSpec, ...]
-    wanted: frozenset[PartitionKey]
-    cell_index: bool = False
-
-    @property
-    def key_columns(self) -> int:
-        """The columns after the rows' own (and the row hash) that tell a row's cell."""
-        return 1 if self.cell_index else len(self.cells[0].params)
-
-    @property
-    def rows(self) -> int:
-        return sum(c.rows for c in self.cells)
-
-    def describe(self) -> str:
-        """Name the unit for messages: its partitions and its SQL."""
-        groups = sorted({c.group for c in self.cells})
-        shown = f"{groups[:5]}{'...' if len(groups) > 5 else ''}"
-        return (
-            f"{len(self.cells)} partitions of group(s) {shown} in one query "
-            f"({self.sql!r} with {len(self.params)} parameters)"
-        )
-
-
 def fetch_units(
     plan: QueryPlan,
     work_units: Sequence[WorkUnit],
@@ -92,7 +50,7 @@ def fetch_units(
     budget: int,
     *,
     lists: bool = False,
-) -> Iterator[FetchUnit]:
+) -> Iterator[Read]:
     """The epoch's fetch units, in the order the epoch's streams ask for their partitions, each
     yielded as soon as it is cut (the fetcher cuts them as the streams' requests reach them, so
     the first query does not wait for the cutting of the whole epoch: 4-10 ms at 4,000 groups).
@@ -200,7 +158,7 @@ class _Cutter:
         self._groups: list[tuple[GroupPlan, Sequence[int]]] = []
         self._bytes = 0
         #: units cut and not yet taken
-        self.units: list[FetchUnit] = []
+        self.units: list[Read] = []
         self._budget = budget
         #: Flushes of groups so far, each a unit or a partition its own subquery fetches (the
         #: first ones are cut to a share of the budget, see :data:`FIRST_UNIT_SHARE`).
@@ -213,7 +171,7 @@ class _Cutter:
         pool's groups to)."""
         self._share = max(self._share, min(whole, DDB_POOL * self._budget))
 
-    def take(self) -> list[FetchUnit]:
+    def take(self) -> list[Read]:
         """The units cut since the last take."""
         units, self.units = self.units, []
         return units
@@ -304,10 +262,9 @@ class _Cutter:
         if len(positions) < 2:
             return
         cells = tuple(group.partitions[p] for p in sorted(positions))
-        found = self._plan.read_run_query(cells)
-        if found is not None:
-            sql, params = found
-            self.units.append(FetchUnit(sql, params, cells, frozenset(c.key for c in cells), cell_index=True))
+        read = run_read(self._plan, cells)
+        if read is not None:
+            self.units.append(read)
 
     def _add(
         self,
@@ -316,10 +273,6 @@ class _Cutter:
         cells: tuple[PartitionSpec, ...],
         wanted: Sequence[PartitionKey],
     ) -> None:
-        sql = self._plan.unit_sql(counts, lists=self._lists)
-        if sql is None:
-            return
-        if self._lists:  # one list parameter per bound key
-            bounds = np.cumsum([0, *(c for c in counts if c is not None)]).tolist()
-            params = tuple(list(params[a:b]) for a, b in itertools.pairwise(bounds))
-        self.units.append(FetchUnit(sql, params, cells, frozenset(wanted)))
+        read = keys_read(self._plan, counts, params, cells, wanted, lists=self._lists)
+        if read is not None:
+            self.units.append(read)

@@ -17,10 +17,10 @@ import threading
 from collections.abc import Callable, Iterable, Sequence
 
 from .._core.engine import Backend
-from .._epoch.units import FetchUnit
 from .._epoch.visits import PartitionKey
 from .._sql.layout import ColumnLayout
 from .._sql.plan import PartitionSpec
+from .._sql.read import Read
 from .block import Block
 from .partition_fetch import PartitionJob
 from .retry import Cursors, CursorSlot, RetryPolicy, Tasks, fetch_worker
@@ -47,7 +47,7 @@ class Fetcher:
         on_fetched: Callable[[int, int, int, float], None] = lambda partitions, rows, queries, seconds: None,
         *,
         retry: RetryPolicy = RetryPolicy(),
-        units: Iterable[FetchUnit] = (),
+        units: Iterable[Read] = (),
     ) -> None:
         self._backend = backend
         self._layout = layout

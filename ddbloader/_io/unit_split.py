@@ -16,10 +16,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .._epoch.units import FetchUnit
 from .._sql.arrow_types import arrow_values
 from .._sql.layout import ColumnLayout
 from .._sql.plan import PartitionSpec
+from .._sql.read import Read
 from .block import Block
 from .convert import to_block
 
@@ -217,7 +217,7 @@ class UnitPartitions:
         return self._bounds[-1] - self._bounds[0]
 
 
-def unit_blocks(table: pa.Table, unit: FetchUnit, layout: ColumnLayout) -> UnitPartitions | None:
+def unit_blocks(table: pa.Table, unit: Read, layout: ColumnLayout) -> UnitPartitions | None:
     """The wanted partitions of a unit's result, or None if it does not split exactly.
 
     Without a transform the rows are converted once and each partition's block is a view of
