@@ -28,7 +28,7 @@ from ddbloader._epoch.visits import partition_visits
 from ddbloader._io.convert import to_block
 from ddbloader._io.unit_split import split_by_key, unit_blocks
 from ddbloader._sql.plan import PIECES_PER_QUERY, PartitionSpec
-from ddbloader._sql.read import Read
+from ddbloader._sql.read import Read, unit_sql
 from ddbloader.backends import DuckDBBackend
 
 UTC = dt.timezone.utc
@@ -139,7 +139,7 @@ def test_split_imports_no_pandas() -> None:
         """
         import sys, duckdb
         from ddbloader._sql.plan import PIECES_PER_QUERY, PartitionSpec
-from ddbloader._sql.read import Read
+from ddbloader._sql.read import Read, unit_sql
         from ddbloader._io.unit_split import split_by_key
         table = duckdb.sql(
             "SELECT i AS v, 'g' || (i % 2) AS _ddb_group, DATE '2024-01-01' + (i % 3)::INT "
@@ -172,7 +172,7 @@ def test_unit_blocks_give_each_wanted_partition_the_rows_of_its_own_subquery(
         plan = loader.plan
     specs = tuple(p for g in plan.groups for p in g.partitions)
     unit = Read(
-        plan.unit_sql([2, None], lists=False) or "",
+        unit_sql(plan, [2, None], lists=False) or "",
         (0, 1),
         specs,
         frozenset(specs[i].key for i in wanted),

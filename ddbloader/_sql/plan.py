@@ -20,9 +20,8 @@ import numpy as np
 from .._core.window import WindowGeometry
 from .fingerprint import Fingerprint
 from .layout import ColumnLayout
-from .piece_tags import tag_regions, tagged_sql
 from .pieces import KeyRanges
-from .query import Query, UserQuery
+from .query import Query
 from .window_rows import WindowRows
 
 if TYPE_CHECKING:
@@ -50,10 +49,6 @@ MIN_PIECE_ROWS = 64
 #: thread): two neighbours cost 0.67 of their two queries, four 0.49; two pieces far apart 0.94.
 #: Each piece is within ``fetch_bytes``, so such a query reads up to this many times the budget.
 PIECES_PER_QUERY = 2
-
-#: Unit queries :meth:`QueryPlan.unit_sql` keeps rendered (a few shapes an epoch, the same every
-#: epoch when groups are of equal size).
-UNIT_SQL_SHAPES = 256
 
 
 @dataclass(frozen=True)
@@ -346,7 +341,7 @@ class QueryPlan:
     query: Query | None = None
     keys: tuple[tuple[str, Any], ...] = ()
     #: The order key range pieces are cut on (a sqlglot expression), when the plan has any: the
-    #: queries of read runs (:meth:`read_run_query`: tagged pieces) test it.
+    #: queries of read runs (see :func:`ddbloader._sql.read.run_read`: tagged pieces) test it.
     piece_key: Any = None
 
     # read every epoch: at thousands of groups a sum over them costs a millisecond each time
@@ -379,52 +374,8 @@ class QueryPlan:
             notes.append(f"{ranged:,} range piece{'' if ranged == 1 else 's'} of the order key")
         return notes
 
-    def unit_sql(self, counts: Sequence[int | None], *, lists: bool) -> str | None:
-        """``query.filtered_many`` of the plan's keys, rendered once per shape of unit.
-
-        Rendering an ``IN`` list of a thousand parameters costs ~5 ms, and every epoch cuts
-        units of the same shapes, so the text is kept: at most :data:`UNIT_SQL_SHAPES` shapes
-        (then forgotten all at once; with groups of varied sizes the counts vary too). With
-        ``lists`` the SQL says only which keys are bound, not how many values each has.
-        Thread-safe: two threads rendering one shape at once both get the same text.
-        """
-        assert self.query is not None
-        shape = tuple(count is not None if lists else count for count in counts)
-        sqls = self._unit_sqls
-        if (lists, shape) not in sqls:
-            if len(sqls) >= UNIT_SQL_SHAPES:
-                sqls.clear()
-            sqls[lists, shape] = self.query.filtered_many(
-                [expression for _, expression in self.keys], counts, lists=lists
-            )
-        return sqls[lists, shape]
-
-    def read_run_query(self, cells: Sequence[PartitionSpec]) -> tuple[str, tuple[Any, ...]] | None:
-        """The query reading the partitions ``cells`` of one read run (see
-        :attr:`GroupPlan.read_runs`; tagged range pieces of one subquery, in plan order) together,
-        its last column each row's cell index, and its parameters; None when the plan's query
-        cannot be filtered by key ranges.
-
-        The SQL is kept per shape of the pieces' regions, as :meth:`unit_sql` keeps its own: an
-        epoch's pairs of combed pieces have a few shapes, and rendering one costs ~20 ms.
-        """
-        if not isinstance(self.query, UserQuery) or self.piece_key is None:
-            return None
-        ranges = [cell.ranges for cell in cells if cell.ranges is not None]
-        points, tags = tag_regions(ranges)
-        sqls = self._tagged_sqls
-        if tags not in sqls:
-            if len(sqls) >= UNIT_SQL_SHAPES:
-                sqls.clear()
-            sqls[tags] = tagged_sql(
-                self.query, [expression for _, expression in self.keys], self.piece_key, tags
-            )
-        return sqls[tags], (*cells[0].key_params, *points)
-
+    # The SQL of reads (see :mod:`ddbloader._sql.read`), kept per shape: every epoch cuts reads of
+    # the same few shapes, and rendering one costs 5-20 ms.
     @functools.cached_property
-    def _tagged_sqls(self) -> dict[tuple[int | None, ...], str]:
-        return {}
-
-    @functools.cached_property
-    def _unit_sqls(self) -> dict[tuple[bool, tuple[int | bool | None, ...]], str | None]:
+    def rendered(self) -> dict[tuple[Any, ...], str | None]:
         return {}

@@ -11,15 +11,22 @@ key values, :func:`run_read` for a read run. The readers in ``_io`` run it and s
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from .piece_tags import tag_regions, tagged_sql
 from .plan import PartitionSpec, QueryPlan
+from .query import UserQuery
 
-__all__ = ["Read", "keys_read", "run_read"]
+__all__ = ["Read", "keys_read", "run_read", "unit_sql"]
+
+#: Shapes of reads whose SQL :data:`QueryPlan.rendered <ddbloader._sql.plan.QueryPlan.rendered>`
+#: keeps (a few an epoch, the same every epoch when groups are of equal size), then forgets all
+#: at once.
+UNIT_SQL_SHAPES = 256
 
 
 @dataclass(frozen=True)
@@ -30,8 +37,8 @@ class Read:
     keys (``(group, position)``) of those the epoch asks for (the others belong to another
     worker's share of a group and are dropped on arrival). The result is split among ``cells`` by
     its last :attr:`key_columns` columns: each row's key values, or with ``cell_index`` the index
-    of its cell (a read run's query, see :meth:`~ddbloader._sql.plan.QueryPlan.read_run_query`,
-    whose cells' rows the client puts in order, see
+    of its cell (a read run's query, see :func:`run_read`, whose cells' rows the client puts in
+    order, see
     :meth:`~ddbloader._sql.plan.PartitionSpec.in_order`).
 
     Invariants: ``wanted`` ⊆ keys of ``cells``; every cell's key values are among ``params``.
@@ -74,8 +81,8 @@ def keys_read(
     """The read of ``cells`` by their key values: key ``i`` bound to ``counts[i]`` values of
     ``params`` (in key order), or not restricted where ``counts[i]`` is None; with ``lists`` each
     bound key's values as one list parameter. None when the plan's query cannot select its keys
-    (see :meth:`~ddbloader._sql.plan.QueryPlan.unit_sql`)."""
-    sql = plan.unit_sql(counts, lists=lists)
+    (see :func:`unit_sql`)."""
+    sql = unit_sql(plan, counts, lists=lists)
     if sql is None:
         return None
     if lists:
@@ -85,10 +92,42 @@ def keys_read(
 
 
 def run_read(plan: QueryPlan, cells: tuple[PartitionSpec, ...]) -> Read | None:
-    """The read of ``cells``, consecutive partitions of one read run, all wanted; None when the
-    plan's query cannot be filtered by key ranges."""
-    found = plan.read_run_query(cells)
-    if found is None:
+    """The read of ``cells``, consecutive partitions of one read run (see
+    :attr:`~ddbloader._sql.plan.GroupPlan.read_runs`: tagged range pieces of one subquery, in plan
+    order), all wanted, its last column each row's cell index; None when the plan's query cannot
+    be filtered by key ranges. The SQL is kept per shape of the pieces' regions (an epoch's
+    pairs of combed pieces have a few shapes, and rendering one costs ~20 ms)."""
+    if not isinstance(plan.query, UserQuery) or plan.piece_key is None:
         return None
-    sql, params = found
+    points, tags = tag_regions([cell.ranges for cell in cells if cell.ranges is not None])
+    query, keys, piece_key = plan.query, [expression for _, expression in plan.keys], plan.piece_key
+    sql = _kept(plan, ("run", tags), lambda: tagged_sql(query, keys, piece_key, tags))
+    assert sql is not None
+    params = (*cells[0].key_params, *points)
     return Read(sql, params, cells, frozenset(c.key for c in cells), cell_index=True)
+
+
+def unit_sql(plan: QueryPlan, counts: Sequence[int | None], *, lists: bool) -> str | None:
+    """``query.filtered_many`` of the plan's keys, rendered once per shape of read.
+
+    Rendering an ``IN`` list of a thousand parameters costs ~5 ms, and every epoch cuts units of
+    the same shapes, so the text is kept (see :data:`UNIT_SQL_SHAPES`; with groups of varied
+    sizes the counts vary too). With ``lists`` the SQL says only which keys are bound, not how
+    many values each has.
+    """
+    query = plan.query
+    assert query is not None
+    shape = tuple(count is not None if lists else count for count in counts)
+    keys = [expression for _, expression in plan.keys]
+    return _kept(plan, ("keys", lists, shape), lambda: query.filtered_many(keys, counts, lists=lists))
+
+
+def _kept(plan: QueryPlan, shape: tuple[Any, ...], render: Callable[[], str | None]) -> str | None:
+    """The SQL of ``shape`` kept by ``plan``, rendered by ``render`` the first time. Thread-safe:
+    two threads rendering one shape at once both get the same text."""
+    sqls = plan.rendered
+    if shape not in sqls:
+        if len(sqls) >= UNIT_SQL_SHAPES:
+            sqls.clear()
+        sqls[shape] = render()
+    return sqls[shape]
