@@ -37,8 +37,8 @@ from .._core.errors import warn_caller
 from .._core.window import WindowGeometry
 from .._epoch.schedule import BatchSchedule
 from .._epoch.visits import visit_weights
+from .._sql.order_runs import order_runs
 from .._sql.plan import QueryPlan, WorkUnit
-from .._sql.ranges import order_runs
 
 __all__ = [
     "CORRELATION_SAMPLES",
@@ -126,7 +126,7 @@ class _Positions:
     """Where each partition's rows lie in the query's order, over the plan's groups laid end to end
     (a sample's group and first row become one coordinate: one lookup for a whole batch).
 
-    One entry per run of :func:`~ddbloader._sql.ranges.order_runs` (a partition read as it lies,
+    One entry per run of :func:`~ddbloader._sql.order_runs.order_runs` (a partition read as it lies,
     a run of a range piece, a stripe of a combed piece of windows), so a sample is placed at the
     row the pieces as read serve it from."""
 

@@ -24,11 +24,11 @@ from .cells import Cell, run_planning
 from .fingerprint import HASH_SUM_ALIAS, Fingerprint, planned_sum
 from .key_values import PlanKey
 from .pieces import KeyRanges
-from .plan import GroupPlan, PartitionSpec, pieces
+from .plan import pieces
 from .query import Query, UserQuery
 from .range_cutter import OrderKey, RangeCutter
 
-__all__ = ["Piece", "Ranged", "order_runs", "range_pieces"]
+__all__ = ["Piece", "Ranged", "range_pieces"]
 
 
 #: Per (group index, cell index) cut into range pieces: each piece's SQL, ranges, parameters,
@@ -145,57 +145,3 @@ def _range_piece(
             f"build the loader again"
         )
     return sql, ranges, params, rows, Fingerprint(hashed, planned_sum(counts[HASH_SUM_ALIAS]))
-
-
-def order_runs(group: GroupPlan) -> list[tuple[int, int, int]]:
-    """Where the rows ``group``'s partitions serve lie in the query's order, as read.
-
-    Per run of rows, ``(start, base, position)``: its first row among the group's partitions laid
-    end to end (in a combed series: its row of the series, by which its samples are numbered),
-    that row's place among the group's rows in the query's order, and the position of the
-    partition holding it. One run per partition read as it lies; per run of a range piece (its
-    rows as the planning query ranked them: :attr:`~ddbloader._sql.pieces.KeyRanges.runs`), or
-    per stripe of a combed piece of windows (where its windows start).
-    """
-    found = []
-    at = 0  # the partition's first row among its group's partitions
-    subquery = 0  # where the partition's subquery begins in the group, in the query's order
-    previous: PartitionSpec | None = None
-    for position, p in enumerate(group.partitions):
-        if not (p.ranges is not None and p.ranges.runs and _same_subquery(p, previous)):
-            subquery = at
-        previous = p
-        origin = 0 if group.combed_windows else at
-        for offset, first in _runs(p):
-            found.append((origin + offset, (0 if group.combed_windows else subquery) + first, position))
-        at += p.rows
-    return found
-
-
-def _runs(partition: PartitionSpec) -> list[tuple[int, int]]:
-    """``(row within the partition, row within its subquery)`` where each run of ``partition``:
-    one for a partition read as it lies; a range piece's runs (a part of a piece read in parts:
-    the runs it holds), or a combed piece of windows' stripes (where its windows start)."""
-    ranges = partition.ranges
-    if partition.windows is not None:
-        return [(low, low) for low, _ in partition.windows.starts]
-    if ranges is None or not ranges.runs:
-        return [(0, 0)]
-    found = []
-    offset = 0  # the run's first row within the piece
-    begin, end = partition.first_row, partition.first_row + partition.rows
-    for first, rows in ranges.runs:
-        low, high = max(offset, begin), min(offset + rows, end)
-        if low < high:
-            found.append((low - begin, first + low - offset))
-        offset += rows
-    return found
-
-
-def _same_subquery(a: PartitionSpec, b: PartitionSpec | None) -> bool:
-    return bool(
-        b is not None
-        and a.ranges is not None
-        and b.ranges is not None
-        and repr(a.repartition_value) == repr(b.repartition_value)
-    )
