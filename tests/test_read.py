@@ -64,3 +64,25 @@ def test_a_run_read_wants_every_partition_of_its_run_and_splits_by_a_cell_index(
         alone = cursor.fetch(cell.sql, cell.params)
         assert sorted(part.column("id").to_pylist()) == sorted(alone.column("id").to_pylist())
         assert cell.in_order(part).to_pylist() == alone.to_pylist()
+
+
+def test_pieces_of_a_streamed_subquery_share_no_read_with_other_partitions(
+    con: duckdb.DuckDBPyConnection,
+) -> None:
+    """Without shuffle a subquery larger than ``fetch_bytes`` is read in pieces by one streaming
+    query: no key-list query reads them, no read run holds them, so no fetch unit may; a range
+    piece of a shuffled one is in a read run, so a unit may read it."""
+    con.execute("CREATE TABLE big AS SELECT i AS id, i * 0.5 AS f, i * 1.0 AS y FROM range(4 * 2048) r(i)")
+    sql, options = (
+        "SELECT * FROM big ORDER BY id",
+        {"input_col": ["f"], "batch_size": 64, "fetch_bytes": 2048 * 8},
+    )
+    with DDBDataLoader(con, sql, "y", **options) as loader:
+        streamed = loader.plan.groups[0]
+    with DDBDataLoader(con, sql, "y", shuffle=True, seed=1, **options) as loader:
+        ranged = loader.plan.groups[0]
+    assert len(streamed.partitions) > 1 and len(ranged.partitions) > 1
+    assert not any(p.by_keys or p.in_units for p in streamed.partitions)
+    assert set(streamed.read_runs) == {None}
+    assert not any(p.by_keys for p in ranged.partitions) and all(p.in_units for p in ranged.partitions)
+    assert None not in ranged.read_runs
