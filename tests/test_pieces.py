@@ -30,9 +30,10 @@ from sqlglot import exp
 from ddbloader import DDBDataLoader
 from ddbloader._epoch.shard import epoch_units
 from ddbloader._epoch.units import fetch_units
-from ddbloader._epoch.visits import PIECES_PER_QUERY, neighbours
-from ddbloader._sql.pieces import KeyRanges, Point, combed_count, layout
+from ddbloader._sql.pieces import KeyRanges, combed_count, layout
+from ddbloader._sql.plan import PIECES_PER_QUERY
 from ddbloader._sql.range_cutter import OrderKey
+from ddbloader._sql.tuple_order import Point
 
 # --- the layout, pure --------------------------------------------------------------------------
 
@@ -460,8 +461,12 @@ def test_neighbouring_combed_pieces_share_a_query_split_exactly_as_read_alone(
             units = list(
                 fetch_units(plan, epoch_units(plan, config, epoch), config, epoch, config.fetch_bytes)
             )
-            assert units and all(u.tagged and 2 <= len(u.cells) <= PIECES_PER_QUERY for u in units)
-            assert all(neighbours(a, b) for u in units for a, b in itertools.pairwise(u.cells))
+            assert units and all(u.cell_index and 2 <= len(u.cells) <= PIECES_PER_QUERY for u in units)
+            assert all(
+                plan.groups[0].read_together(a.position, b.position)
+                for u in units
+                for a, b in itertools.pairwise(u.cells)
+            )
             assert_units_split_as_read_alone(loader, units)
         got_ids = sorted(int(v) for _, _, keys in loader for v in keys["id"].tolist())
         stats = loader.stats()

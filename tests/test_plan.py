@@ -23,6 +23,7 @@ from ddbloader import DDBDataLoader
 from ddbloader._pipeline.batch import batch_count
 from ddbloader._sql.plan import MIN_PIECE_ROWS, QueryPlan, pieces
 from ddbloader._sql.plan_fingerprint import plan_differences, plan_fingerprint
+from ddbloader._sql.read import unit_sql
 from tests.conftest import SERIES_SQL, make_series, warnings_containing
 
 pytestmark = [
@@ -584,17 +585,17 @@ def test_unit_queries_are_rendered_once_per_shape_and_kept_bounded(
         plan = loader.plan
         assert plan.query is not None
         keys = [expression for _, expression in plan.keys]
-        first = plan.unit_sql([3, None], lists=False)
+        first = unit_sql(plan, [3, None], lists=False)
         assert first == plan.query.filtered_many(keys, [3, None]) and first is not None and "IN" in first
-        assert plan.unit_sql([3, None], lists=False) is first
-        assert plan.unit_sql([2, 4], lists=False) == plan.query.filtered_many(keys, [2, 4])
+        assert unit_sql(plan, [3, None], lists=False) is first
+        assert unit_sql(plan, [2, 4], lists=False) == plan.query.filtered_many(keys, [2, 4])
         # with lists the text depends only on which keys are bound
-        assert plan.unit_sql([5, None], lists=True) is plan.unit_sql([7, None], lists=True)
-        assert plan.unit_sql([5, None], lists=True) == plan.query.filtered_many(keys, [5, None], lists=True)
-        monkeypatch.setattr("ddbloader._sql.plan.UNIT_SQL_SHAPES", 3)
+        assert unit_sql(plan, [5, None], lists=True) is unit_sql(plan, [7, None], lists=True)
+        assert unit_sql(plan, [5, None], lists=True) == plan.query.filtered_many(keys, [5, None], lists=True)
+        monkeypatch.setattr("ddbloader._sql.read.UNIT_SQL_SHAPES", 3)
         for count in range(1, 8):
-            assert plan.unit_sql([count, None], lists=False) == plan.query.filtered_many(keys, [count, None])
-            assert len(plan._unit_sqls) <= 3
+            assert unit_sql(plan, [count, None], lists=False) == plan.query.filtered_many(keys, [count, None])
+            assert len(plan.rendered) <= 3
 
 
 # --- the state names its plan -------------------------------------------------------------------

@@ -23,11 +23,12 @@ from resume_check import assert_resumes_exactly, assert_same_batches
 from ddbloader import DDBDataLoader
 from ddbloader._epoch.schedule import BatchSchedule, EventKind
 from ddbloader._epoch.shard import epoch_units
-from ddbloader._epoch.units import FIRST_UNIT_SHARE, MAX_VALUES, FetchUnit, fetch_units
-from ddbloader._epoch.visits import PIECES_PER_QUERY, neighbours, partition_visits
+from ddbloader._epoch.units import FIRST_UNIT_SHARE, MAX_VALUES, fetch_units
+from ddbloader._epoch.visits import partition_visits
 from ddbloader._io.convert import to_block
 from ddbloader._io.unit_split import split_by_key, unit_blocks
-from ddbloader._sql.plan import PartitionSpec
+from ddbloader._sql.plan import PIECES_PER_QUERY, PartitionSpec
+from ddbloader._sql.read import Read, unit_sql
 from ddbloader.backends import DuckDBBackend
 
 UTC = dt.timezone.utc
@@ -137,7 +138,8 @@ def test_split_imports_no_pandas() -> None:
     script = textwrap.dedent(
         """
         import sys, duckdb
-        from ddbloader._sql.plan import PartitionSpec
+        from ddbloader._sql.plan import PIECES_PER_QUERY, PartitionSpec
+from ddbloader._sql.read import Read, unit_sql
         from ddbloader._io.unit_split import split_by_key
         table = duckdb.sql(
             "SELECT i AS v, 'g' || (i % 2) AS _ddb_group, DATE '2024-01-01' + (i % 3)::INT "
@@ -169,8 +171,8 @@ def test_unit_blocks_give_each_wanted_partition_the_rows_of_its_own_subquery(
     with DDBDataLoader(con, sql, "y", repartition_scheme=[0, 1, 2], **options) as loader:
         plan = loader.plan
     specs = tuple(p for g in plan.groups for p in g.partitions)
-    unit = FetchUnit(
-        plan.unit_sql([2, None], lists=False) or "",
+    unit = Read(
+        unit_sql(plan, [2, None], lists=False) or "",
         (0, 1),
         specs,
         frozenset(specs[i].key for i in wanted),
@@ -395,9 +397,39 @@ def test_neighbouring_tagged_pieces_are_visited_one_after_the_other_and_share_a_
             for unit in units:
                 at = visits.index(unit.cells[0].position)
                 assert visits[at : at + len(unit.cells)] == [c.position for c in unit.cells]
-                assert all(neighbours(a, b) for a, b in itertools.pairwise(unit.cells))
+                assert all(
+                    group.read_together(a.position, b.position) for a, b in itertools.pairwise(unit.cells)
+                )
             orders.add(tuple(visits))
         assert len(orders) > 1
+
+
+def test_read_runs_end_where_a_subquery_ends_and_units_never_cross_them(
+    con: duckdb.DuckDBPyConnection,
+) -> None:
+    """The read runs are planned per subquery: the tagged pieces of three repartitions make three
+    runs (each starting at its first piece), one query never reads pieces of two, and no
+    partition of a run is one a key-list query may read."""
+    con.execute(
+        "CREATE TABLE big AS SELECT i AS id, i * 0.5 AS f, i * 1.0 AS y, i // 6144 AS d "
+        "FROM range(3 * 6144) r(i)"
+    )
+    options: dict[str, Any] = {"input_col": ["f"], "batch_size": 64, "shuffle": True, "seed": 1}
+    sql = "SELECT * FROM big ORDER BY id"
+    with DDBDataLoader(
+        con, sql, "y", fetch_bytes=2048 * 8, repartition_col="d", repartition_scheme=None, **options
+    ) as loader:
+        plan, config = loader.plan, loader.config
+        group = plan.groups[0]
+        assert group.read_runs == (0, 0, 0, 3, 3, 3, 6, 6, 6)
+        assert not any(p.by_keys for p in group.partitions)
+        assert not group.read_together(2, 3) and group.read_together(3, 4) and not group.read_together(3, 5)
+        for epoch in range(3):
+            units = list(
+                fetch_units(plan, epoch_units(plan, config, epoch), config, epoch, config.fetch_bytes)
+            )
+            assert units and all(u.cell_index for u in units)
+            assert all(len({group.read_runs[c.position] for c in u.cells}) == 1 for u in units)
 
 
 # --- the fetch path -----------------------------------------------------------------------------

@@ -36,7 +36,8 @@ from .._core.config import LoaderConfig
 from .._core.errors import warn_caller
 from .._core.window import WindowGeometry
 from .._epoch.schedule import BatchSchedule
-from .._epoch.visits import PIECES_PER_QUERY, touched_partitions
+from .._epoch.visits import visit_weights
+from .._sql.order_runs import order_runs
 from .._sql.plan import QueryPlan, WorkUnit
 
 __all__ = [
@@ -125,9 +126,9 @@ class _Positions:
     """Where each partition's rows lie in the query's order, over the plan's groups laid end to end
     (a sample's group and first row become one coordinate: one lookup for a whole batch).
 
-    One entry per partition, or per run of a range piece (its rows as the planning query ranked
-    them: :attr:`~ddbloader._sql.pieces.KeyRanges.runs`, or a combed piece of windows' stripes),
-    so a sample is placed at the row the pieces as read serve it from."""
+    One entry per run of :func:`~ddbloader._sql.order_runs.order_runs` (a partition read as it lies,
+    a run of a range piece, a stripe of a combed piece of windows), so a sample is placed at the
+    row the pieces as read serve it from."""
 
     def __init__(self, plan: QueryPlan) -> None:
         groups = plan.groups
@@ -136,23 +137,13 @@ class _Positions:
         starts: list[float] = []  # an entry's first row in the group's partitions laid end to end
         bases: list[float] = []  # the position in the query's order of that row
         partitions: list[int] = []
-        index = 0
+        index = 0  # the first partition's index over the plan
         for group, group_first in zip(groups, self._firsts.tolist(), strict=True):
-            at = 0  # the partition's first row among its group's partitions
-            subquery = 0  # where the partition's subquery begins in the group, in the query's order
-            previous: Any = None
-            for p in group.partitions:
-                if not (p.ranges is not None and p.ranges.runs and _same_subquery(p, previous)):
-                    subquery = at
-                previous = p
-                # a combed series' samples are numbered by their rows of the series
-                origin = 0 if group.combed_windows else at
-                for offset, first in _runs(p, group.combed_windows):
-                    starts.append(group_first + origin + offset)
-                    bases.append(group_first + (0 if group.combed_windows else subquery) + first)
-                    partitions.append(index)
-                at += p.rows
-                index += 1
+            for start, base, position in order_runs(group):
+                starts.append(group_first + start)
+                bases.append(group_first + base)
+                partitions.append(index + position)
+            index += len(group.partitions)
         order = np.argsort(np.array(starts, np.float64), kind="stable")
         self._starts = np.array(starts, np.float64)[order]
         self._bases = np.array(bases, np.float64)[order]
@@ -170,35 +161,6 @@ class _Positions:
         return self._partitions[entry], position
 
 
-def _runs(partition: Any, combed_windows: bool) -> list[tuple[int, int]]:
-    """``(row within the partition, row within its subquery)`` where each run of ``partition``:
-    one for a partition read as it lies; a range piece's runs (a part of a piece read in parts:
-    the runs it holds), or a combed piece of windows' stripes (where its windows start)."""
-    ranges = partition.ranges
-    if combed_windows and partition.windows is not None:
-        return [(low, low) for low, _ in partition.windows.starts]
-    if ranges is None or not ranges.runs:
-        return [(0, 0)]
-    found = []
-    offset = 0  # the run's first row within the piece
-    begin, end = partition.first_row, partition.first_row + partition.rows
-    for first, rows in ranges.runs:
-        low, high = max(offset, begin), min(offset + rows, end)
-        if low < high:
-            found.append((low - begin, first + low - offset))
-        offset += rows
-    return found
-
-
-def _same_subquery(a: Any, b: Any) -> bool:
-    return bool(
-        b is not None
-        and a.ranges is not None
-        and b.ranges is not None
-        and repr(a.repartition_value) == repr(b.repartition_value)
-    )
-
-
 #: A shuffled plan of at least this many equal visit blocks (see :func:`can_follow_row_order`) does
 #: not come close to row order: its rank correlation has a spread of about ``1/sqrt(blocks - 1)``
 #: (Spearman's of a random permutation), so :data:`ROW_ORDER` is more than 5 spreads away.
@@ -208,11 +170,12 @@ ORDERED_BLOCKS_BELOW = 32
 def can_follow_row_order(units: Sequence[WorkUnit], geometry: WindowGeometry) -> bool:
     """Whether a shuffled epoch serving ``units`` may come close to row order (:data:`ROW_ORDER`).
 
-    The pieces of a streamed subquery are served front to back (one query reads them), so units
-    touching one may. Everything else a shuffled epoch serves is a random order of visit blocks
-    (a partition, or up to :data:`~ddbloader._epoch.visits.PIECES_PER_QUERY` neighbouring range
-    pieces), each block's samples permuted, and the pool mixes its blocks further: its rank
-    correlation is at most that of a random permutation of the blocks, weighted by their rows.
+    Units touching a piece of a subquery read in pieces may (a streamed subquery is served front
+    to back, one query reading its pieces; range pieces are measured rather than bounded: see
+    :func:`~ddbloader._epoch.visits.visit_weights`). Everything else a shuffled epoch serves is a
+    random order of visit blocks (a partition), each block's samples permuted, and the pool mixes
+    its blocks further: its rank correlation is at most that of a random permutation of the
+    blocks, weighted by their rows.
     With blocks of ``n_i`` rows the effective count is ``(sum n_i)**2 / sum n_i**2``; only below
     :data:`ORDERED_BLOCKS_BELOW` may it come close to row order by chance. An epoch of fewer
     than :data:`JUDGED_SAMPLES` samples is never judged.
@@ -220,21 +183,13 @@ def can_follow_row_order(units: Sequence[WorkUnit], geometry: WindowGeometry) ->
     if sum(u.samples for u in units) < JUDGED_SAMPLES:
         return False
     weights: list[int] = []
-    tagged = False
     for unit in units:
-        touched = touched_partitions(unit, geometry)
-        if len(touched) == 1:
-            weights.append(unit.samples)
-            continue
-        for position in touched:
-            partition = unit.group.partitions[position]
-            if partition.streamed:
-                return True
-            tagged = tagged or partition.tagged
-            weights.append(partition.rows)
+        blocks = visit_weights(unit, geometry)
+        if blocks is None:
+            return True
+        weights.extend(blocks)
     rows = np.array(weights, np.float64)
-    blocks = float(rows.sum()) ** 2 / float((rows**2).sum())
-    return blocks / (PIECES_PER_QUERY if tagged else 1) < ORDERED_BLOCKS_BELOW
+    return float(rows.sum()) ** 2 / float((rows**2).sum()) < ORDERED_BLOCKS_BELOW
 
 
 class MixingWatch:

@@ -25,12 +25,7 @@ def _split(plan: QueryPlan, config: LoaderConfig) -> str:
     groups = len(plan.groups)
     per_group = sorted({sum(p.piece == 0 for p in g.partitions) for g in plan.groups}) or [0]
     subqueries = sum(p.piece == 0 for g in plan.groups for p in g.partitions)
-    every = [p for g in plan.groups for p in g.partitions]
-    streamed = [p for p in every if p.streamed and p.ranges is None]
-    ranged = sum(p.ranges is not None and p.piece == 0 for p in every)
-    heads = sum(p.piece == 0 for p in streamed)
-    notes = [f"{heads:,} streamed in {len(streamed):,} pieces"] if streamed else []
-    notes += [f"{ranged:,} range piece{'' if ranged == 1 else 's'} of the order key"] if ranged else []
+    notes = plan.piece_notes()
     pieces = f" ({', '.join(notes)})" if notes else ""
     spread = str(per_group[0]) if len(per_group) == 1 else f"{per_group[0]}–{per_group[-1]}"
     split = (

@@ -147,13 +147,13 @@ class UnitSteps:
 
     def _load(self, position: int, orders: SampleOrders) -> None:
         unit = self._unit
-        windows = unit.group.partitions[position].windows
+        row_map = unit.group.row_maps[position]
         samples = None
         if self._single:
             left = right = 0
             first, stop = unit.first, unit.stop
-        elif windows is not None:  # a combed piece of windows: its samples need no neighbour
-            samples = windows.samples(unit.first, unit.stop)
+        elif row_map is not None:  # a combed piece of windows: its samples need no neighbour
+            samples = row_map.samples(unit.first, unit.stop)
             left = right = 0
             first, stop = unit.first, unit.first
             if len(samples):

@@ -1,9 +1,10 @@
 """Fetch units: which partitions one query fetches, cut to a byte budget along the epoch's visits.
 
 One query per (group, repartition) partition makes an epoch cost one round trip, and on an
-engine that cannot prune on the key one table scan, per partition. A :class:`FetchUnit` instead
-fetches many partitions with one query (:meth:`~ddbloader._sql.query.UserQuery.filtered_many`: the
-key values bound as an ``IN`` list, the keys selected as extra columns) and
+engine that cannot prune on the key one table scan, per partition. A fetch unit instead fetches
+many partitions with one query, a :class:`~ddbloader._sql.read.Read` rendered in ``_sql``
+(:meth:`~ddbloader._sql.query.UserQuery.filtered_many`: the key values bound as an ``IN`` list,
+the keys selected as extra columns) and
 :func:`~ddbloader._io.unit_split.unit_blocks` splits the Arrow result by key, vectorised,
 keeping the query's order within each partition.
 
@@ -18,21 +19,18 @@ counts, and a result that does not split exactly is fetched again one partition 
 
 from __future__ import annotations
 
-import itertools
 import sys
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any
-
-import numpy as np
 
 from .._core.config import LoaderConfig
 from .._core.window import WindowGeometry
-from .._sql.plan import GroupPlan, PartitionSpec, QueryPlan, WorkUnit
+from .._sql.plan import PIECES_PER_QUERY, GroupPlan, PartitionSpec, QueryPlan, WorkUnit
+from .._sql.read import Read, keys_read, run_read
 from .schedule import DDB_POOL
-from .visits import PIECES_PER_QUERY, PartitionKey, neighbours, partition_visits, touched_partitions
+from .visits import PartitionKey, partition_visits, touched_partitions
 
-__all__ = ["FIRST_UNIT_SHARE", "MAX_VALUES", "FetchUnit", "fetch_units"]
+__all__ = ["FIRST_UNIT_SHARE", "MAX_VALUES", "fetch_units"]
 
 #: Bound parameters in one unit's query at most: SQLite's historical limit, low enough for all.
 MAX_VALUES = 999
@@ -44,47 +42,6 @@ MAX_VALUES = 999
 FIRST_UNIT_SHARE = 8
 
 
-@dataclass(frozen=True)
-class FetchUnit:
-    """Many partitions fetched by one query.
-
-    ``cells`` are every partition whose rows the query returns, in plan order; ``wanted`` are the
-    keys of those the epoch asks for (the others belong to another worker's share of a group and
-    are dropped on arrival). ``values[i]`` lists the values of key ``i`` the query binds, or is
-    None where the query does not restrict key ``i``.
-
-    Invariants: ``wanted`` ⊆ keys of ``cells``; every cell's key values are among ``values``.
-
-    ``tagged``: the cells are tagged range pieces of one subquery (see
-    :mod:`ddbloader._sql.piece_tags`), and the query's last column is the index of each row's cell
-    instead of its key values.
-    """
-
-    sql: str
-    params: tuple[Any, ...]
-    cells: tuple[PartitionSpec, ...]
-    wanted: frozenset[PartitionKey]
-    tagged: bool = False
-
-    @property
-    def key_columns(self) -> int:
-        """The columns after the rows' own (and the row hash) that tell a row's cell."""
-        return 1 if self.tagged else len(self.cells[0].params)
-
-    @property
-    def rows(self) -> int:
-        return sum(c.rows for c in self.cells)
-
-    def describe(self) -> str:
-        """Name the unit for messages: its partitions and its SQL."""
-        groups = sorted({c.group for c in self.cells})
-        shown = f"{groups[:5]}{'...' if len(groups) > 5 else ''}"
-        return (
-            f"{len(self.cells)} partitions of group(s) {shown} in one query "
-            f"({self.sql!r} with {len(self.params)} parameters)"
-        )
-
-
 def fetch_units(
     plan: QueryPlan,
     work_units: Sequence[WorkUnit],
@@ -93,7 +50,7 @@ def fetch_units(
     budget: int,
     *,
     lists: bool = False,
-) -> Iterator[FetchUnit]:
+) -> Iterator[Read]:
     """The epoch's fetch units, in the order the epoch's streams ask for their partitions, each
     yielded as soon as it is cut (the fetcher cuts them as the streams' requests reach them, so
     the first query does not wait for the cutting of the whole epoch: 4-10 ms at 4,000 groups).
@@ -112,15 +69,15 @@ def fetch_units(
     default shape the first batch then waits for 4,000-row queries instead of whole groups of
     10,000: 45-61 against 75-89 ms a warm epoch); a group larger than ``budget`` becomes runs of its
     partitions in visit order (the query restricts the group to one value and the
-    repartition key to the run's values); tagged range pieces (see
-    :attr:`~ddbloader._sql.plan.PartitionSpec.tagged`) visited one after the other that are
-    :func:`~ddbloader._epoch.visits.neighbours` join a unit of their own, up to
-    :data:`~ddbloader._epoch.visits.PIECES_PER_QUERY` of them (the visits keep such runs
-    together); the pieces of a streamed subquery (see :mod:`ddbloader._io.streams`) join no
-    unit. A partition asked for twice (a padded shard) is in the first unit only; a unit of one
-    partition is left out (the partition's own subquery, or its stream, fetches it). No units at
-    all when ``budget <= 0``, when the plan has neither keys nor range pieces, or when the query
-    cannot select its keys (see ``filtered_many``).
+    repartition key to the run's values); partitions of one read run (see
+    :attr:`~ddbloader._sql.plan.GroupPlan.read_runs`) visited one after the other join a unit of
+    their own, up to :data:`~ddbloader._sql.plan.PIECES_PER_QUERY` of them (the visits keep such
+    runs together); any other partition that no query listing key values reads (see
+    :attr:`~ddbloader._sql.plan.PartitionSpec.by_keys`: read by a stream of its own, see
+    :mod:`ddbloader._io.streams`) joins no unit. A partition asked for twice (a padded shard) is
+    in the first unit only; a unit of one partition is left out (the partition's own subquery,
+    or its stream, fetches it). No units at all when ``budget <= 0``, when the plan has neither
+    keys nor range pieces, or when the query cannot select its keys (see ``filtered_many``).
     """
     if budget <= 0 or plan.query is None or not (plan.keys or plan.piece_key is not None):
         return
@@ -201,7 +158,7 @@ class _Cutter:
         self._groups: list[tuple[GroupPlan, Sequence[int]]] = []
         self._bytes = 0
         #: units cut and not yet taken
-        self.units: list[FetchUnit] = []
+        self.units: list[Read] = []
         self._budget = budget
         #: Flushes of groups so far, each a unit or a partition its own subquery fetches (the
         #: first ones are cut to a share of the budget, see :data:`FIRST_UNIT_SHARE`).
@@ -214,7 +171,7 @@ class _Cutter:
         pool's groups to)."""
         self._share = max(self._share, min(whole, DDB_POOL * self._budget))
 
-    def take(self) -> list[FetchUnit]:
+    def take(self) -> list[Read]:
         """The units cut since the last take."""
         units, self.units = self.units, []
         return units
@@ -227,26 +184,28 @@ class _Cutter:
 
     def add_runs(self, group: GroupPlan, visits: Sequence[int]) -> None:
         """Units of runs of ``group``'s partitions ``visits``, in that order: runs within the budget,
-        tagged pieces in runs of neighbours, streamed pieces in none."""
+        partitions of a read run in runs of up to PIECES_PER_QUERY, those no query listing key
+        values reads in none."""
         run: list[int] = []
         run_bytes = 0
-        tagged: list[int] = []
+        together: list[int] = []
         row_bytes = self.row_bytes
+        read_runs = group.read_runs
         for position in visits:
             partition = group.partitions[position]
-            if partition.tagged:
+            if read_runs[position] is not None:
                 self.add_run(group, run)
                 run, run_bytes = [], 0
-                if tagged and (
-                    len(tagged) >= PIECES_PER_QUERY or not neighbours(group.partitions[tagged[-1]], partition)
+                if together and (
+                    len(together) >= PIECES_PER_QUERY or not group.read_together(together[-1], position)
                 ):
-                    self.add_tagged(group, tagged)
-                    tagged = []
-                tagged.append(position)
+                    self.add_together(group, together)
+                    together = []
+                together.append(position)
                 continue
-            self.add_tagged(group, tagged)
-            tagged = []
-            if partition.streamed:  # read by its own streaming query
+            self.add_together(group, together)
+            together = []
+            if not partition.by_keys:  # read by its own streaming query
                 self.add_run(group, run)
                 run, run_bytes = [], 0
                 continue
@@ -257,7 +216,7 @@ class _Cutter:
             run.append(position)
             run_bytes += size
         self.add_run(group, run)
-        self.add_tagged(group, tagged)
+        self.add_together(group, together)
 
     def add_group(self, group: GroupPlan, visits: Sequence[int], size: int) -> None:
         if self._groups and (
@@ -298,15 +257,14 @@ class _Cutter:
         else:
             self._add([len(cells)], repartition_values, cells, wanted)
 
-    def add_tagged(self, group: GroupPlan, positions: Sequence[int]) -> None:
-        """A unit of the tagged pieces ``positions`` of ``group`` (none for fewer than two)."""
+    def add_together(self, group: GroupPlan, positions: Sequence[int]) -> None:
+        """A unit of the partitions ``positions`` of one read run of ``group`` (none for fewer than two)."""
         if len(positions) < 2:
             return
         cells = tuple(group.partitions[p] for p in sorted(positions))
-        found = self._plan.tagged_unit(cells)
-        if found is not None:
-            sql, params = found
-            self.units.append(FetchUnit(sql, params, cells, frozenset(c.key for c in cells), tagged=True))
+        read = run_read(self._plan, cells)
+        if read is not None:
+            self.units.append(read)
 
     def _add(
         self,
@@ -315,10 +273,6 @@ class _Cutter:
         cells: tuple[PartitionSpec, ...],
         wanted: Sequence[PartitionKey],
     ) -> None:
-        sql = self._plan.unit_sql(counts, lists=self._lists)
-        if sql is None:
-            return
-        if self._lists:  # one list parameter per bound key
-            bounds = np.cumsum([0, *(c for c in counts if c is not None)]).tolist()
-            params = tuple(list(params[a:b]) for a, b in itertools.pairwise(bounds))
-        self.units.append(FetchUnit(sql, params, cells, frozenset(wanted)))
+        read = keys_read(self._plan, counts, params, cells, wanted, lists=self._lists)
+        if read is not None:
+            self.units.append(read)

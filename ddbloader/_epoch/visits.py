@@ -5,8 +5,10 @@ Both are pure functions of (unit, config, geometry, epoch): the schedule
 (:mod:`ddbloader._epoch.schedule`) and the cutting of fetch units (:mod:`ddbloader._epoch.units`)
 read the same visits, so they agree on which partitions are asked for and when. The needed
 pieces of one streamed subquery are visited together and in row order; so are up to
-:data:`PIECES_PER_QUERY` neighbouring tagged range pieces (one fetch unit's query reads them);
-with shuffle the subqueries (and those runs of pieces) are visited in a seeded order.
+:data:`~ddbloader._sql.plan.PIECES_PER_QUERY` partitions of one read run (see
+:attr:`~ddbloader._sql.plan.GroupPlan.read_runs`: one fetch unit's query reads them); with
+shuffle the subqueries (and those runs) are visited in a seeded order. The visits know
+positions, counts and those planned facts, not how a partition is read.
 """
 
 from __future__ import annotations
@@ -17,20 +19,11 @@ import numpy as np
 
 from .._core.config import LoaderConfig
 from .._core.window import WindowGeometry
-from .._sql.plan import PartitionSpec, WorkUnit
+from .._sql.plan import PIECES_PER_QUERY, WorkUnit
 from .owed import owed_partitions
 from .shuffle import Purpose, visit_order
 
-__all__ = ["PIECES_PER_QUERY", "PartitionKey", "neighbours", "partition_visits", "touched_partitions"]
-
-
-#: Tagged range pieces (see :mod:`ddbloader._sql.piece_tags`) one fetch unit's query reads at most:
-#: neighbours in plan order, whose stripes of the band touch, so the query reads nearly the
-#: storage blocks one piece's does (a combed piece's query costs mostly those, not its key
-#: tests), visited one after the other. Measured on DuckDB (2M rows x 32 float32, one thread):
-#: two neighbours cost 0.67 of their two queries, four 0.49; two pieces far apart 0.94. Each
-#: piece is within ``fetch_bytes``, so such a unit holds up to this many times the budget.
-PIECES_PER_QUERY = 2
+__all__ = ["PartitionKey", "partition_visits", "touched_partitions", "visit_weights"]
 
 #: A partition's identity within a plan: (group index, position in the group).
 PartitionKey = tuple[int, int]
@@ -69,13 +62,19 @@ def touched_partitions(unit: WorkUnit, geometry: WindowGeometry) -> Sequence[int
     return touched
 
 
-def neighbours(a: PartitionSpec, b: PartitionSpec) -> bool:
-    """Whether tagged range piece ``b`` comes right after ``a`` in plan order, of the same
-    subquery (its key values) and band: pieces one query may read together."""
-    if not (a.tagged and b.tagged) or b.position != a.position + 1 or a.group != b.group:
-        return False
-    assert a.ranges is not None and b.ranges is not None
-    return a.ranges.band == b.ranges.band and a.key_params == b.key_params
+def visit_weights(unit: WorkUnit, geometry: WindowGeometry) -> list[int] | None:
+    """The rows of each block a shuffled epoch visits in a random order to serve ``unit``: its
+    samples when it touches one partition, else each touched partition's rows. None where it
+    touches a partition that no query listing key values reads (see
+    :attr:`~ddbloader._sql.plan.PartitionSpec.by_keys`: a piece of a subquery read in pieces),
+    whose visits are no such blocks."""
+    touched = touched_partitions(unit, geometry)
+    if len(touched) == 1:
+        return [unit.samples]
+    partitions = [unit.group.partitions[position] for position in touched]
+    if not all(p.by_keys for p in partitions):
+        return None
+    return [p.rows for p in partitions]
 
 
 def partition_visits(
@@ -84,21 +83,23 @@ def partition_visits(
     """The positions of the partitions ``unit`` needs, in the order its stream loads them.
 
     The needed pieces of one streamed subquery are visited together and in row order (its
-    query reads them in that order), and so are runs of up to :data:`PIECES_PER_QUERY`
-    :func:`neighbours` (a fetch unit reads each run): the subqueries and runs are shuffled,
-    then expanded into pieces.
+    query reads them in that order), and so are up to :data:`~ddbloader._sql.plan.PIECES_PER_QUERY`
+    partitions of a read run one after the other (see
+    :meth:`~ddbloader._sql.plan.GroupPlan.read_together`; a fetch unit reads each such run): the
+    subqueries and runs are shuffled, then expanded into pieces.
     """
     needed = touched_partitions(unit, geometry)
     if len(needed) < 2 or not config.shuffle:
         return needed
-    partitions = unit.group.partitions
+    group = unit.group
+    partitions = group.partitions
     runs: list[list[int]] = []
     for position in needed:
         here = partitions[position]
-        last = partitions[runs[-1][-1]] if runs else None
+        last = runs[-1][-1] if runs else None
         if last is not None and (
-            (here.piece and last.head == here.head)
-            or (len(runs[-1]) < PIECES_PER_QUERY and neighbours(last, here))
+            (here.piece and partitions[last].head == here.head)
+            or (len(runs[-1]) < PIECES_PER_QUERY and group.read_together(last, position))
         ):
             runs[-1].append(position)
         else:

@@ -17,10 +17,10 @@ import threading
 from collections.abc import Callable, Iterable, Sequence
 
 from .._core.engine import Backend
-from .._epoch.units import FetchUnit
 from .._epoch.visits import PartitionKey
 from .._sql.layout import ColumnLayout
 from .._sql.plan import PartitionSpec
+from .._sql.read import Read
 from .block import Block
 from .partition_fetch import PartitionJob
 from .retry import Cursors, CursorSlot, RetryPolicy, Tasks, fetch_worker
@@ -47,7 +47,7 @@ class Fetcher:
         on_fetched: Callable[[int, int, int, float], None] = lambda partitions, rows, queries, seconds: None,
         *,
         retry: RetryPolicy = RetryPolicy(),
-        units: Iterable[FetchUnit] = (),
+        units: Iterable[Read] = (),
     ) -> None:
         self._backend = backend
         self._layout = layout
@@ -76,17 +76,17 @@ class Fetcher:
 
         A partition of a fetch unit comes from its unit's query the first time it is asked for
         (starting that unit and the next if they have not started), else from its own subquery;
-        a piece of a streamed subquery comes from that subquery's streaming query, and so does a
-        tagged range piece no unit serves.
+        a partition no key-list query reads (a piece of a streamed subquery, a range piece no
+        unit serves) comes from its subquery's streaming query.
         """
-        if spec.streamed and not spec.tagged:  # in no unit: do not cut the units to find that out
+        if not spec.in_units:  # do not cut the units to find out that none holds it
             return self._streams.claim(spec)
         pending, start = self._units.claim(spec)
         for index in start:
             self._tasks.put(UnitJob(index, self._units, self._layout, self._backend, self._cursors.stop))
         if pending is not None:
             return pending
-        if spec.streamed:
+        if not spec.by_keys:
             return self._streams.claim(spec)
         job = PartitionJob(spec, self._layout, Pending(f"fetching {spec.describe()}"))
         self._tasks.put(job)

@@ -19,11 +19,11 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 
 from .._core.engine import Backend, Cursor, redact_uri
-from .._epoch.units import FetchUnit
 from .._epoch.visits import PartitionKey
 from .._sql.fingerprint import content_mismatch, strip_hash
 from .._sql.layout import ColumnLayout
 from .._sql.plan import PartitionSpec
+from .._sql.read import Read
 from .block import Block
 from .convert import check_result_schema
 from .partition_fetch import fetch_partition
@@ -36,19 +36,19 @@ __all__ = ["Coalescer", "UnitJob"]
 _log = logging.getLogger("ddbloader")
 
 
-def _unit_contents(table: pa.Table, unit: FetchUnit) -> tuple[pa.Table, list[int] | None]:
+def _unit_contents(table: pa.Table, unit: Read) -> tuple[pa.Table, list[int] | None]:
     """A verified unit's result without its hash column (before its key columns), and each cell's
     hash sum; None when the result does not split into the planned cells (then neither does the
     data, and the unit falls back to its partitions' own subqueries)."""
     at = table.num_columns - unit.key_columns - 1
     hashed = split_by_key(
-        table.select([at, *range(at + 1, table.num_columns)]), unit.cells, tagged=unit.tagged
+        table.select([at, *range(at + 1, table.num_columns)]), unit.cells, cell_index=unit.cell_index
     )
     sums = None if hashed is None else [strip_hash(part, 0)[1] for part in hashed]
     return table.remove_column(at), sums
 
 
-def _check_unit_contents(unit: FetchUnit, sums: list[int]) -> None:
+def _check_unit_contents(unit: Read, sums: list[int]) -> None:
     """Refuse a unit whose cells hash otherwise than planned (the unit falls back to fetching
     them one by one: a cell split wrongly by the client is then told from changed data)."""
     for spec, content in zip(unit.cells, sums, strict=True):
@@ -98,9 +98,9 @@ class Coalescer:
     and appends to ``self.units``; other threads read the units that exist.
     """
 
-    def __init__(self, units: Iterable[FetchUnit]) -> None:
+    def __init__(self, units: Iterable[Read]) -> None:
         self._cutting = iter(units)
-        self.units: list[FetchUnit] = []
+        self.units: list[Read] = []
         self._unit_of: dict[PartitionKey, int] = {}
         self._states: list[_UnitState] = []
         self._lock = threading.Lock()
@@ -242,7 +242,7 @@ class UnitJob:
         return None
 
     @property
-    def unit(self) -> FetchUnit:
+    def unit(self) -> Read:
         return self.coalescer.units[self.index]
 
     def run(self, cursor: Cursor) -> tuple[int, int, int]:

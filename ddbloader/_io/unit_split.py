@@ -16,10 +16,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .._epoch.units import FetchUnit
 from .._sql.arrow_types import arrow_values
 from .._sql.layout import ColumnLayout
 from .._sql.plan import PartitionSpec
+from .._sql.read import Read
 from .block import Block
 from .convert import to_block
 
@@ -86,12 +86,12 @@ def _cell_of_tags(tags: pa.ChunkedArray, cells: int) -> np.ndarray[Any, Any] | N
 
 
 def _cell_of_rows(
-    table: pa.Table, cells: Sequence[PartitionSpec], tagged: bool
+    table: pa.Table, cells: Sequence[PartitionSpec], cell_index: bool
 ) -> np.ndarray[Any, Any] | None:
     """Per row of ``table``, the index of the cell whose key values its key columns hold (its
-    tag when ``tagged``), or -1 (a row outside the scheme: no subquery returns it); None if a
-    value cannot be compared."""
-    if tagged:
+    last column when ``cell_index``), or -1 (a row outside the scheme: no subquery returns it);
+    None if a value cannot be compared."""
+    if cell_index:
         return _cell_of_tags(table.column(table.num_columns - 1), len(cells))
     keys = len(cells[0].params)
     first_key = table.num_columns - keys
@@ -121,12 +121,12 @@ def _cell_of_rows(
 
 
 def split_by_key(
-    table: pa.Table, cells: Sequence[PartitionSpec], *, tagged: bool = False
+    table: pa.Table, cells: Sequence[PartitionSpec], *, cell_index: bool = False
 ) -> list[pa.Table] | None:
     """Cut a unit's result into its cells' rows, each in the result's order.
 
     ``table`` ends with one column per key (as ``filtered_many`` selects them), or with the tag
-    column when ``tagged``; cell ``i``'s rows are those whose key values equal
+    column when ``cell_index``; cell ``i``'s rows are those whose key values equal
     ``cells[i].params`` (whose tag is ``i``), compared as Arrow values of the key column's type;
     rows that match no cell (outside the scheme) are dropped, as no subquery returns them. The
     key columns are dropped.
@@ -136,7 +136,7 @@ def split_by_key(
     client compared a value differently from the engine, or the data changed). The caller then
     fetches the cells one by one, with subqueries the engine compares itself.
     """
-    grouped = _grouped_by_cell(table, cells, tagged)
+    grouped = _grouped_by_cell(table, cells, cell_index)
     if grouped is None:
         return None
     data, bounds = grouped
@@ -144,18 +144,18 @@ def split_by_key(
 
 
 def _grouped_by_cell(
-    table: pa.Table, cells: Sequence[PartitionSpec], tagged: bool
+    table: pa.Table, cells: Sequence[PartitionSpec], cell_index: bool
 ) -> tuple[pa.Table, list[int]] | None:
     """The rows of ``table`` without its key columns, grouped by cell in cell order (each cell's
     in the result's order, rows outside the scheme first), and where each cell's rows begin:
     cell ``i`` is rows ``[bounds[i], bounds[i + 1])``. None as in :func:`split_by_key`."""
-    cell_of_row = _cell_of_rows(table, cells, tagged)
+    cell_of_row = _cell_of_rows(table, cells, cell_index)
     if cell_of_row is None:
         return None
     counts = np.bincount(cell_of_row + 1, minlength=len(cells) + 1)
     if counts[1:].tolist() != [c.rows for c in cells]:
         return None
-    data = table.select(range(table.num_columns - (1 if tagged else len(cells[0].params))))
+    data = table.select(range(table.num_columns - (1 if cell_index else len(cells[0].params))))
     if len(cell_of_row) and (np.diff(cell_of_row) < 0).any():
         # a stable sort of 16-bit keys is a radix sort: O(rows), 7x faster than of 64-bit ones
         narrow = cell_of_row.astype(np.int16) if len(cells) < np.iinfo(np.int16).max else cell_of_row
@@ -217,7 +217,7 @@ class UnitPartitions:
         return self._bounds[-1] - self._bounds[0]
 
 
-def unit_blocks(table: pa.Table, unit: FetchUnit, layout: ColumnLayout) -> UnitPartitions | None:
+def unit_blocks(table: pa.Table, unit: Read, layout: ColumnLayout) -> UnitPartitions | None:
     """The wanted partitions of a unit's result, or None if it does not split exactly.
 
     Without a transform the rows are converted once and each partition's block is a view of
@@ -225,11 +225,11 @@ def unit_blocks(table: pa.Table, unit: FetchUnit, layout: ColumnLayout) -> UnitP
     cutting it into partitions and joining them again); a transform runs on each partition's
     rows, as for a partition fetched alone.
     """
-    grouped = _grouped_by_cell(table, unit.cells, unit.tagged)
+    grouped = _grouped_by_cell(table, unit.cells, unit.cell_index)
     if grouped is None:
         return None
     data, bounds = grouped
-    if unit.tagged:
+    if unit.cell_index:
         data = _in_order(data, bounds, unit.cells)
     if layout.transform is None and len(unit.wanted) == len(unit.cells):
         outside = bounds[0]

@@ -179,17 +179,17 @@ class GroupPool:
         return pending.wait(self._stop, self._timeout)
 
     def _place(self, event: Event, blocks: Sequence[Block]) -> None:
-        windows = self._units[event.unit].group.partitions[event.key[1]].windows
-        if windows is not None:  # its rows are runs of its series: no one shift
-            self._placed.place(event.step, self._runs_segment(event, blocks[0], windows), windows=windows)
+        row_map = self._units[event.unit].group.row_maps[event.key[1]]
+        if row_map is not None:  # its rows are runs of its series: no one shift
+            self._placed.place(event.step, self._runs_segment(event, blocks[0], row_map), windows=row_map)
         else:
             shift = event.left - self._edges.first_row(event.unit, event.key[1])
             self._placed.place(event.step, self._placed_segment(event, blocks, shift), shift)
 
-    def _runs_segment(self, event: Event, block: Block, windows: WindowRows) -> Segment:
+    def _runs_segment(self, event: Event, block: Block, row_map: WindowRows) -> Segment:
         """A combed piece of windows as one segment (its rows are all its windows read)."""
         segment = self.arena.place((block,)) if self.arena is not None else Segment(block)
-        starts = windows.block_rows(windows.samples(event.first, event.stop) * self._stride)
+        starts = row_map.block_rows(row_map.samples(event.first, event.stop) * self._stride)
         if len(starts) and (int(starts.min()) < 0 or int(starts.max()) + self._span > block.rows):
             raise RuntimeError(
                 f"internal error: group {event.key[0]} step {event.step} has samples outside its "
@@ -265,11 +265,11 @@ class GroupPool:
         stride, span = self._stride, self._span
         for event, drawn in self._replayed.values():
             unit = self._units[event.unit]
-            windows = unit.group.partitions[event.key[1]].windows
+            row_map = unit.group.row_maps[event.key[1]]
             samples = (
                 np.arange(event.first, event.stop)
-                if windows is None
-                else windows.samples(event.first, event.stop)
+                if row_map is None
+                else row_map.samples(event.first, event.stop)
             )
             whole = keep_owed(unit, samples)
             rest = np.setdiff1d(whole, np.concatenate(drawn) if drawn else ())

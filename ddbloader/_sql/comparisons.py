@@ -1,7 +1,7 @@
 """The planning check of range pieces: the engine's comparisons place rows as its ORDER BY ranks them.
 
 A piece's rows are those its predicate (lexicographic comparisons with its ends, see
-:func:`~ddbloader._sql.pieces.compare`) holds, while its planned count comes from the engine's
+:func:`~ddbloader._sql.tuple_order.compare`) holds, while its planned count comes from the engine's
 ranking by the ORDER BY. Where an engine compares otherwise than it orders (NaN is neither before
 nor after 7.0; -0.0 equals 0.0 but may sort apart), a piece would read other rows than planned:
 :func:`disagreement` counts, per boundary, the rows the comparisons place before and at or after
@@ -16,8 +16,8 @@ from typing import Any
 import pyarrow as pa
 from sqlglot import exp
 
-from .pieces import Point, Term, compare, search
 from .query import UserQuery
+from .tuple_order import Point, Term, compare, search
 
 __all__ = ["Run", "disagreement", "over_pieces_scope", "subquery"]
 

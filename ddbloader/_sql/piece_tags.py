@@ -29,8 +29,9 @@ from typing import Any
 
 from sqlglot import exp
 
-from .pieces import KeyRanges, Point, Term, compare, paren, search
+from .pieces import KeyRanges
 from .rewrites import WrappedQuery
+from .tuple_order import Point, Term, compare, paren, search
 
 __all__ = ["TAG_ALIAS", "TagRegions", "tag_regions", "tagged_sql"]
 

@@ -40,15 +40,16 @@ read (the stream refuses a piece whose rows differ from the plan).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from sqlglot import exp
 
+from .tuple_order import Point, Term, bound_count, compare, search
 from .window_rows import WindowRows
 
 __all__ = [
@@ -56,14 +57,9 @@ __all__ = [
     "COMB_STRIPES",
     "CONTIGUOUS_TILES",
     "KeyRanges",
-    "Point",
-    "Term",
     "band_members",
     "combed_count",
-    "compare",
     "layout",
-    "paren",
-    "search",
 ]
 
 #: Thin ranges per combed piece: a batch drawn from one piece holds rows from this many places
@@ -75,23 +71,9 @@ COMB_BAND = 64
 #: Tiles per contiguous piece: finer tiles keep the pieces near equal when keys repeat.
 CONTIGUOUS_TILES = 8
 
-
-#: A tile boundary: the first row's values of the ORDER BY terms (a tuple, one value per term).
-Point = tuple[Any, ...]
 #: ``(low, high)``: the rows at or after ``low`` and before ``high`` in the query's order; None
 #: is unbounded on that side.
 Range = tuple[Point | None, Point | None]
-
-
-class Term(Protocol):
-    """One ORDER BY term over the query's result, as the engine orders it."""
-
-    @property
-    def expression(self) -> exp.Expr: ...
-    @property
-    def descending(self) -> bool: ...
-    @property
-    def nulls_first(self) -> bool: ...
 
 
 @dataclass(frozen=True)
@@ -168,7 +150,7 @@ class KeyRanges:
         for point, after in ((low, True), (high, False)):
             if point is not None:
                 sides.append(compare(terms, self.nullable, point, number, after=after))
-                number += _values(point)
+                number += bound_count(point)
         if len(self.ranges) > 1:
             # region r: r of the points are at or before the row; the piece holds the odd
             # regions (the even ones when the first range is unbounded below, whose low is no point)
@@ -208,105 +190,6 @@ def _show(point: Point | None, unbounded: str) -> str:
     if point is None:
         return unbounded
     return repr(point[0]) if len(point) == 1 else repr(point)
-
-
-def _values(point: Point) -> int:
-    """How many parameters ``point`` binds: its non-NULL values (a NULL is written as SQL)."""
-    return sum(value is not None for value in point)
-
-
-def compare(
-    terms: Sequence[Term], nullable: Sequence[bool], point: Point, first: int, *, after: bool
-) -> exp.Expr:
-    """Whether a row comes at or after ``point`` (``after``), else strictly before it, in the
-    query's order of the ``terms``: lexicographic, each term by its direction and NULL
-    placement; ``point``'s non-NULL values are parameters numbered from ``first``.
-
-    Written without NOT, so a comparison with a NULL (unknown) only ever stands where the answer
-    is false: the condition is exact in SQL's three-valued logic."""
-    number = first
-    levels: list[tuple[exp.Expr, exp.Expr]] = []  # per term but the last: (strictly beyond, equal)
-    last: exp.Expr = exp.true()
-    for index, (term, value) in enumerate(zip(terms, point, strict=True)):
-        key = paren(term.expression)
-        parameter: exp.Expr | None = None if value is None else _parameter(number)
-        number += value is not None
-        can_null = nullable[index]
-        if index == len(terms) - 1:
-            last = _side(key, parameter, term, can_null, after=after, inclusive=after)
-        else:
-            equal: exp.Expr = (
-                exp.Is(this=key.copy(), expression=exp.Null())
-                if parameter is None
-                else exp.EQ(this=key.copy(), expression=parameter.copy())
-            )
-            levels.append((_side(key, parameter, term, can_null, after=after, inclusive=False), equal))
-    for beyond, equal in reversed(levels):
-        last = _or(beyond, _and(equal, last))
-    return last
-
-
-def search(
-    terms: Sequence[Term],
-    nullable: Sequence[bool],
-    points: Sequence[Point],
-    first: int,
-    leaf: Callable[[int], exp.Expr],
-    start: int = 0,
-    stop: int | None = None,
-) -> exp.Expr:
-    """``leaf(r)`` of the row's region ``r`` (how many of ``points``, in the query's order and
-    their non-NULL values parameters ``first`` on, are at or before the row), known to lie in
-    ``[start, stop]`` (default: any): a balanced tree of CASEs, ``log2`` comparisons per row."""
-    stop = len(points) if stop is None else stop
-    offsets = np.cumsum([first] + [_values(point) for point in points]).tolist()
-
-    def tree(start: int, stop: int) -> exp.Expr:
-        if start == stop:
-            return leaf(start)
-        middle = (
-            start + stop + 1
-        ) // 2  # region >= middle exactly when the row is at or after point middle - 1
-        before = compare(terms, nullable, points[middle - 1], offsets[middle - 1], after=False)
-        return exp.Case(ifs=[exp.If(this=before, true=tree(start, middle - 1))], default=tree(middle, stop))
-
-    return tree(start, stop)
-
-
-def _side(
-    key: exp.Expr, parameter: exp.Expr | None, term: Term, can_null: bool, *, after: bool, inclusive: bool
-) -> exp.Expr:
-    """One term: the key after (``after``) or before the value, or equal to it (``inclusive``)."""
-    null = exp.Is(this=key.copy(), expression=exp.Null())
-    # NULLs come after every value when they come last (ascending or not)
-    nulls_beyond = term.nulls_first != after
-    if parameter is None:  # the value is NULL
-        if inclusive:  # at or after NULL: everything when NULLs come first, else the NULLs
-            return exp.true() if term.nulls_first else null
-        # strictly beyond NULL: the values when NULLs come first (after) or last (before)
-        return exp.Not(this=null) if after == term.nulls_first else exp.false()
-    greater = after != term.descending
-    kind: type[exp.Binary] = (
-        (exp.GTE if inclusive else exp.GT) if greater else (exp.LTE if inclusive else exp.LT)
-    )
-    compared: exp.Expr = kind(this=key.copy(), expression=parameter.copy())
-    return _or(compared, null) if can_null and nulls_beyond else compared
-
-
-def _or(left: exp.Expr, right: exp.Expr) -> exp.Expr:
-    if left == exp.false():
-        return right
-    if right == exp.false():
-        return left
-    return exp.or_(left, right)
-
-
-def _and(left: exp.Expr, right: exp.Expr) -> exp.Expr:
-    if left == exp.true():
-        return right
-    if right == exp.true():
-        return left
-    return exp.and_(left, right)
 
 
 def layout(
@@ -411,14 +294,3 @@ def _merged(members: Sequence[int], lows: Sequence[Any]) -> tuple[Range, ...]:
             ranges.append([None if index == 0 else lows[index], high])
         previous = index
     return tuple((low, high) for low, high in ranges)
-
-
-def _parameter(number: int) -> exp.Parameter:
-    return exp.Parameter(this=exp.Literal.number(number))
-
-
-def paren(expression: exp.Expr) -> exp.Expr:
-    """A copy of ``expression``, in parentheses unless it is a column, a literal or already so."""
-    if isinstance(expression, (exp.Column, exp.Literal, exp.Paren)):
-        return expression.copy()
-    return exp.Paren(this=expression.copy())

@@ -20,24 +20,35 @@ import numpy as np
 from .._core.window import WindowGeometry
 from .fingerprint import Fingerprint
 from .layout import ColumnLayout
-from .piece_tags import tag_regions, tagged_sql
 from .pieces import KeyRanges
-from .query import Query, UserQuery
+from .query import Query
 from .window_rows import WindowRows
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
-__all__ = ["MIN_PIECE_ROWS", "GroupPlan", "PartitionSpec", "QueryPlan", "WorkUnit", "series_rows"]
+__all__ = [
+    "MIN_PIECE_ROWS",
+    "PIECES_PER_QUERY",
+    "GroupPlan",
+    "PartitionSpec",
+    "QueryPlan",
+    "WorkUnit",
+    "series_rows",
+]
 
 #: The fewest rows ``fetch_bytes`` counts as when a subquery is cut into pieces (see
 #: :func:`pieces`): however small it is, a subquery is never cut into more than
 #: ``rows / MIN_PIECE_ROWS + 1`` pieces.
 MIN_PIECE_ROWS = 64
 
-#: Unit queries :meth:`QueryPlan.unit_sql` keeps rendered (a few shapes an epoch, the same every
-#: epoch when groups are of equal size).
-UNIT_SQL_SHAPES = 256
+#: Partitions of one read run (see :attr:`GroupPlan.read_runs`) one query reads at most: tagged
+#: range pieces (see :mod:`ddbloader._sql.piece_tags`), neighbours in plan order whose stripes of
+#: the band touch, so the query reads nearly the storage blocks one piece's does (a combed piece's
+#: query costs mostly those, not its key tests). Measured on DuckDB (2M rows x 32 float32, one
+#: thread): two neighbours cost 0.67 of their two queries, four 0.49; two pieces far apart 0.94.
+#: Each piece is within ``fetch_bytes``, so such a query reads up to this many times the budget.
+PIECES_PER_QUERY = 2
 
 
 @dataclass(frozen=True)
@@ -105,6 +116,21 @@ class PartitionSpec:
             and ranges.windows is None
         )
 
+    @property
+    def by_keys(self) -> bool:
+        """Whether a query that lists key values (a fetch unit's, see
+        :meth:`~ddbloader._sql.query.UserQuery.filtered_many`) may read this partition among
+        others: a whole subquery. Else it is read by a query of its own, or by one that reads its
+        read run (see :attr:`GroupPlan.read_runs`)."""
+        return not self.streamed
+
+    @property
+    def in_units(self) -> bool:
+        """Whether a fetch unit's query may read this partition: by its key values (see
+        :attr:`by_keys`) or with its read run (see :attr:`GroupPlan.read_runs`). Else only its
+        own streaming query reads it."""
+        return not self.streamed or self.tagged
+
     def in_order(self, table: pa.Table) -> pa.Table:
         """This partition's rows ``table`` in the query's order: a combed piece's query may leave
         its order to the reader (see :meth:`~ddbloader._sql.pieces.KeyRanges.in_order`); any
@@ -160,6 +186,12 @@ def series_rows(partitions: Sequence[PartitionSpec]) -> int:
     return sum(p.rows if p.windows is None else p.windows.stripe_rows for p in partitions)
 
 
+def _same_read(a: PartitionSpec, b: PartitionSpec) -> bool:
+    """Whether tagged range pieces ``a`` and ``b`` cut one subquery (its key values) in one band."""
+    assert a.ranges is not None and b.ranges is not None
+    return a.ranges.band == b.ranges.band and a.key_params == b.key_params
+
+
 @dataclass(frozen=True)
 class GroupPlan:
     """One time series: its non-empty partitions in repartition order.
@@ -186,20 +218,50 @@ class GroupPlan:
         return series_rows(self.partitions)
 
     @functools.cached_property
+    def row_maps(self) -> tuple[WindowRows | None, ...]:
+        """Per partition (by position): where its rows lie in the series when they are not the
+        rows after the previous partition's (a combed piece of windows, see
+        :mod:`ddbloader._sql.window_pieces`: it serves the windows starting in its stripes, with
+        every row they read, so it needs no neighbour's rows); None where they are."""
+        return tuple(p.windows for p in self.partitions)
+
+    @functools.cached_property
     def combed_windows(self) -> bool:
-        """Whether the partitions are combed pieces of windows (see
-        :mod:`ddbloader._sql.window_pieces`): each serves the windows starting in its stripes,
-        with every row they read, so none needs a neighbour's rows."""
-        return any(p.windows is not None for p in self.partitions)
+        """Whether the partitions are combed pieces of windows (see :attr:`row_maps`)."""
+        return any(rows is not None for rows in self.row_maps)
+
+    @functools.cached_property
+    def read_runs(self) -> tuple[int | None, ...]:
+        """Per partition (by position): the position of the first partition of its read run,
+        the consecutive partitions one query may read together, :data:`PIECES_PER_QUERY` at a
+        time (tagged range pieces of one subquery and band, see
+        :mod:`ddbloader._sql.piece_tags`); None where no query reads it with its neighbours."""
+        runs: list[int | None] = []
+        previous: PartitionSpec | None = None
+        for position, partition in enumerate(self.partitions):
+            if not partition.tagged:
+                runs.append(None)
+            elif previous is not None and runs[-1] is not None and _same_read(previous, partition):
+                runs.append(runs[-1])
+            else:
+                runs.append(position)
+            previous = partition
+        return tuple(runs)
+
+    def read_together(self, a: int, b: int) -> bool:
+        """Whether one query may read the partition at position ``b`` right after the one at ``a``:
+        ``b`` follows ``a`` in its read run (see :attr:`read_runs`)."""
+        run = self.read_runs[a]
+        return run is not None and b == a + 1 and self.read_runs[b] == run
 
     @functools.cached_property
     def _stripe_index(self) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any], np.ndarray[Any, Any]]:
         """Every stripe's first row, ascending, its stop, and the position of the partition holding it."""
         stripes = sorted(
             (low, high, position)
-            for position, p in enumerate(self.partitions)
-            if p.windows is not None
-            for low, high in p.windows.starts
+            for position, rows in enumerate(self.row_maps)
+            if rows is not None
+            for low, high in rows.starts
         )
         columns = list(zip(*stripes, strict=True)) if stripes else [(), (), ()]
         low, high, at = (np.array(column, np.int64) for column in columns)
@@ -224,11 +286,7 @@ class GroupPlan:
         if not self.combed_windows:
             return None
         return np.concatenate(
-            [
-                p.windows.samples(self.first_sample, self.sample_stop)
-                for p in self.partitions
-                if p.windows is not None
-            ]
+            [rows.samples(self.first_sample, self.sample_stop) for rows in self.row_maps if rows is not None]
         )
 
     def starting_partitions(self, rows: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
@@ -283,7 +341,7 @@ class QueryPlan:
     query: Query | None = None
     keys: tuple[tuple[str, Any], ...] = ()
     #: The order key range pieces are cut on (a sqlglot expression), when the plan has any: the
-    #: queries of fetch units of tagged pieces (:meth:`tagged_unit`) test it.
+    #: queries of read runs (see :func:`ddbloader._sql.read.run_read`: tagged pieces) test it.
     piece_key: Any = None
 
     # read every epoch: at thousands of groups a sum over them costs a millisecond each time
@@ -304,51 +362,20 @@ class QueryPlan:
         """The most rows one partition holds (an arena's regions are sized from it)."""
         return max((p.rows for g in self.groups for p in g.partitions), default=0)
 
-    def unit_sql(self, counts: Sequence[int | None], *, lists: bool) -> str | None:
-        """``query.filtered_many`` of the plan's keys, rendered once per shape of unit.
+    def piece_notes(self) -> list[str]:
+        """How the subqueries larger than ``fetch_bytes`` are read, for messages: ``'2 streamed
+        in 9 pieces'``, ``'40 range pieces of the order key'``; empty when none is."""
+        every = [p for g in self.groups for p in g.partitions]
+        streamed = [p for p in every if p.streamed and p.ranges is None]
+        ranged = sum(p.ranges is not None and p.piece == 0 for p in every)
+        heads = sum(p.piece == 0 for p in streamed)
+        notes = [f"{heads:,} streamed in {len(streamed):,} pieces"] if streamed else []
+        if ranged:
+            notes.append(f"{ranged:,} range piece{'' if ranged == 1 else 's'} of the order key")
+        return notes
 
-        Rendering an ``IN`` list of a thousand parameters costs ~5 ms, and every epoch cuts
-        units of the same shapes, so the text is kept: at most :data:`UNIT_SQL_SHAPES` shapes
-        (then forgotten all at once; with groups of varied sizes the counts vary too). With
-        ``lists`` the SQL says only which keys are bound, not how many values each has.
-        Thread-safe: two threads rendering one shape at once both get the same text.
-        """
-        assert self.query is not None
-        shape = tuple(count is not None if lists else count for count in counts)
-        sqls = self._unit_sqls
-        if (lists, shape) not in sqls:
-            if len(sqls) >= UNIT_SQL_SHAPES:
-                sqls.clear()
-            sqls[lists, shape] = self.query.filtered_many(
-                [expression for _, expression in self.keys], counts, lists=lists
-            )
-        return sqls[lists, shape]
-
-    def tagged_unit(self, cells: Sequence[PartitionSpec]) -> tuple[str, tuple[Any, ...]] | None:
-        """The query reading the tagged range pieces ``cells`` (of one subquery, in plan order;
-        see :attr:`PartitionSpec.tagged`) together, each row tagged with its cell's index, and its
-        parameters; None when the plan's query cannot be filtered by key ranges.
-
-        The SQL is kept per shape of the pieces' regions, as :meth:`unit_sql` keeps its own: an
-        epoch's pairs of combed pieces have a few shapes, and rendering one costs ~20 ms.
-        """
-        if not isinstance(self.query, UserQuery) or self.piece_key is None:
-            return None
-        ranges = [cell.ranges for cell in cells if cell.ranges is not None]
-        points, tags = tag_regions(ranges)
-        sqls = self._tagged_sqls
-        if tags not in sqls:
-            if len(sqls) >= UNIT_SQL_SHAPES:
-                sqls.clear()
-            sqls[tags] = tagged_sql(
-                self.query, [expression for _, expression in self.keys], self.piece_key, tags
-            )
-        return sqls[tags], (*cells[0].key_params, *points)
-
+    # The SQL of reads (see :mod:`ddbloader._sql.read`), kept per shape: every epoch cuts reads of
+    # the same few shapes, and rendering one costs 5-20 ms.
     @functools.cached_property
-    def _tagged_sqls(self) -> dict[tuple[int | None, ...], str]:
-        return {}
-
-    @functools.cached_property
-    def _unit_sqls(self) -> dict[tuple[bool, tuple[int | bool | None, ...]], str | None]:
+    def rendered(self) -> dict[tuple[Any, ...], str | None]:
         return {}

@@ -25,7 +25,7 @@ import sqlglot
 from sqlglot import exp
 from sqlglot.errors import SqlglotError
 
-from .aliases import GROUP_ALIAS, INDEX_SUFFIX, PIVOT_ALIAS, REPARTITION_ALIAS, ROWS_ALIAS
+from .aliases import GROUP_ALIAS, PIVOT_ALIAS, REPARTITION_ALIAS, ROWS_ALIAS
 from .fingerprint import HASH_SUM_ALIAS, hash_sum
 from .parsing import (
     WRITES,
@@ -36,6 +36,7 @@ from .parsing import (
     refuse_last_branch_order,
 )
 from .rewrites import Tally, WrappedQuery, operand, subquery
+from .scheme_lists import matched_keys, scheme_list
 
 __all__ = ["Query", "UserQuery"]
 
@@ -229,10 +230,11 @@ class UserQuery(WrappedQuery):
         key with an explicit scheme, the position in that scheme of each value that equals it in
         SQL (``_ddb_group_index`` / ``_ddb_repartition_index``; a combination is returned once per
         matching scheme value, and not at all when none matches). The scheme values are bound as
-        parameters (see :func:`_scheme_list`; ``lists``: the backend binds a list as one
-        parameter) joined to the keys, so the engine compares them as a subquery's ``key = $1``
-        does; one list per Python type, because a list column takes one type and an engine may
-        refuse to unify, say, text with integers where it compares each with the key just fine.
+        parameters (see :func:`~ddbloader._sql.scheme_lists.scheme_list`; ``lists``: the backend
+        binds a list as one parameter) joined to the keys, so the engine compares them as a
+        subquery's ``key = $1`` does; one list per Python type, because a list column takes one
+        type and an engine may refuse to unify, say, text with integers where it compares each
+        with the key just fine.
         Rows are sorted by the key values, NULL last.
         """
         aliases = (GROUP_ALIAS, REPARTITION_ALIAS)[: len(columns)]
@@ -256,12 +258,12 @@ class UserQuery(WrappedQuery):
             for positions in by_type.values():
                 names.append(f"{alias}_scheme{len(scheme_tables)}")
                 scheme_tables.append(
-                    (names[-1], _scheme_list(positions, [scheme[p] for p in positions], values, lists))
+                    (names[-1], scheme_list(positions, [scheme[p] for p in positions], values, lists))
                 )
             tables.append(list(names))
         extra = [t.alias for t in self._tallies]
         branches: list[exp.Query] = [
-            _matched_keys(aliases, c, self._row_hash is not None, extra) for c in itertools.product(*tables)
+            matched_keys(aliases, c, self._row_hash is not None, extra) for c in itertools.product(*tables)
         ]
         matched = functools.reduce(lambda a, b: exp.union(a, b, distinct=False, copy=False), branches)
         outer = (
@@ -344,54 +346,6 @@ class UserQuery(WrappedQuery):
                 fields.append(exp.In(this=operand(field), expressions=literals))
             pivot.set("expressions", fields)
         return query
-
-
-def _scheme_list(positions: list[int], listed: list[Any], values: list[Any], lists: bool) -> exp.Expr:
-    """Rows (position, value) of one scheme's values of one type; their parameters go to ``values``.
-
-    With ``lists`` (DuckDB, PostgreSQL) two list parameters are bound and unnested side by side:
-    one statement of constant size, where thousands of markers cost more to build, parse and
-    bind than the count costs to run. Other engines get a VALUES list with a parameter per value.
-    """
-    if lists:
-        values.extend([positions, listed])
-        first, second = (exp.Parameter(this=exp.Literal.number(len(values) - n)) for n in (1, 0))
-        return exp.select(exp.Unnest(expressions=[first]), exp.Unnest(expressions=[second]))
-    rows = []
-    for position, value in zip(positions, listed, strict=True):
-        values.append(value)
-        parameter = exp.Parameter(this=exp.Literal.number(len(values)))
-        rows.append(exp.Tuple(expressions=[exp.Literal.number(position), parameter]))
-    if len(rows) == 1:
-        # sqlglot writes a one-row VALUES for ClickHouse as its values() table function, which
-        # reads each item as a row of one column: one row is a plain SELECT on every engine.
-        return exp.select(*rows[0].expressions)
-    return exp.Values(expressions=rows)
-
-
-def _matched_keys(
-    aliases: Sequence[str], tables: Sequence[str | None], hashed: bool, extra: Sequence[str]
-) -> exp.Select:
-    """The counted keys joined to one VALUES list per explicit key (None: a discovered key);
-    ``hashed``: with their hash sums; with the ``extra`` columns (tallies)."""
-    indexes = [
-        exp.column("_ddb_index", table=t).as_(a + INDEX_SUFFIX)
-        for a, t in zip(aliases, tables, strict=True)
-        if t
-    ]
-    keys = [exp.column(a, table="_ddb_keys") for a in aliases]
-    sums = [exp.column(HASH_SUM_ALIAS, table="_ddb_keys")] if hashed else []
-    tallied = [exp.column(e, table="_ddb_keys") for e in extra]
-    select = exp.select(*indexes, *keys, exp.column(ROWS_ALIAS, table="_ddb_keys"), *sums, *tallied).from_(
-        "_ddb_keys"
-    )
-    for alias, table in zip(aliases, tables, strict=True):
-        if table is not None:
-            on = exp.EQ(
-                this=exp.column(alias, table="_ddb_keys"), expression=exp.column("_ddb_value", table=table)
-            )
-            select = select.join(table, on=on, copy=False)
-    return select
 
 
 def _dynamic_pivots(tree: exp.Expr) -> list[exp.Pivot]:

@@ -1,13 +1,14 @@
 """RangeCutter: the planning queries that find a big subquery's tiles by its whole ORDER BY.
 
-One query per subquery ranks its rows by the query's own ORDER BY tuple (``RANK()`` over every
-term, with its direction and NULL placement, so rows the engine orders as equal share a rank)
-and cuts the ranks into *tiles* of about equal rows; each tile runs from its first row's tuple to
-the next tile's, with its exact row count, so the boundaries are the engine's, whatever it does
-with ties, NULLs, NaN or -0.0. Where a term is a float, a second query counts the rows of every
-tile by the comparisons the pieces' queries will make; where those disagree with the ORDER BY
-the subquery is not cut (the caller warns and reads it front to back). The pieces are laid out
-from the tiles by :func:`ddbloader._sql.pieces.layout`."""
+One query per subquery (:mod:`ddbloader._sql.tile_query`) ranks its rows by the query's own
+ORDER BY tuple (``RANK()`` over every term, with its direction and NULL placement, so rows the
+engine orders as equal share a rank) and cuts the ranks into *tiles* of about equal rows; each
+tile runs from its first row's tuple to the next tile's, with its exact row count, so the
+boundaries are the engine's, whatever it does with ties, NULLs, NaN or -0.0. Where a term is a
+float, a second query counts the rows of every tile by the comparisons the pieces' queries will
+make; where those disagree with the ORDER BY the subquery is not cut (the caller warns and reads
+it front to back). The pieces are laid out from the tiles by :func:`ddbloader._sql.pieces.layout`.
+"""
 
 from __future__ import annotations
 
@@ -20,36 +21,26 @@ import pyarrow as pa
 from sqlglot import exp
 
 from .binding import binds_exactly
-from .comparisons import Run, disagreement, over_pieces_scope, subquery
+from .comparisons import Run, disagreement
 from .ordering import read_direction, same_name
-from .parsing import NULLS_STATED
 from .pieces import (
     COMB_BAND,
     COMB_STRIPES,
     CONTIGUOUS_TILES,
     KeyRanges,
-    Point,
     combed_count,
     layout,
-    paren,
 )
 from .query import Query, UserQuery
+from .tile_query import AHEAD_ALIAS, LOW_ALIAS, NULLS_ALIAS, ROWS_ALIAS, TIES_ALIAS, tiles_tree
+from .tuple_order import Point
 from .window_pieces import WindowTile, window_layout
 
 __all__ = ["CONTEXT_SHARE", "OrderKey", "RangeCutter"]
 
-_KEY_ALIAS = "_ddb_k"
-_TILE_ALIAS = "_ddb_tile"
-_RANK_ALIAS = "_ddb_rank"
-_FIRST_ALIAS = "_ddb_first"
-_LOW_ALIAS = "_ddb_low"
-_ROWS_ALIAS = "_ddb_rows"
-_NULLS_ALIAS = "_ddb_nulls"
 #: A combed piece of windows has at most ``rows / CONTEXT_SHARE`` rows of context (its stripes'
 #: ``span - 1`` rows each), so it holds at most 1.25 pieces' rows: fewer stripes for long windows.
 CONTEXT_SHARE = 4
-_AHEAD_ALIAS = "_ddb_ahead"
-_TIES_ALIAS = "_ddb_ties"
 
 
 @dataclass(frozen=True)
@@ -169,7 +160,7 @@ class RangeCutter:
             stripes = max(min(stripes, rows // pieces // (CONTEXT_SHARE * edge)), 1)
         if rows_are_samples:  # read whole, so within the budget
             pieces = combed_count(rows, pieces, stripes)
-        sql = self._query.render(self._tiles_tree(columns, pieces * stripes, rows, edge))
+        sql = self._query.render(tiles_tree(self._query, self.terms, columns, pieces * stripes, rows, edge))
         try:
             table = self._run(sql, f"ranking the rows of a big subquery by {self.text}", params)
         except Exception as error:  # the engine's refusal is a reason to fall back, not to fail
@@ -177,27 +168,26 @@ class RangeCutter:
                 return self.cut(columns, params, rows, pieces)
             self.reason = f"the engine could not rank the rows by {self.text!r} ({_first_line(error)})"
             return None
-        lows = self._points(table, _LOW_ALIAS)
+        lows = self._points(table, LOW_ALIAS)
         if lows is None:
             return None
         self._floats = any(
-            pa.types.is_floating(table.schema.field(f"{_LOW_ALIAS}{i}").type) for i in range(len(self.terms))
+            pa.types.is_floating(table.schema.field(f"{LOW_ALIAS}{i}").type) for i in range(len(self.terms))
         )
-        counts = [int(n) for n in table.column(_ROWS_ALIAS).to_pylist()]
+        counts = [int(n) for n in table.column(ROWS_ALIAS).to_pylist()]
         if sum(counts) != rows:
             raise ValueError(
                 f"ranking a subquery by {self.text!r} found {sum(counts)} rows, but counting it found "
                 f"{rows}: the data changed while the loader was being built; build it again"
             )
         nullable = tuple(
-            any(int(n) for n in table.column(f"{_NULLS_ALIAS}{i}").to_pylist())
-            for i in range(len(self.terms))
+            any(int(n) for n in table.column(f"{NULLS_ALIAS}{i}").to_pylist()) for i in range(len(self.terms))
         )
         tiles = list(zip(lows, counts, strict=True))
         if windows:
             # a window of one row has no context to cut by key, so its ties do not matter
-            tied = bool(edge) and any(int(n) for n in table.column(_TIES_ALIAS).to_pylist())
-            aheads = self._points(table, _AHEAD_ALIAS) if edge else lows
+            tied = bool(edge) and any(int(n) for n in table.column(TIES_ALIAS).to_pylist())
+            aheads = self._points(table, AHEAD_ALIAS) if edge else lows
             if aheads is None:
                 return None
             if not tied:
@@ -267,105 +257,6 @@ class RangeCutter:
             tree = query.filtered_where(columns, predicate, ordered=ranges.sort is None)
             self._sql[shape] = (query, query.render(tree))
         return self._sql[shape][1]
-
-    def _tiles_tree(self, columns: Sequence[exp.Expr], tiles: int, rows: int, edge: int = 0) -> exp.Expr:
-        """Per non-empty tile of the subquery's ``rows`` rows, by tile: its first row's tuple
-        (``_ddb_low0``, ...), its rows, and per term how many NULLs the subquery holds there. A
-        row's tile is ``(rank - 1) * tiles // rows`` (rows the ORDER BY ties share their rank); a
-        tile's first rows are those of its least rank, which all tie. With an ``edge`` (windows'
-        ``span - 1``), also whether a tuple of it is shared (the most any row's ``ROW_NUMBER() -
-        RANK()`` reaches: 0 only where no row ties with an earlier one) and the tuple ``edge``
-        rows after its first row (``_ddb_ahead0``, ...: meaningless past the last row, whatever
-        the engine returns there).
-
-        One ranking of the rows (``_ddb_r``), grouped by tile (``_ddb_t``: each tile's least
-        rank, rows and NULLs), joined back on that rank for the tuples: grouping costs a fifth
-        of the window functions partitioned by tile it replaces (DuckDB, 2M rows)."""
-        assert isinstance(self._query, UserQuery) and self.terms
-        names = [f"{_KEY_ALIAS}{i}" for i in range(len(self.terms))]
-        keys = over_pieces_scope(
-            self._query,
-            columns,
-            [paren(term.expression).as_(name) for term, name in zip(self.terms, names, strict=True)],
-        )
-
-        def order() -> exp.Order:
-            return exp.Order(
-                expressions=[
-                    # NULL placement stated even where it is the dialect's default: the session's
-                    # may differ (DuckDB's default_null_order), and the pieces assume the engine's
-                    exp.Ordered(
-                        this=exp.column(name),
-                        desc=term.descending,
-                        nulls_first=term.nulls_first,
-                        **{NULLS_STATED: True},
-                    )
-                    for term, name in zip(self.terms, names, strict=True)
-                ]
-            )
-
-        rank = exp.Window(this=exp.Anonymous(this="RANK"), order=order())
-        ranked = exp.select(*map(exp.column, names), rank.copy().as_(_RANK_ALIAS))
-        # FLOOR of a division, not an integer division: every engine spells that alike, and the
-        # tile only has to grow with the rank
-        tile = exp.Floor(
-            this=exp.Div(
-                this=exp.Paren(
-                    this=exp.Mul(
-                        this=exp.Paren(
-                            this=exp.Sub(this=exp.column(_RANK_ALIAS), expression=exp.Literal.number(1))
-                        ),
-                        expression=exp.Literal.number(tiles),
-                    )
-                ),
-                expression=exp.Literal.number(max(rows, 1)),
-            )
-        )
-        grouped = exp.select(
-            tile.copy().as_(_TILE_ALIAS),
-            exp.Min(this=exp.column(_RANK_ALIAS)).as_(_FIRST_ALIAS),
-            exp.Count(this=exp.Star()).as_(_ROWS_ALIAS),
-        )
-        outputs: list[exp.Expr] = [exp.column(_TILE_ALIAS, table="_ddb_t")]
-        outputs += [
-            exp.Min(this=exp.column(n, table="_ddb_r")).as_(f"{_LOW_ALIAS}{i}") for i, n in enumerate(names)
-        ]
-        outputs.append(exp.Min(this=exp.column(_ROWS_ALIAS, table="_ddb_t")).as_(_ROWS_ALIAS))
-        for index, name in enumerate(names):
-            nulls = exp.Sub(this=exp.Count(this=exp.Star()), expression=exp.Count(this=exp.column(name)))
-            grouped = grouped.select(nulls.as_(f"{_NULLS_ALIAS}{index}"))
-            outputs.append(
-                exp.Max(this=exp.column(f"{_NULLS_ALIAS}{index}", table="_ddb_t")).as_(
-                    f"{_NULLS_ALIAS}{index}"
-                )
-            )
-        if edge:
-            for index, name in enumerate(names):
-                shifted = exp.Lead(this=exp.column(name), offset=exp.Literal.number(edge))
-                ranked = ranked.select(exp.Window(this=shifted, order=order()).as_(f"{_AHEAD_ALIAS}{index}"))
-                outputs.append(
-                    exp.Min(this=exp.column(f"{_AHEAD_ALIAS}{index}", table="_ddb_r")).as_(
-                        f"{_AHEAD_ALIAS}{index}"
-                    )
-                )
-            number = exp.Window(this=exp.Anonymous(this="ROW_NUMBER"), order=order())
-            ranked = ranked.select(exp.Sub(this=number, expression=rank.copy()).as_(_TIES_ALIAS))
-            grouped = grouped.select(exp.Max(this=exp.column(_TIES_ALIAS)).as_(_TIES_ALIAS))
-            outputs.append(exp.Max(this=exp.column(_TIES_ALIAS, table="_ddb_t")).as_(_TIES_ALIAS))
-        ranked = ranked.from_(subquery(keys, "_ddb_s"))
-        grouped = grouped.from_("_ddb_r").group_by(tile)
-        first = exp.EQ(
-            this=exp.column(_RANK_ALIAS, table="_ddb_r"), expression=exp.column(_FIRST_ALIAS, table="_ddb_t")
-        )
-        return (
-            exp.select(*outputs)
-            .from_("_ddb_t")
-            .join("_ddb_r", on=first)
-            .group_by(exp.column(_TILE_ALIAS, table="_ddb_t"))
-            .order_by(exp.column(_TILE_ALIAS, table="_ddb_t"))
-            .with_("_ddb_r", as_=ranked)
-            .with_("_ddb_t", as_=grouped)
-        )
 
 
 def _marks(tiles: Sequence[WindowTile], edge: int) -> list[tuple[int, Point]]:

@@ -28,7 +28,8 @@ from typing import Any
 
 import numpy as np
 
-from .pieces import KeyRanges, Point, band_members
+from .pieces import KeyRanges, band_members
+from .tuple_order import Point
 from .window_rows import WindowRows
 
 __all__ = ["WindowTile", "window_layout"]

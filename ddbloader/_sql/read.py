@@ -1,0 +1,133 @@
+"""Reads: one query that yields the rows of many partitions, and how its result is split.
+
+A :class:`Read` is rendered here, from a choice of partitions made by the schedule
+(:func:`ddbloader._epoch.units.fetch_units` picks them from counts, positions and the planned
+facts :attr:`~ddbloader._sql.plan.PartitionSpec.by_keys` and
+:attr:`~ddbloader._sql.plan.GroupPlan.read_runs`): :func:`keys_read` for partitions read by their
+key values, :func:`run_read` for a read run. The readers in ``_io`` run it and split its result
+(:func:`ddbloader._io.unit_split.unit_blocks`). Immutable, safe to share between threads.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .piece_tags import tag_regions, tagged_sql
+from .plan import PartitionSpec, QueryPlan
+from .query import UserQuery
+
+__all__ = ["Read", "keys_read", "run_read", "unit_sql"]
+
+#: Shapes of reads whose SQL :data:`QueryPlan.rendered <ddbloader._sql.plan.QueryPlan.rendered>`
+#: keeps (a few an epoch, the same every epoch when groups are of equal size), then forgets all
+#: at once.
+UNIT_SQL_SHAPES = 256
+
+
+@dataclass(frozen=True)
+class Read:
+    """Many partitions fetched by one query.
+
+    ``cells`` are every partition whose rows the query returns, in plan order; ``wanted`` are the
+    keys (``(group, position)``) of those the epoch asks for (the others belong to another
+    worker's share of a group and are dropped on arrival). The result is split among ``cells`` by
+    its last :attr:`key_columns` columns: each row's key values, or with ``cell_index`` the index
+    of its cell (a read run's query, see :func:`run_read`, whose cells' rows the client puts in
+    order, see
+    :meth:`~ddbloader._sql.plan.PartitionSpec.in_order`).
+
+    Invariants: ``wanted`` ⊆ keys of ``cells``; every cell's key values are among ``params``.
+    """
+
+    sql: str
+    params: tuple[Any, ...]
+    cells: tuple[PartitionSpec, ...]
+    wanted: frozenset[tuple[int, int]]
+    cell_index: bool = False
+
+    @property
+    def key_columns(self) -> int:
+        """The columns after the rows' own (and the row hash) that tell a row's cell."""
+        return 1 if self.cell_index else len(self.cells[0].params)
+
+    @property
+    def rows(self) -> int:
+        return sum(c.rows for c in self.cells)
+
+    def describe(self) -> str:
+        """Name the read for messages: its partitions and its SQL."""
+        groups = sorted({c.group for c in self.cells})
+        shown = f"{groups[:5]}{'...' if len(groups) > 5 else ''}"
+        return (
+            f"{len(self.cells)} partitions of group(s) {shown} in one query "
+            f"({self.sql!r} with {len(self.params)} parameters)"
+        )
+
+
+def keys_read(
+    plan: QueryPlan,
+    counts: Sequence[int | None],
+    params: tuple[Any, ...],
+    cells: tuple[PartitionSpec, ...],
+    wanted: Iterable[tuple[int, int]],
+    *,
+    lists: bool,
+) -> Read | None:
+    """The read of ``cells`` by their key values: key ``i`` bound to ``counts[i]`` values of
+    ``params`` (in key order), or not restricted where ``counts[i]`` is None; with ``lists`` each
+    bound key's values as one list parameter. None when the plan's query cannot select its keys
+    (see :func:`unit_sql`)."""
+    sql = unit_sql(plan, counts, lists=lists)
+    if sql is None:
+        return None
+    if lists:
+        bounds = np.cumsum([0, *(c for c in counts if c is not None)]).tolist()
+        params = tuple(list(params[a:b]) for a, b in itertools.pairwise(bounds))
+    return Read(sql, params, cells, frozenset(wanted))
+
+
+def run_read(plan: QueryPlan, cells: tuple[PartitionSpec, ...]) -> Read | None:
+    """The read of ``cells``, consecutive partitions of one read run (see
+    :attr:`~ddbloader._sql.plan.GroupPlan.read_runs`: tagged range pieces of one subquery, in plan
+    order), all wanted, its last column each row's cell index; None when the plan's query cannot
+    be filtered by key ranges. The SQL is kept per shape of the pieces' regions (an epoch's
+    pairs of combed pieces have a few shapes, and rendering one costs ~20 ms)."""
+    if not isinstance(plan.query, UserQuery) or plan.piece_key is None:
+        return None
+    points, tags = tag_regions([cell.ranges for cell in cells if cell.ranges is not None])
+    query, keys, piece_key = plan.query, [expression for _, expression in plan.keys], plan.piece_key
+    sql = _kept(plan, ("run", tags), lambda: tagged_sql(query, keys, piece_key, tags))
+    assert sql is not None
+    params = (*cells[0].key_params, *points)
+    return Read(sql, params, cells, frozenset(c.key for c in cells), cell_index=True)
+
+
+def unit_sql(plan: QueryPlan, counts: Sequence[int | None], *, lists: bool) -> str | None:
+    """``query.filtered_many`` of the plan's keys, rendered once per shape of read.
+
+    Rendering an ``IN`` list of a thousand parameters costs ~5 ms, and every epoch cuts units of
+    the same shapes, so the text is kept (see :data:`UNIT_SQL_SHAPES`; with groups of varied
+    sizes the counts vary too). With ``lists`` the SQL says only which keys are bound, not how
+    many values each has.
+    """
+    query = plan.query
+    assert query is not None
+    shape = tuple(count is not None if lists else count for count in counts)
+    keys = [expression for _, expression in plan.keys]
+    return _kept(plan, ("keys", lists, shape), lambda: query.filtered_many(keys, counts, lists=lists))
+
+
+def _kept(plan: QueryPlan, shape: tuple[Any, ...], render: Callable[[], str | None]) -> str | None:
+    """The SQL of ``shape`` kept by ``plan``, rendered by ``render`` the first time. Thread-safe:
+    two threads rendering one shape at once both get the same text."""
+    sqls = plan.rendered
+    if shape not in sqls:
+        if len(sqls) >= UNIT_SQL_SHAPES:
+            sqls.clear()
+        sqls[shape] = render()
+    return sqls[shape]
