@@ -17,6 +17,13 @@ from test_backends import PARTS, SERIES_SQL, assert_same, batches, reference, se
 from ddbloader import DDBDataLoader
 from ddbloader.backends import connect
 
+STARTED = time.monotonic()
+
+
+def step(done: str) -> None:
+    """Say how far the run got: a parent that times out shows it."""
+    print(f"{time.monotonic() - STARTED:.1f} s: {done}", flush=True)
+
 
 def main(warehouse: str) -> None:
     spark = (
@@ -27,6 +34,7 @@ def main(warehouse: str) -> None:
         .config("spark.sql.warehouse.dir", warehouse)
         .getOrCreate()
     )
+    step("session started")
     spark.createDataFrame(series_table(PARTS)).write.saveAsTable("series")
     options = {
         "target_col": "y",
@@ -40,6 +48,7 @@ def main(warehouse: str) -> None:
     }
     got = batches(DDBDataLoader(spark, SERIES_SQL, **options))
     assert_same(got, reference(SERIES_SQL, series_table(PARTS), **options))
+    step("the loader gave DuckDB's batches")
     backend = connect(spark)
     assert backend.engine == "spark (session)", backend.engine
     cursor = backend.cursor()
@@ -51,6 +60,7 @@ def main(warehouse: str) -> None:
     except Exception as error:  # py4j wraps the JVM's cancellation
         assert "cancel" in str(error).lower(), error
     assert time.monotonic() - started < 60
+    step("the query was cancelled")
     assert cursor.fetch("SELECT 1 AS one", []).num_rows == 1
     backend.close()
     assert spark.sql("SELECT 2 AS two").count() == 1  # the user's session stays open

@@ -83,7 +83,8 @@ def test_numeric_columns_get_pyarrows_numpy_dtype(data_type: pa.DataType) -> Non
 
 
 @pytest.mark.multiprocess
-def test_an_epoch_does_not_import_pandas() -> None:
+def test_an_epoch_imports_neither_pandas_nor_a_framework() -> None:
+    """One fresh interpreter for both checks (tests/test_modes.py's modes import their framework)."""
     # pyarrow's to_numpy imports pandas on first use: seconds in a fetch thread, once per process
     # (fetch units, fetch_bytes > 0, still convert Python values with pa.array, which imports it)
     script = (
@@ -95,6 +96,11 @@ def test_an_epoch_does_not_import_pandas() -> None:
         " window_size=3, exclude_col=['ts'], fetch_bytes=0) as loader:\n"
         "    assert sum(len(x) for x, _ in loader) > 0\n"
         "print('pandas' in sys.modules)\n"
+        "con.execute('CREATE TABLE u AS SELECT 1.0 AS a, 2.0 AS y')\n"
+        "list(ddbloader.DDBDataLoader(con, 'SELECT * FROM u', 'y'))\n"
+        "list(ddbloader.DDBDataLoader(con, 'SELECT * FROM u', 'y', mode='numpy'))\n"
+        "frameworks = {'jax', 'jaxlib', 'tensorflow', 'keras'}\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in frameworks))\n"
     )
     done = subprocess.run(
         [sys.executable, "-c", script],
@@ -104,4 +110,4 @@ def test_an_epoch_does_not_import_pandas() -> None:
         timeout=120,
         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
     )
-    assert done.stdout.strip() == "False"
+    assert done.stdout.split() == ["False", "[]"]

@@ -149,7 +149,7 @@ def touched_by(unit: WorkUnit, epoch: Epoch) -> list[int]:
     return sorted(touched)
 
 
-@settings(max_examples=examples(2000), deadline=None)
+@settings(max_examples=examples(1000), deadline=None)
 @given(data=st.data(), epoch=epochs(), new=new_worlds)
 def test_old_consumption_and_new_remainder_are_the_epoch(
     data: st.DataObject, epoch: Epoch, new: NewWorld
@@ -409,8 +409,8 @@ def test_postgres_resumes_on_another_world_size(
             pg_server.uri, SERIES_SQL, "y", rank=rank, world_size=world, **{**ARGS, **kwargs}
         )
 
-    for old, new, handed in [(2, 3, 7), (2, 1, 5), (3, 2, 4)]:
-        check_elastic(make, old, new, handed)
+    # one world change: the others are the loader's arithmetic, checked on DuckDB above
+    check_elastic(make, 2, 3, 7)
 
 
 @pytest.mark.slow

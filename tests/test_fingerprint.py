@@ -222,7 +222,8 @@ def test_a_verified_epoch_is_the_unverified_one(any_db: Db, mode: str) -> None:
         )
         assert any(s.streamed for s in specs) == (mode in ("streamed", "range pieces"))
         assert any(s.ranges is not None for s in specs) == (mode == "range pieces")
-        for _ in range(2):
+        # a second epoch reuses the plan's fingerprints (the loader's part): checked on DuckDB
+        for _ in range(2 if db.name == "duckdb" else 1):
             assert _equal(_epoch(verified), _epoch(plain))
 
 

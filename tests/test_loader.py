@@ -10,7 +10,6 @@ import gc
 import re
 import subprocess
 import sys
-import textwrap
 import threading
 import time
 import traceback
@@ -570,15 +569,16 @@ def test_threads_are_named_daemons(
 
 
 @pytest.mark.slow
-def test_no_threads_left_after_200_early_breaks(series: duckdb.DuckDBPyConnection) -> None:
+def test_no_threads_left_after_50_early_breaks(series: duckdb.DuckDBPyConnection) -> None:
+    """Each break is checked; tests/reliability's start-stop cycles repeat the endings 1,000 times."""
     with _shuffled(series) as loader:
-        for _ in range(200):
+        for _ in range(50):
             for step, (x, _y) in enumerate(loader):
                 assert x.shape == (4, 3, 1)
                 if step == 1:
                     break
             assert no_threads(), live_threads()
-        assert loader.epoch == 200
+        assert loader.epoch == 50
         assert len(list(loader)) == 20
     assert no_threads()
 
@@ -652,38 +652,6 @@ def test_no_threads_left_after_an_exception_in_the_loop_body(series: duckdb.Duck
                 raise KeyError("consumer failed")
         assert no_threads()
         assert len(list(loader)) == 20
-
-
-@pytest.mark.multiprocess
-def test_interpreter_exit_never_hangs_on_abandoned_iterators(tmp_path: Path) -> None:
-    script = textwrap.dedent(
-        f"""
-        import sys
-        sys.path[:0] = [{str(REPO)!r}, {str(REPO / "tests")!r}]
-        import duckdb
-        from conftest import SERIES_SQL, make_series
-        from ddbloader import DDBDataLoader
-
-        con = duckdb.connect()
-        make_series(con, [[40, 40], [40]])
-        kwargs = dict(batch_size=2, window_size=3, group_col="gid", repartition_col="part")
-        # the assembler fills its queue and blocks; nobody closes anything
-        held = iter(DDBDataLoader(con, SERIES_SQL, "y", prefetch_batch=1, **kwargs))
-        next(held)
-        cycle = {{"it": iter(DDBDataLoader(con, SERIES_SQL, "y", shuffle=True, **kwargs))}}
-        cycle["self"] = cycle
-        next(cycle["it"])
-        del cycle
-        print("done", flush=True)
-        """
-    )
-    started = time.monotonic()
-    result = subprocess.run(
-        [sys.executable, "-c", script], check=False, capture_output=True, text=True, timeout=60, cwd=tmp_path
-    )
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "done"
-    assert time.monotonic() - started < 30
 
 
 # --- errors --------------------------------------------------------------------------------------

@@ -6,7 +6,6 @@ order, shapes, dtypes and keys. A framework's tests skip only when it is not ins
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from collections.abc import Iterator
 from typing import Any
@@ -292,18 +291,3 @@ def test_a_missing_framework_names_its_extra(
             ImportError, match=rf"mode='{mode}' needs {mode}.*pip install 'ddbloader\[{mode}\]'"
         ):
             DDBDataLoader(db, SQL, "y", mode=mode)
-
-
-def test_importing_ddbloader_imports_no_framework() -> None:
-    code = (
-        "import sys, duckdb, ddbloader\n"
-        "con = duckdb.connect(); con.execute('CREATE TABLE t AS SELECT 1.0 AS a, 2.0 AS y')\n"
-        "list(ddbloader.DDBDataLoader(con, 'SELECT * FROM t', 'y'))\n"
-        "list(ddbloader.DDBDataLoader(con, 'SELECT * FROM t', 'y', mode='numpy'))\n"
-        "frameworks = {'jax', 'jaxlib', 'tensorflow', 'keras'}\n"
-        "print(sorted(m for m in sys.modules if m.split('.')[0] in frameworks))\n"
-    )
-    result = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
-    )
-    assert result.stdout.strip() == "[]"

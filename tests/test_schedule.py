@@ -182,7 +182,7 @@ def pairs(batches: Sequence[ScheduledBatch]) -> list[tuple[int, int]]:
     return [pair for b in batches for pair in zip(b.groups.tolist(), b.samples.tolist(), strict=True)]
 
 
-@settings(max_examples=examples(1000), deadline=None)
+@settings(max_examples=examples(500), deadline=None)
 @given(epoch=epochs())
 def test_every_sample_exactly_once_in_batches_of_the_asked_size(epoch: Epoch) -> None:
     units = epoch.units()
@@ -206,7 +206,7 @@ def test_every_sample_exactly_once_in_batches_of_the_asked_size(epoch: Epoch) ->
         assert served == [(u.group.index, i) for u in units for i in range(u.first, u.stop)][: len(served)]
 
 
-@settings(max_examples=examples(1000), deadline=None)
+@settings(max_examples=examples(500), deadline=None)
 @given(epoch=epochs())
 def test_partitions_held_stay_within_the_budget_and_events_come_in_order(epoch: Epoch) -> None:
     units = epoch.units()

@@ -58,7 +58,7 @@ def owing(draw: st.DrawFn, epoch: Epoch) -> list[WorkUnit]:
     return units
 
 
-@settings(max_examples=examples(1500), deadline=None)
+@settings(max_examples=examples(750), deadline=None)
 @given(data=st.data(), epoch=epochs(), buffer=st.sampled_from([1, 1 << 14]))
 def test_runs_draw_the_batches_of_a_draw_one_unit_at_a_time(
     data: st.DataObject, epoch: Epoch, buffer: int

@@ -136,8 +136,12 @@ def test_a_classic_session_reads_and_cancels(spark_server: sparkserver.SparkServ
     connect_mode = {"SPARK_CONNECT_MODE_ENABLED", "SPARK_REMOTE", "SPARK_LOCAL_REMOTE"}
     env = {k: v for k, v in os.environ.items() if k not in connect_mode}
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(REPO / "tests")])
-    done = subprocess.run(
-        [sys.executable, str(REPO / "tests" / "spark_classic.py"), str(tmp_path / "warehouse")],
-        check=False, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=240,
-    )  # fmt: skip
+    try:
+        done = subprocess.run(
+            [sys.executable, str(REPO / "tests" / "spark_classic.py"), str(tmp_path / "warehouse")],
+            check=False, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=240,
+        )  # fmt: skip
+    except subprocess.TimeoutExpired as expired:  # its output says how far it got
+        output = [(o or b"").decode(errors="replace")[-3000:] for o in (expired.stdout, expired.stderr)]
+        pytest.fail("spark_classic.py still ran after 240 s:\n" + "\n".join(output))
     assert done.returncode == 0, f"spark_classic.py failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"

@@ -259,6 +259,11 @@ EXIT_SCRIPT = """
             retry_backoff=120.0)
     started(FaultyBackend(DuckDBBackend(con), hang_on=[3], hang_seconds=120.0), timeout=600.0)
     started(FaultyBackend(DuckDBBackend(con)))
+    # and an iterator abandoned in a reference cycle: only the garbage collector could close it
+    cycle = {"it": iter(DDBDataLoader(con, SERIES_SQL, "y", shuffle=True, **kwargs))}
+    cycle["self"] = cycle
+    next(cycle["it"])
+    del cycle
     time.sleep(0.3)
     print("exiting", flush=True)
     {ending}
