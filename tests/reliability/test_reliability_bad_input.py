@@ -224,6 +224,7 @@ WRONG_TYPES: list[Case] = [
         TypeError,
         r"split_range must be a pair \(lo, hi\), either end None, got 5",
     ),
+    Case("replan=int", series(replan=3), ValueError, r"replan must be 'never' or 'epoch', got 3"),
     Case("collate=int", series(collate=42), TypeError, r"collate must be a callable .*got 42"),
     Case(
         "mode=int",
