@@ -13,6 +13,7 @@ from .._core.engine import Cursor
 from .._sql.fingerprint import content_mismatch, strip_hash
 from .._sql.layout import ColumnLayout
 from .._sql.plan import PartitionSpec
+from .._sql.read import whole_read
 from .block import Block
 from .convert import check_result_schema, to_block
 from .threads import Pending, ThreadFailure
@@ -52,11 +53,11 @@ class PartitionJob:
 
 
 def fetch_partition(cursor: Cursor, spec: PartitionSpec, layout: ColumnLayout) -> Block:
+    read = whole_read(spec)
+    table = cursor.fetch(read.sql, read.params)
     fingerprint = spec.fingerprint
-    if fingerprint is None:
-        table = cursor.fetch(spec.sql, spec.params)
-    else:  # verify=True: the hash column goes before anything else sees the rows
-        table, content = strip_hash(cursor.fetch(fingerprint.sql, spec.params))
+    if fingerprint is not None:  # verify=True: the hash column goes before anything else sees the rows
+        table, content = strip_hash(table)
     check_result_schema(table.schema, layout, spec.describe)
     block = as_planned(spec, to_block(spec.in_order(table), layout))
     if fingerprint is not None and content != fingerprint.content:

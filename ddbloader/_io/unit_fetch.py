@@ -42,7 +42,7 @@ def _unit_contents(table: pa.Table, unit: Read) -> tuple[pa.Table, list[int] | N
     data, and the unit falls back to its partitions' own subqueries)."""
     at = table.num_columns - unit.key_columns - 1
     hashed = split_by_key(
-        table.select([at, *range(at + 1, table.num_columns)]), unit.cells, cell_index=unit.cell_index
+        table.select([at, *range(at + 1, table.num_columns)]), unit.cells, cell_index=unit.split == "cells"
     )
     sums = None if hashed is None else [strip_hash(part, 0)[1] for part in hashed]
     return table.remove_column(at), sums
@@ -251,7 +251,7 @@ class UnitJob:
         try:
             table = cursor.fetch(unit.sql, unit.params)
             sums = None
-            if unit.cells[0].fingerprint is not None:
+            if unit.hashed:
                 table, sums = _unit_contents(table, unit)
             data = table.select(range(table.num_columns - unit.key_columns))
             check_result_schema(data.schema, self.layout, unit.describe)
