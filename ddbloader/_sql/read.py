@@ -6,8 +6,9 @@ from a choice of partitions made by the schedule (:func:`ddbloader._epoch.units.
 picks them from counts, positions and the planned facts
 :attr:`~ddbloader._sql.plan.PartitionSpec.by_keys` and
 :attr:`~ddbloader._sql.plan.GroupPlan.read_runs`): :func:`keys_read` for partitions read by their
-key values, :func:`run_read` for a read run. The readers in ``_io`` run it and split its result
-(:func:`ddbloader._io.unit_split.unit_blocks`). Immutable, safe to share between threads.
+key values, :func:`run_read` for a read run. :class:`ddbloader._io.reader.ReadJob` runs it and
+splits its result (:func:`ddbloader._io.unit_split.unit_blocks`); a streamed piece's whole read is
+run by its stream (:mod:`ddbloader._io.streams`). Immutable, safe to share between threads.
 """
 
 from __future__ import annotations
