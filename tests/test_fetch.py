@@ -614,7 +614,7 @@ READ_KINDS: dict[str, tuple[dict[str, Any], Callable[[QueryPlan, list[Any]], boo
     ),
     "combed pieces, read two to a query": (
         {"shuffle": True, "fetch_bytes": READ_BUDGET},
-        lambda plan, units: any(u.cell_index for u in units),
+        lambda plan, units: any(u.split == "cells" for u in units),
     ),
     "combed pieces, ordered by the engine": (
         {

@@ -461,7 +461,7 @@ def test_neighbouring_combed_pieces_share_a_query_split_exactly_as_read_alone(
             units = list(
                 fetch_units(plan, epoch_units(plan, config, epoch), config, epoch, config.fetch_bytes)
             )
-            assert units and all(u.cell_index and 2 <= len(u.cells) <= PIECES_PER_QUERY for u in units)
+            assert units and all(u.split == "cells" and 2 <= len(u.cells) <= PIECES_PER_QUERY for u in units)
             assert all(
                 plan.groups[0].read_together(a.position, b.position)
                 for u in units

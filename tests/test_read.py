@@ -10,7 +10,7 @@ from conftest import make_series
 
 from ddbloader import DDBDataLoader
 from ddbloader._io.unit_split import split_by_key
-from ddbloader._sql.read import keys_read, run_read
+from ddbloader._sql.read import keys_read, run_read, whole_read
 from ddbloader.backends import DuckDBBackend
 
 
@@ -32,7 +32,7 @@ def test_a_keys_read_binds_each_key_flat_or_as_one_list_and_splits_by_its_key_co
     listed = keys_read(plan, [2, 1], (*groups, 1), cells, wanted, lists=True)
     assert flat is not None and listed is not None
     assert flat.params == (*groups, 1) and listed.params == (list(groups), [1])
-    assert flat.wanted == {cells[1].key} and not flat.cell_index and flat.key_columns == 2
+    assert flat.wanted == {cells[1].key} and flat.split == "keys" and flat.key_columns == 2
     assert flat.rows == sum(c.rows for c in cells)
     cursor = DuckDBBackend(con).cursor()
     parts = split_by_key(cursor.fetch(flat.sql, flat.params), cells)
@@ -56,7 +56,7 @@ def test_a_run_read_wants_every_partition_of_its_run_and_splits_by_a_cell_index(
     cells = group.partitions[1:3]
     read = run_read(plan, cells)
     assert read is not None
-    assert read.cell_index and read.key_columns == 1 and read.wanted == {c.key for c in cells}
+    assert read.split == "cells" and read.key_columns == 1 and read.wanted == {c.key for c in cells}
     cursor = DuckDBBackend(con).cursor()
     parts = split_by_key(cursor.fetch(read.sql, read.params), cells, cell_index=True)
     assert parts is not None
@@ -86,3 +86,27 @@ def test_pieces_of_a_streamed_subquery_share_no_read_with_other_partitions(
     assert set(streamed.read_runs) == {None}
     assert not any(p.by_keys for p in ranged.partitions) and all(p.in_units for p in ranged.partitions)
     assert None not in ranged.read_runs
+
+
+def test_a_whole_read_is_a_partitions_own_subquery_and_of_a_piece_its_whole_subquery(
+    con: duckdb.DuckDBPyConnection,
+) -> None:
+    """A partition read alone runs its own subquery, with ``verify=True`` the fingerprinting one
+    (its rows' hash column after theirs); every piece of a streamed subquery reads the whole
+    subquery, whose rows its pieces' counts cut."""
+    con.execute("CREATE TABLE big AS SELECT i AS id, i * 0.5 AS f, i * 1.0 AS y FROM range(4 * 2048) r(i)")
+    options: dict[str, Any] = {"input_col": ["f"], "batch_size": 64, "fetch_bytes": 2048 * 8}
+    for verify in (False, True):
+        with DDBDataLoader(con, "SELECT * FROM big ORDER BY id", "y", verify=verify, **options) as loader:
+            plan = loader.plan
+        pieces = plan.groups[0].partitions
+        assert len(pieces) > 1 and all(p.pieces == len(pieces) for p in pieces)
+        reads = [whole_read(p) for p in pieces]
+        assert {(r.sql, r.params) for r in reads} == {(reads[0].sql, pieces[0].params)}
+        assert all(r.split == "whole" and r.key_columns == 0 and r.hashed == verify for r in reads)
+        assert [r.cells for r in reads] == [(p,) for p in pieces] and reads[1].wanted == {pieces[1].key}
+        result = DuckDBBackend(con).cursor().fetch(reads[0].sql, reads[0].params)
+        plain = DuckDBBackend(con).cursor().fetch(pieces[0].sql, pieces[0].params)
+        assert result.num_rows == sum(p.rows for p in pieces) == plain.num_rows
+        assert result.num_columns == plain.num_columns + verify
+        assert result.select(plain.column_names).to_pylist() == plain.to_pylist()

@@ -139,7 +139,6 @@ def test_split_imports_no_pandas() -> None:
         """
         import sys, duckdb
         from ddbloader._sql.plan import PIECES_PER_QUERY, PartitionSpec
-from ddbloader._sql.read import Read, unit_sql
         from ddbloader._io.unit_split import split_by_key
         table = duckdb.sql(
             "SELECT i AS v, 'g' || (i % 2) AS _ddb_group, DATE '2024-01-01' + (i % 3)::INT "
@@ -428,7 +427,7 @@ def test_read_runs_end_where_a_subquery_ends_and_units_never_cross_them(
             units = list(
                 fetch_units(plan, epoch_units(plan, config, epoch), config, epoch, config.fetch_bytes)
             )
-            assert units and all(u.cell_index for u in units)
+            assert units and all(u.split == "cells" for u in units)
             assert all(len({group.read_runs[c.position] for c in u.cells}) == 1 for u in units)
 
 

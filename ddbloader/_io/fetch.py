@@ -20,13 +20,13 @@ from .._core.engine import Backend
 from .._epoch.visits import PartitionKey
 from .._sql.layout import ColumnLayout
 from .._sql.plan import PartitionSpec
-from .._sql.read import Read
+from .._sql.read import Read, whole_read
 from .block import Block
-from .partition_fetch import PartitionJob
+from .reader import Alone, ReadJob, Waiters
 from .retry import Cursors, CursorSlot, RetryPolicy, Tasks, fetch_worker
 from .streams import Reading, Streams
 from .threads import Pending, join_all, start_thread
-from .unit_fetch import Coalescer, UnitJob
+from .unit_fetch import Coalescer
 
 __all__ = ["Fetcher"]
 
@@ -83,14 +83,22 @@ class Fetcher:
             return self._streams.claim(spec)
         pending, start = self._units.claim(spec)
         for index in start:
-            self._tasks.put(UnitJob(index, self._units, self._layout, self._backend, self._cursors.stop))
+            read = self._units.units[index]
+            self._read(read, self._units.waiters(index), f"fetch unit {index} ({len(read.cells)} partitions)")
         if pending is not None:
             return pending
         if not spec.by_keys:
             return self._streams.claim(spec)
-        job = PartitionJob(spec, self._layout, Pending(f"fetching {spec.describe()}"))
-        self._tasks.put(job)
-        return job.result
+        alone = Alone(spec)
+        self._read(
+            whole_read(spec),
+            alone,
+            f"partition {spec.position} of group {spec.group} (parameters {list(spec.params)!r})",
+        )
+        return alone.result
+
+    def _read(self, read: Read, waiters: Waiters, name: str) -> None:
+        self._tasks.put(ReadJob(read, waiters, name, self._layout, self._backend, self._cursors.stop))
 
     def release(self, keys: Sequence[PartitionKey]) -> None:
         """The manager will not ask for ``keys`` again: drop their rows if a unit brought them,

@@ -43,6 +43,7 @@ from .._core.engine import Cursor
 from .._sql.fingerprint import HashSum, content_mismatch
 from .._sql.layout import ColumnLayout
 from .._sql.plan import PartitionSpec
+from .._sql.read import whole_read
 from .block import Block
 from .convert import check_result_schema, to_block
 from .retry import CursorSlot, Tasks, pool_thread
@@ -256,9 +257,9 @@ class _Stream:
             self._home = pool_thread()
         # verify=True: every row read (skipped or delivered) is hashed, so the last piece checks all
         self._digest = HashSum()
-        sql = spec.sql if spec.fingerprint is None else spec.fingerprint.sql
-        tables = read_batches(cursor, sql, spec.params, spec.rows)
-        self._rows = _Rows(tables if spec.fingerprint is None else self._digest.stripping(tables))
+        read = whole_read(spec)
+        tables = read_batches(cursor, read.sql, read.params, spec.rows)
+        self._rows = _Rows(self._digest.stripping(tables) if read.hashed else tables)
         self._at = 0
 
     def _next_claim(self) -> PartitionSpec | None:

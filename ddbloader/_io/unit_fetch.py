@@ -1,66 +1,26 @@
-"""Fetch units: several partitions fetched by one query, and its result split into their blocks.
+"""Fetch units: several partitions fetched by one query, and the claims waiting for them.
 
 The :class:`Coalescer` holds an epoch's fetch units as claims reach them: a partition of a unit is
 served from its unit once; asked for again, or after a release, it is fetched alone by its own
-subquery. A :class:`UnitJob` runs one unit's query and splits the result by key; if the query fails
-on a non-transient error, or the result does not split into exactly the planned partitions (or,
-with ``verify=True``, a cell hashes otherwise than planned), the unit's partitions are fetched one
-by one, and their rows and errors are the reference.
+subquery. The reader (:class:`~ddbloader._io.reader.ReadJob`) runs a unit's read and delivers its
+partitions here, through the unit's :meth:`Coalescer.waiters`.
 """
 
 from __future__ import annotations
 
 import itertools
-import logging
 import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-import pyarrow as pa
-
-from .._core.engine import Backend, Cursor, redact_uri
 from .._epoch.visits import PartitionKey
-from .._sql.fingerprint import content_mismatch, strip_hash
-from .._sql.layout import ColumnLayout
 from .._sql.plan import PartitionSpec
 from .._sql.read import Read
 from .block import Block
-from .convert import check_result_schema
-from .partition_fetch import fetch_partition
-from .retry import is_transient
 from .threads import Pending, ThreadFailure
-from .unit_split import UnitPartitions, split_by_key, unit_blocks
+from .unit_split import UnitPartitions
 
-__all__ = ["Coalescer", "UnitJob"]
-
-_log = logging.getLogger("ddbloader")
-
-
-def _unit_contents(table: pa.Table, unit: Read) -> tuple[pa.Table, list[int] | None]:
-    """A verified unit's result without its hash column (before its key columns), and each cell's
-    hash sum; None when the result does not split into the planned cells (then neither does the
-    data, and the unit falls back to its partitions' own subqueries)."""
-    at = table.num_columns - unit.key_columns - 1
-    hashed = split_by_key(
-        table.select([at, *range(at + 1, table.num_columns)]), unit.cells, cell_index=unit.cell_index
-    )
-    sums = None if hashed is None else [strip_hash(part, 0)[1] for part in hashed]
-    return table.remove_column(at), sums
-
-
-def _check_unit_contents(unit: Read, sums: list[int]) -> None:
-    """Refuse a unit whose cells hash otherwise than planned (the unit falls back to fetching
-    them one by one: a cell split wrongly by the client is then told from changed data)."""
-    for spec, content in zip(unit.cells, sums, strict=True):
-        assert spec.fingerprint is not None
-        if content != spec.fingerprint.content:
-            raise content_mismatch(
-                f"{spec.describe()} in {unit.describe()}",
-                spec.key_params,
-                spec.rows,
-                spec.fingerprint.content,
-                content,
-            )
+__all__ = ["Coalescer"]
 
 
 @dataclass
@@ -163,6 +123,10 @@ class Coalescer:
                 states[i].requested = True
         return pending, start
 
+    def waiters(self, index: int) -> _UnitWaiters:
+        """The claims waiting for unit ``index``, as the reader delivers to them."""
+        return _UnitWaiters(self, index)
+
     def deliver(self, index: int, partitions: UnitPartitions) -> None:
         # built whole, not cell by cell: a unit has thousands of cells, and this holds the GIL
         where = dict(zip([spec.key for spec in partitions.specs], itertools.count()))
@@ -213,74 +177,15 @@ class Coalescer:
             self._splitting = False
 
 
-class UnitJob:
-    """Fetch unit ``index`` of ``coalescer`` with one query and split it into partitions.
+@dataclass(frozen=True)
+class _UnitWaiters:
+    """The claims waiting for one unit (a :class:`~ddbloader._io.reader.Waiters`)."""
 
-    If the query fails on a non-transient error, or its result does not split into exactly the
-    planned partitions (see :func:`~ddbloader._io.unit_split.split_by_key`), the unit's partitions are
-    fetched one by one with their own subqueries, whose rows and errors are the reference: an
-    error then names the partition's subquery, as if it had been fetched alone.
-    """
+    coalescer: Coalescer
+    index: int
 
-    def __init__(
-        self,
-        index: int,
-        coalescer: Coalescer,
-        layout: ColumnLayout,
-        backend: Backend,
-        stop: threading.Event,
-    ) -> None:
-        self.index = index
-        self.coalescer = coalescer
-        self.layout = layout
-        self.backend = backend
-        self.stop = stop
-        self._alone: PartitionSpec | None = None
-
-    @property
-    def own_slot(self) -> None:
-        return None
-
-    @property
-    def unit(self) -> Read:
-        return self.coalescer.units[self.index]
-
-    def run(self, cursor: Cursor) -> tuple[int, int, int]:
-        unit = self.unit
-        partitions = None
-        try:
-            table = cursor.fetch(unit.sql, unit.params)
-            sums = None
-            if unit.cells[0].fingerprint is not None:
-                table, sums = _unit_contents(table, unit)
-            data = table.select(range(table.num_columns - unit.key_columns))
-            check_result_schema(data.schema, self.layout, unit.describe)
-            blocks = unit_blocks(table, unit, self.layout)
-            if blocks is not None and sums is not None:
-                _check_unit_contents(unit, sums)
-            partitions = blocks
-        except Exception as error:
-            if self.stop.is_set() or is_transient(self.backend, error):
-                raise
-            _log.warning(
-                "fetching %s failed with %s: %s; fetching its partitions one by one",
-                self.label(),
-                type(error).__name__,
-                redact_uri(str(error)),
-            )
-        split = partitions is not None
-        if partitions is None:
-            self.coalescer.stop_splitting()
-            alone = []
-            for spec in unit.cells:
-                if spec.key in unit.wanted:
-                    self._alone = spec
-                    alone.append((spec, fetch_partition(cursor, spec, self.layout)))
-            self._alone = None
-            partitions = UnitPartitions([s for s, _ in alone], blocks=[b for _, b in alone])
+    def deliver(self, partitions: UnitPartitions) -> None:
         self.coalescer.deliver(self.index, partitions)
-        count = len(partitions.specs)
-        return count, partitions.rows, 1 if split else 1 + count
 
     def fail(self, failure: ThreadFailure) -> None:
         self.coalescer.fail(self.index, failure)
@@ -288,8 +193,5 @@ class UnitJob:
     def cancel(self) -> None:
         self.coalescer.cancel(self.index)
 
-    def describe(self) -> str:
-        return self.unit.describe() if self._alone is None else self._alone.describe()
-
-    def label(self) -> str:
-        return f"fetch unit {self.index} ({len(self.unit.cells)} partitions)"
+    def split_failed(self) -> None:
+        self.coalescer.stop_splitting()

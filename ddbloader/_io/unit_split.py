@@ -225,11 +225,11 @@ def unit_blocks(table: pa.Table, unit: Read, layout: ColumnLayout) -> UnitPartit
     cutting it into partitions and joining them again); a transform runs on each partition's
     rows, as for a partition fetched alone.
     """
-    grouped = _grouped_by_cell(table, unit.cells, unit.cell_index)
+    grouped = _grouped_by_cell(table, unit.cells, unit.split == "cells")
     if grouped is None:
         return None
     data, bounds = grouped
-    if unit.cell_index:
+    if unit.split == "cells":
         data = _in_order(data, bounds, unit.cells)
     if layout.transform is None and len(unit.wanted) == len(unit.cells):
         outside = bounds[0]

@@ -1,11 +1,14 @@
-"""Reads: one query that yields the rows of many partitions, and how its result is split.
+"""Reads: every query the loader sends for rows, and how its result is split among partitions.
 
-A :class:`Read` is rendered here, from a choice of partitions made by the schedule
-(:func:`ddbloader._epoch.units.fetch_units` picks them from counts, positions and the planned
-facts :attr:`~ddbloader._sql.plan.PartitionSpec.by_keys` and
+A :class:`Read` is rendered here. :func:`whole_read` is a partition's own subquery (a streamed
+piece's: its whole subquery, which the stream cuts by the pieces' row counts). The others come
+from a choice of partitions made by the schedule (:func:`ddbloader._epoch.units.fetch_units`
+picks them from counts, positions and the planned facts
+:attr:`~ddbloader._sql.plan.PartitionSpec.by_keys` and
 :attr:`~ddbloader._sql.plan.GroupPlan.read_runs`): :func:`keys_read` for partitions read by their
-key values, :func:`run_read` for a read run. The readers in ``_io`` run it and split its result
-(:func:`ddbloader._io.unit_split.unit_blocks`). Immutable, safe to share between threads.
+key values, :func:`run_read` for a read run. :class:`ddbloader._io.reader.ReadJob` runs it and
+splits its result (:func:`ddbloader._io.unit_split.unit_blocks`); a streamed piece's whole read is
+run by its stream (:mod:`ddbloader._io.streams`). Immutable, safe to share between threads.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -21,39 +24,53 @@ from .piece_tags import tag_regions, tagged_sql
 from .plan import PartitionSpec, QueryPlan
 from .query import UserQuery
 
-__all__ = ["Read", "keys_read", "run_read", "unit_sql"]
+__all__ = ["Read", "Split", "keys_read", "run_read", "unit_sql", "whole_read"]
 
 #: Shapes of reads whose SQL :data:`QueryPlan.rendered <ddbloader._sql.plan.QueryPlan.rendered>`
 #: keeps (a few an epoch, the same every epoch when groups are of equal size), then forgets all
 #: at once.
 UNIT_SQL_SHAPES = 256
 
+#: How a read's result is split among its cells: ``"whole"``, all of it is its one cell's rows
+#: (or its pieces', cut by their row counts); ``"keys"``, by its last columns, each row's key
+#: values; ``"cells"``, by its last column, each row's cell index.
+Split = Literal["whole", "keys", "cells"]
+
 
 @dataclass(frozen=True)
 class Read:
-    """Many partitions fetched by one query.
+    """Partitions fetched by one query.
 
     ``cells`` are every partition whose rows the query returns, in plan order; ``wanted`` are the
     keys (``(group, position)``) of those the epoch asks for (the others belong to another
-    worker's share of a group and are dropped on arrival). The result is split among ``cells`` by
-    its last :attr:`key_columns` columns: each row's key values, or with ``cell_index`` the index
-    of its cell (a read run's query, see :func:`run_read`, whose cells' rows the client puts in
-    order, see
-    :meth:`~ddbloader._sql.plan.PartitionSpec.in_order`).
+    worker's share of a group and are dropped on arrival). The result is split among ``cells`` as
+    ``split`` says (see :data:`Split`): by its last :attr:`key_columns` columns, each row's key
+    values, or the index of its cell (a read run's query, see :func:`run_read`, whose cells' rows
+    the client puts in order, see :meth:`~ddbloader._sql.plan.PartitionSpec.in_order`).
 
-    Invariants: ``wanted`` ⊆ keys of ``cells``; every cell's key values are among ``params``.
+    With ``verify=True`` (:attr:`hashed`) the rows' own columns are followed by their hash (before
+    the key columns), and each cell's hash sum is checked against its planned
+    :attr:`~ddbloader._sql.plan.PartitionSpec.fingerprint`.
+
+    Invariants: ``wanted`` ⊆ keys of ``cells``; every cell's key values are among ``params``; a
+    ``"whole"`` read has one cell.
     """
 
     sql: str
     params: tuple[Any, ...]
     cells: tuple[PartitionSpec, ...]
     wanted: frozenset[tuple[int, int]]
-    cell_index: bool = False
+    split: Split = "keys"
 
     @property
     def key_columns(self) -> int:
         """The columns after the rows' own (and the row hash) that tell a row's cell."""
-        return 1 if self.cell_index else len(self.cells[0].params)
+        return {"whole": 0, "keys": len(self.cells[0].params), "cells": 1}[self.split]
+
+    @property
+    def hashed(self) -> bool:
+        """Whether the result carries the row hash column (``verify=True``)."""
+        return self.cells[0].fingerprint is not None
 
     @property
     def rows(self) -> int:
@@ -61,12 +78,21 @@ class Read:
 
     def describe(self) -> str:
         """Name the read for messages: its partitions and its SQL."""
+        if self.split == "whole":
+            return self.cells[0].describe()
         groups = sorted({c.group for c in self.cells})
         shown = f"{groups[:5]}{'...' if len(groups) > 5 else ''}"
         return (
             f"{len(self.cells)} partitions of group(s) {shown} in one query "
             f"({self.sql!r} with {len(self.params)} parameters)"
         )
+
+
+def whole_read(spec: PartitionSpec) -> Read:
+    """The read of ``spec`` by its own subquery (with ``verify=True``, the fingerprinting one); of
+    a streamed piece, its whole subquery."""
+    sql = spec.sql if spec.fingerprint is None else spec.fingerprint.sql
+    return Read(sql, spec.params, (spec,), frozenset([spec.key]), split="whole")
 
 
 def keys_read(
@@ -104,7 +130,7 @@ def run_read(plan: QueryPlan, cells: tuple[PartitionSpec, ...]) -> Read | None:
     sql = _kept(plan, ("run", tags), lambda: tagged_sql(query, keys, piece_key, tags))
     assert sql is not None
     params = (*cells[0].key_params, *points)
-    return Read(sql, params, cells, frozenset(c.key for c in cells), cell_index=True)
+    return Read(sql, params, cells, frozenset(c.key for c in cells), split="cells")
 
 
 def unit_sql(plan: QueryPlan, counts: Sequence[int | None], *, lists: bool) -> str | None:
