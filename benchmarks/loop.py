@@ -273,10 +273,13 @@ def _profiles(args: argparse.Namespace, p: dict[str, Any], hold: float, release:
     ]
     # the raw stacks beside the page, for flame graphs (flamegraph.pl, speedscope)
     raw = str(args.profile.with_suffix(".gil.txt"))
-    params = {**p, "hold_ms": hold, "release_ms": release, "label": "ddbloader"}
+    # at least 300 steps: the loop's own step is the clock the samples are counted against, and a
+    # sampler starved of CPU (a loaded machine) may take none of a smoke run's 20
+    steps = max(p["steps"], 300)
+    params = {**p, "steps": steps, "hold_ms": hold, "release_ms": release, "label": "ddbloader"}
     result = harness.child(args.script, "feed", {**params, "out": raw, "rate": args.rate})
     sections += ["", f"Slowdown of this run under the profiler: {result['slowdown']:.3f}; raw stacks:"]
-    sections += [f"`{raw}`.", "", profile_table(raw, p["steps"], 2 * p["steps"] * hold / 1e3)]
+    sections += [f"`{raw}`.", "", profile_table(raw, steps, 2 * steps * hold / 1e3)]
     return "\n".join(sections)
 
 

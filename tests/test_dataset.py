@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import multiprocessing
 import pickle
+import threading
 import warnings
 from collections import Counter
 from collections.abc import Iterable
@@ -317,9 +318,13 @@ def _fork_warnings_are_errors(_: int) -> None:
 def test_a_worker_forked_while_another_loader_iterates_is_warned(db_path: str) -> None:
     """A forked worker inherits the locks the parent's fetch threads held (an engine's): it is
     told which threads ran and how to avoid it, before it touches an engine."""
-    with DDBDataLoader(db_path, SERIES_SQL, "y", batch_size=4) as other:
+    rows = duckdb.connect()
+    rows.execute("CREATE TABLE t AS SELECT range AS id, range * 0.5 AS y FROM range(200000)")
+    # 50,000 batches: the iteration's threads wait on its bounded buffers until it is closed
+    with DDBDataLoader(rows, "SELECT id, y FROM t ORDER BY id", "y", batch_size=4) as other:
         running = iter(other)
-        next(running)  # its threads are alive until the iteration ends or is closed
+        next(running)
+        assert any(t.name.startswith("ddbloader-") for t in threading.enumerate())
         forked = DataLoader(
             dataset(db_path),
             batch_size=None,
