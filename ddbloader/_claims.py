@@ -31,7 +31,6 @@ from ._epoch.shard import (
     agree_ranks,
     distributed_world_size,
     epoch_units,
-    from_rank0,
     part_range,
     shard_samples,
     share_units,
@@ -86,37 +85,41 @@ class EpochClaims:
         def sharding(self) -> Sharding: ...
         def _backend_here(self) -> Backend: ...
         def _plan_now(self, backend: Backend, sql: str, progress: bool = False) -> None: ...
+        def _follow_rank0(self, sharding: Sharding) -> bool: ...
         def _shelve(self, arena: Arena) -> None: ...
 
     def _agree(self, sharding: Sharding, again: bool = False) -> None:
-        """Agree among ``sharding``'s ranks on the seed and check that they share one plan (once per
-        world size, or ``again`` after a new plan), and warn of an unordered query.
+        """Agree among ``sharding``'s ranks, once per world size (or ``again`` after a new plan):
+        a rank that reads another PostgreSQL snapshot than rank 0 reads rank 0's and plans again
+        (see :meth:`_follow_rank0`); then the ranks agree on the seed and check that they share
+        one plan (collectives, in the main process). A DataLoader worker cannot talk to the other
+        ranks: it serves only a plan its main process agreed on. Warns of an unordered query.
 
         Raises:
-            RuntimeError: a rank's plan differs from rank 0's (see :func:`agree_ranks`).
-            ValueError: ``shuffle`` without a seed in a DataLoader worker of a multi-rank run whose
-                loader was built before the process group (a worker cannot broadcast the seed).
+            RuntimeError: a rank's plan differs from rank 0's (see :func:`agree_ranks`), or a
+                DataLoader worker's loader was never agreed under this world size.
         """
         world = sharding.world_size
         if world == 1 or (world == self._agreed_world and not again):
             return
-        if get_worker_info() is None:
-            shuffled = self.config.shuffle and not self._seed_given
-            content = sum(
-                p.fingerprint.content
-                for g in self.plan.groups
-                for p in g.partitions
-                if p.fingerprint is not None
+        if get_worker_info() is not None:
+            raise RuntimeError(
+                f"this DataLoader worker serves rank {sharding.rank} of {world}, but its dataset was built "
+                f"before init_process_group and has not been checked against rank 0's plan since (a "
+                f"worker process cannot talk to the other ranks, and ranks that planned different data "
+                f"lose or repeat samples silently): call len(dataset) or dataset.set_epoch(epoch) on every "
+                f"rank before iterating the DataLoader (the main process checks then, a collective), or "
+                f"build the dataset after init_process_group"
             )
-            shared = agree_ranks(self.config.seed, plan_fingerprint(self.plan), sharding, shuffled, content)
-            if not self._seed_given:
-                self.config = dataclasses.replace(self.config, seed=shared)
-        elif not self._seed_given and self.config.shuffle:
-            raise ValueError(
-                f"shuffle=True and seed=None under {world} ranks, in a DataLoader worker of a loader "
-                f"built before the process group: the ranks cannot agree on a seed here; give the same "
-                f"seed= on every rank"
-            )
+        if self._follow_rank0(sharding):
+            self._plan_anew()
+        shuffled = self.config.shuffle and not self._seed_given
+        content = sum(
+            p.fingerprint.content for g in self.plan.groups for p in g.partitions if p.fingerprint is not None
+        )
+        shared = agree_ranks(self.config.seed, plan_fingerprint(self.plan), sharding, shuffled, content)
+        if not self._seed_given:
+            self.config = dataclasses.replace(self.config, seed=shared)
         if world == self._agreed_world:
             return
         self._agreed_world = world
@@ -143,17 +146,20 @@ class EpochClaims:
         if get_worker_info() is not None:
             raise ValueError(REPLAN_IN_WORKER)
         backend, sharding = self._backend_here(), self.sharding
-        fresh, follow = getattr(backend, "fresh_snapshot", None), getattr(backend, "follow", None)
-        if fresh is not None and follow is not None and getattr(backend, "snapshot", None) is not None:
-            own = fresh()
-            shared = from_rank0(own, sharding)
-            if shared != own:
-                follow(shared)
-        self._plan_now(backend, self.sql)
-        self._left, self._plan_served = None, False
-        self._mixing = MixingWatch(self.plan, self.config)
+        fresh = getattr(backend, "fresh_snapshot", None)
+        if fresh is not None and getattr(backend, "snapshot", None) is not None:
+            fresh()
+            self._follow_rank0(sharding)
+        self._plan_anew()
+        self._plan_served = False
         self._agree(sharding, again=True)
         _log.info("epoch %d planned anew: %d samples", self._epoch, self.plan.samples)
+
+    def _plan_anew(self) -> None:
+        """Plan the query again on what this process's backend reads now."""
+        self._plan_now(self._backend_here(), self.sql)
+        self._left = None
+        self._mixing = MixingWatch(self.plan, self.config)
 
     def _pending(self, worker: int, num_workers: int) -> tuple[int, int]:
         """``(epoch, batches)`` an iteration of this worker would serve if it started now."""

@@ -2,8 +2,9 @@
 arena, its running iteration.
 
 A plan is made on what the backend reads (on PostgreSQL its snapshot; under DDP rank 0's, where
-the ranks can talk at construction), at construction and, with ``replan="epoch"``, before each
-new epoch (see :mod:`ddbloader._claims`).
+the ranks can talk), at construction, again where a rank finds at its first agreement that it
+read another snapshot than rank 0 and, with ``replan="epoch"``, before each new epoch (see
+:mod:`ddbloader._claims`).
 
 A backend belongs to the process that opened it: a DataLoader worker process (a pickled copy of
 the loader) opens its own from the source, which must therefore be one a process can open again
@@ -75,22 +76,27 @@ class LoaderResources:
             backend = connect(self._source)
             follow = getattr(backend, "follow", None)
             if pinned is not None and follow is not None:
-                follow(pinned)
+                follow(pinned, hold=False)
             self._backend = backend
             self._backend_pid = os.getpid()
         return self._backend
 
-    def _follow_rank0(self, sharding: Sharding) -> None:
+    def _follow_rank0(self, sharding: Sharding) -> bool:
         """Read rank 0's PostgreSQL snapshot where this backend pins one and the ranks can talk
         (torch.distributed initialised with ``sharding``'s world size: a collective), so every
-        rank plans and reads the same rows by construction; rank 0's loader keeps it open."""
+        rank plans and reads the same rows by construction. A rank whose own snapshot sees other
+        rows than rank 0's (its ``xmin:xmax:xip`` differs) imports rank 0's into a holder of its
+        own, so it outlives rank 0's loader; True when it did (a plan made before is stale)."""
         backend = self._backend
         follow = getattr(backend, "follow", None)
-        snapshot = getattr(backend, "snapshot", None)
-        if snapshot is not None and follow is not None:
-            shared = from_rank0(snapshot, sharding)
-            if shared != snapshot:
-                follow(shared)
+        visibility = getattr(backend, "visibility", None)
+        if visibility is None or follow is None:
+            return False
+        snapshot, shared = from_rank0((getattr(backend, "snapshot", None), visibility), sharding)
+        if shared == visibility:
+            return False
+        follow(snapshot)
+        return True
 
     def _plan_now(self, backend: Backend, sql: str, progress: bool = False) -> None:
         """Plan ``sql`` on what ``backend`` reads now; the group pool is sized from this plan

@@ -66,6 +66,12 @@ class DDBIterableDataset(IterableDataset[Delivered]):
     equals the batches an epoch delivers, and a DataLoader with another count is refused.
     Without it, ``len()`` counts the batches of one worker.
 
+    Under DDP, a dataset built before ``init_process_group`` agrees with the other ranks (seed,
+    plan; on PostgreSQL rank 0's snapshot) in the main process at its first ``len()`` or
+    :meth:`set_epoch` after it, collectives to call on every rank (Lightning calls ``len()``):
+    worker processes cannot talk to the other ranks, and a worker whose dataset has not agreed
+    is refused, naming that fix.
+
     Workers deliver host batches, unpinned (give the DataLoader ``pin_memory=True`` to pin them
     in the main process); a ``device`` other than ``"cpu"`` is refused in a worker.
 
@@ -155,8 +161,7 @@ class DDBIterableDataset(IterableDataset[Delivered]):
         Under Accelerate's dispatcher: the whole epoch's (it yields them all in the main process
         and counts ``num_processes`` of them as one step).
         """
-        if get_worker_info() is None:
-            self._under_dispatcher()
+        self._agree_here()
         return self.batches(self.num_workers or 1)
 
     def batches(self, num_workers: int) -> int:
@@ -165,10 +170,19 @@ class DDBIterableDataset(IterableDataset[Delivered]):
 
     def set_epoch(self, epoch: int) -> None:
         """Pin the next epoch that starts, here and in every worker (also persistent ones)."""
-        if get_worker_info() is None:
-            self._under_dispatcher()
+        self._agree_here()
         self.loader.set_epoch(epoch)
         self._worker_epochs.fill_(epoch)
+
+    def _agree_here(self) -> None:
+        """In the main process: adapt to Accelerate's dispatcher, and agree with the other ranks
+        now where the process group has appeared since construction (a collective, once: a rank
+        that read another PostgreSQL snapshot than rank 0 reads rank 0's and plans again; the
+        ranks check that they share one plan), so that DataLoader workers, which cannot talk to
+        the other ranks, inherit a checked plan."""
+        if get_worker_info() is None:
+            self._under_dispatcher()
+            self.loader._agree(self.loader.sharding)
 
     def state_dict(self) -> dict[str, Any]:
         """The loader's state, except that an ended iteration still names its own epoch.

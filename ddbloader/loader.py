@@ -222,6 +222,7 @@ class DDBDataLoader(DataLoaderFace, LoaderCheckpoint, LoaderResources, LoaderCon
         self._source = source
         self._backend_pid = os.getpid()
         self._backend: Backend | None = connect(source)
+        self.sql = sql
         try:
             self._follow_rank0(built)
             self._plan_now(self._backend, sql, progress)
@@ -229,7 +230,6 @@ class DDBDataLoader(DataLoaderFace, LoaderCheckpoint, LoaderResources, LoaderCon
             self._backend.close()
             raise
         self._agree(built)
-        self.sql = sql
         self._epoch = 0
         #: where a loaded state (or a peek given back) stopped in epoch ``_epoch``, until it starts
         self._resume: Resume | None = None

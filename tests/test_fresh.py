@@ -37,14 +37,18 @@ _RANK = """
 import json, sys, time
 import torch.distributed as dist
 from adbc_driver_postgresql import dbapi
+from torch.utils.data import DataLoader
 from ddbloader import DDBDataLoader, DDBIterableDataset
+from ddbloader.backends import ADBCBackend
 
 SQL = __SQL__
 uri, port, rank, order, flag = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5]
 ARGS = dict(input_col=["v", "ts"], group_col="g", batch_size=16, shuffle=True, seed=5, fetch_bytes=4096)
 
-UPDATE_ONLY = order == "before_verify"  # a change that keeps every count: verify=True's hashes see it
-ARGS["verify"] = UPDATE_ONLY
+# a change that keeps every count; without snapshots only verify=True's row hashes see it
+UPDATE_ONLY = order in ("before_update", "before_unpinned_verify")
+ARGS["verify"] = order == "before_unpinned_verify"
+source = ADBCBackend(uri, snapshot=False) if "unpinned" in order else uri
 
 def write():
     with dbapi.connect(uri, autocommit=True) as writer, writer.cursor() as cursor:
@@ -67,10 +71,14 @@ def wait(ready):
 def init():
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
 
-if order.startswith("before"):  # rank 0 builds, writes, then rank 1 builds; then the process group
+if order.startswith(("before", "workers")):  # rank 0 builds, writes, rank 1 builds; then the group
     if rank == 1:
         wait(lambda: open(flag).read() == "written")
-    loader = DDBDataLoader(uri, SQL, "y", **ARGS)
+    if order == "workers":
+        dataset = DDBIterableDataset(source, SQL, "y", num_workers=2, **ARGS)
+        loader = dataset.loader
+    else:
+        loader = DDBDataLoader(source, SQL, "y", **ARGS)
     if rank == 0:
         write()
         open(flag, "w").write("written")
@@ -83,6 +91,15 @@ elif order == "epoch":  # replan='epoch': rank 1 writes between epochs 1 and 2; 
     if rank == 1:
         write()
     dist.barrier()
+elif order == "rank0_closes":  # rank 0 closes its loader before rank 1 reads; then a write
+    init()
+    loader = DDBDataLoader(uri, SQL, "y", **ARGS)
+    if rank == 0:
+        loader.close()
+    dist.barrier()
+    if rank == 0:
+        write()
+    dist.barrier()
 else:  # the process group first; rank 1 writes once rank 0 holds its snapshot, then builds
     init()
     if rank == 1:
@@ -90,7 +107,19 @@ else:  # the process group first; rank 1 writes once rank 0 holds its snapshot, 
         write()
     loader = DDBDataLoader(uri, SQL, "y", **ARGS)
 try:
-    report = {"rows": [row for x, _ in loader for row in x.tolist()], "len": len(loader)}
+    if order == "rank0_closes" and rank == 0:
+        report = {"rows": [], "len": 0}
+    elif order == "workers":  # refused until the main process agreed (len(), as Lightning calls it)
+        try:
+            next(iter(DataLoader(dataset, batch_size=None, num_workers=2)))
+            refused = None
+        except RuntimeError as error:
+            refused = str(error)
+        batches = len(dataset)
+        rows = [row for x, _ in DataLoader(dataset, batch_size=None, num_workers=2) for row in x.tolist()]
+        report = {"refused": refused, "rows": rows, "len": batches}
+    else:
+        report = {"rows": [row for x, _ in loader for row in x.tolist()], "len": len(loader)}
 except RuntimeError as error:
     report = {"error": str(error)}
 dist.barrier()
@@ -148,22 +177,58 @@ def _two_ranks(uri: str, order: str, tmp_path: Path) -> list[dict[str, Any]]:
 
 @pytest.mark.multiprocess
 @pytest.mark.timeout(180)
+@pytest.mark.parametrize("order", ["before", "before_update"])
+def test_ranks_built_before_the_process_group_read_rank_0_s_snapshot_from_the_first_batch(
+    pg_server: pgserver.PostgresServer, table: list[list[float]], tmp_path: Path, order: str
+) -> None:
+    """Built before the process group, each rank pins its own snapshot; a write lands between the
+    two constructions (an INSERT and an UPDATE, or an UPDATE alone, which keeps every count). At
+    the first batch rank 1 finds that its snapshot sees other rows than rank 0's, reads rank 0's
+    and plans again: the two shards are the query run whole before the write, each sample once."""
+    reports = _two_ranks(pg_server.uri, order, tmp_path)
+    served = sorted((row for report in reports for row in report["rows"]), key=lambda row: row[1])
+    assert served == table
+    assert reports[0]["len"] == reports[1]["len"]
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(180)
 @pytest.mark.parametrize(
     ("order", "difference"),
-    [("before", "the planned row counts per partition"), ("before_verify", "the rows' content")],
+    [
+        ("before_unpinned", "the planned row counts per partition"),
+        ("before_unpinned_verify", "the rows' content"),
+    ],
 )
-def test_ranks_built_on_different_data_refuse_before_the_first_batch(
+def test_ranks_without_a_snapshot_built_on_different_data_refuse_before_the_first_batch(
     pg_server: pgserver.PostgresServer, table: list[list[float]], tmp_path: Path, order: str, difference: str
 ) -> None:
-    """Built before the process group, each rank pins its own snapshot: an INSERT between the two
-    constructions gives rank 1 more rows, an UPDATE other values (seen by verify=True's row hashes);
-    every rank refuses at its first batch, naming why."""
+    """Without snapshots (``ADBCBackend(uri, snapshot=False)``) each rank plans what is committed
+    when it is built: an INSERT between the two constructions gives rank 1 more rows, an UPDATE
+    other values (seen by verify=True's row hashes); every rank refuses at its first batch."""
     reports = _two_ranks(pg_server.uri, order, tmp_path)
     for report in reports:
         assert "error" in report, report.keys()
         assert report["error"].startswith("rank(s) [1] planned another plan than rank 0")
         assert difference in report["error"]
         assert "the data changed between the ranks' constructions" in report["error"]
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(180)
+def test_dataloader_workers_serve_a_plan_their_main_process_checked_against_rank_0(
+    pg_server: pgserver.PostgresServer, table: list[list[float]], tmp_path: Path
+) -> None:
+    """A DDBIterableDataset built before the process group (a write between the two ranks'
+    constructions), served by DataLoader workers, which cannot talk to the other ranks: refused
+    until the main process agreed; after len(dataset) (as Lightning calls it on every rank) the
+    workers inherit rank 0's snapshot and plan, and the ranks' shards are the query run whole."""
+    reports = _two_ranks(pg_server.uri, "workers", tmp_path)
+    for report in reports:
+        assert report["refused"] is not None and "call len(dataset) or dataset.set_epoch" in report["refused"]
+    served = sorted((row for report in reports for row in report["rows"]), key=lambda row: row[1])
+    assert served == table
+    assert reports[0]["len"] == reports[1]["len"]
 
 
 @pytest.mark.multiprocess
@@ -177,6 +242,20 @@ def test_ranks_built_after_the_process_group_read_rank_0_s_snapshot(
     served = sorted((row for report in reports for row in report["rows"]), key=lambda row: row[1])
     assert served == table
     assert reports[0]["len"] == reports[1]["len"]
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(180)
+def test_a_rank_reads_rank_0_s_snapshot_after_rank_0_closed_its_loader(
+    pg_server: pgserver.PostgresServer, table: list[list[float]], tmp_path: Path
+) -> None:
+    """Rank 1 holds its own copy of the snapshot it follows: rank 0 closes its loader, another
+    session writes, and rank 1's shard is still its half of the rows before the write."""
+    _, follower = _two_ranks(pg_server.uri, "rank0_closes", tmp_path)
+    assert "error" not in follower, follower
+    assert len(follower["rows"]) == ROWS // 2
+    assert {v for v, _ in follower["rows"]} == {1.0}
+    assert {tuple(row) for row in follower["rows"]} <= {tuple(row) for row in table}
 
 
 # --- replan="epoch" -------------------------------------------------------------------------

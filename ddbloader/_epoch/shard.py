@@ -254,8 +254,7 @@ def agree_ranks(drawn: int, fingerprint: str, sharding: Sharding, shuffle: bool,
             f"rank(s) {sorted(others)} planned another plan than rank 0 (it differs in "
             f"{'; '.join(sorted(differences))}): the data changed between the ranks' constructions of their "
             f"loaders, and their shards would lose or repeat samples; build the loaders from data that "
-            f"does not change meanwhile, or on PostgreSQL build them after init_process_group (the "
-            f"ranks then read rank 0's snapshot) or with replan='epoch' (every epoch is planned on a "
-            f"snapshot rank 0 takes and shares)"
+            f"does not change meanwhile, or on PostgreSQL read a snapshot (ADBCBackend's default: "
+            f"every rank then reads rank 0's)"
         )
     return int(seed)

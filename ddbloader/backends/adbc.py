@@ -243,10 +243,11 @@ class ADBCBackend:
         self._lock = threading.Lock()
         self._session: tuple[tuple[str, str], ...] = ()
         self._holder: SnapshotHolder | None = None
-        #: the holder of the snapshot before :meth:`fresh_snapshot`'s, kept until the next one
-        self._previous: SnapshotHolder | None = None
         #: The PostgreSQL snapshot every cursor reads (its id); None on other engines.
         self.snapshot: str | None = None
+        #: That snapshot's ``xmin:xmax:xip`` (see :class:`SnapshotHolder`); None where unknown:
+        #: on other engines, or in a worker that reads its parent's snapshot.
+        self.visibility: str | None = None
         self._spare = _autocommit(self._open())
         try:
             vendor = str(self._spare.adbc_get_info().get("vendor_name", ""))
@@ -282,11 +283,10 @@ class ADBCBackend:
         self.read_only_sql = read_only_statement(found)
         if found == "postgres" and snapshot:
             try:
-                self._holder = SnapshotHolder(replicate(_autocommit(self._open()), self._session))
+                self._hold()
             except BaseException:
                 self.close()
                 raise
-            self.snapshot = self._holder.id
 
     def open(self) -> Any:
         """A new autocommit connection (the one made to read the vendor is handed out first)."""
@@ -312,40 +312,41 @@ class ADBCBackend:
     def cursor(self) -> _ADBCCursor:
         return _ADBCCursor(self)
 
-    def follow(self, snapshot: str | None) -> None:
-        """Read ``snapshot`` (a DataLoader worker's parent's :attr:`snapshot`, which the parent
-        keeps open) instead of this backend's own, which is released. No-op for None.
+    def follow(self, snapshot: str | None, hold: bool = True) -> None:
+        """Read ``snapshot`` instead of this backend's own, which is released. No-op for None.
+
+        ``hold``: import it into a holder of this backend's (see :class:`SnapshotHolder`), so it
+        stays readable after the session that exported it ends (a DDP rank reading rank 0's).
+        Otherwise only read it: a DataLoader worker reads its parent's, which the parent holds.
 
         Raises:
             ValueError: ``snapshot`` is not a PostgreSQL snapshot id, or this backend reads none.
+            adbc_driver_manager.Error: ``hold`` and ``snapshot`` can no longer be imported.
         """
         if snapshot is None:
             return
         if self.snapshot is None:
             raise ValueError(f"a {self.engine} backend reads no PostgreSQL snapshot")
-        self.snapshot = checked_snapshot(snapshot)
+        if hold:
+            self._hold(checked_snapshot(snapshot))
+            return
+        checked_snapshot(snapshot)
         with self._lock:
             holder, self._holder = self._holder, None
+            self.snapshot, self.visibility = snapshot, None
         if holder is not None:
             holder.close()
 
     def fresh_snapshot(self) -> str:
         """Take a new snapshot that every cursor reads from now on (``replan="epoch"``), and return
-        its id. The previous one stays importable until the next call or :meth:`close`, so a
-        DDP rank that follows it may finish its last fetches while rank 0 shares the new one.
+        its id; the previous one is released (queries reading it keep it until they end).
 
         Raises:
             ValueError: this backend reads no PostgreSQL snapshot.
         """
         if self.snapshot is None:
             raise ValueError(f"a {self.engine} backend reads no PostgreSQL snapshot")
-        holder = SnapshotHolder(replicate(_autocommit(self._open()), self._session))
-        with self._lock:
-            retired, self._previous, self._holder = self._previous, self._holder, holder
-            self.snapshot = holder.id
-        if retired is not None:
-            retired.close()
-        return holder.id
+        return self._hold()
 
     def renew_snapshot(self, lost: str) -> str:
         """A new snapshot for every cursor, when ``lost`` can no longer be imported (the server
@@ -361,7 +362,7 @@ class ADBCBackend:
                 self._holder,
                 SnapshotHolder(replicate(_autocommit(self._open()), self._session)),
             )
-            self.snapshot = self._holder.id
+            self.snapshot, self.visibility = self._holder.id, self._holder.visibility
         if holder is not None:
             holder.close()
         _LOG.warning(
@@ -372,16 +373,25 @@ class ADBCBackend:
         )
         return self.snapshot
 
+    def _hold(self, imported: str | None = None) -> str:
+        """Hold a new snapshot (``imported``'s, or one of its own) that every cursor reads from
+        now on, release the one held before, and return the new one's id."""
+        holder = SnapshotHolder(replicate(_autocommit(self._open()), self._session), imported)
+        with self._lock:
+            retired, self._holder = self._holder, holder
+            self.snapshot, self.visibility = holder.id, holder.visibility
+        if retired is not None:
+            retired.close()
+        return holder.id
+
     def close(self) -> None:
         """Close the spare connection and release the snapshot; a connection the user passed in
         stays open."""
         with self._lock:
             spare, self._spare = self._spare, None
-            holders = (self._holder, self._previous)
-            self._holder = self._previous = None
-        for holder in holders:
-            if holder is not None:
-                holder.close()
+            holder, self._holder = self._holder, None
+        if holder is not None:
+            holder.close()
         if spare is not None:
             with contextlib.suppress(Exception):
                 spare.close()

@@ -6,7 +6,8 @@ READ transaction that imports it (``SET TRANSACTION SNAPSHOT``, see :func:`begin
 planning's counts and fingerprints and every fetch of every epoch see the same rows, whatever
 other sessions commit meanwhile. Writers are never blocked; the cost is that VACUUM keeps the row
 versions the snapshot may see until the holder closes (the loader's ``close()``, or with
-``replan="epoch"`` the epoch after the next snapshot is taken).
+``replan="epoch"`` when the next snapshot is taken). A DDP rank that reads rank 0's snapshot holds
+its own copy of it (a holder that imports it), so it outlives rank 0's loader.
 """
 
 from __future__ import annotations
@@ -135,18 +136,30 @@ _SNAPSHOT_ID = re.compile(r"[0-9A-F]+(-[0-9A-F]+)+")
 class SnapshotHolder:
     """The session whose open REPEATABLE READ transaction keeps snapshot :attr:`id` importable.
 
+    Its transaction takes a snapshot of its own, or imports ``imported`` (another session's
+    exported id, which may be closed once this one is made: :attr:`id` stays importable while this
+    holder is open). :attr:`visibility` is the snapshot's ``txid_current_snapshot()``
+    (``xmin:xmax:xip``): two snapshots of one server with equal visibility see the same rows.
     Owns ``connection`` (closed by :meth:`close`, or here if the snapshot cannot be taken).
+
+    Raises:
+        adbc_driver_manager.Error: ``imported`` can no longer be imported (its holder ended).
     """
 
-    def __init__(self, connection: Any) -> None:
+    def __init__(self, connection: Any, imported: str | None = None) -> None:
         self._connection: Any = connection
         try:
             _rows(connection, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
-            ((found,),) = _rows(connection, "SELECT pg_export_snapshot()")
+            if imported is not None:
+                _rows(connection, f"SET TRANSACTION SNAPSHOT '{checked_snapshot(imported)}'")
+            ((found, visibility),) = _rows(
+                connection, "SELECT pg_export_snapshot(), txid_current_snapshot()::text"
+            )
         except BaseException:
             connection.close()
             raise
         self.id = checked_snapshot(str(found))
+        self.visibility = str(visibility)
         _HOLDERS.add(self)
 
     def close(self) -> None:
