@@ -16,8 +16,9 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import weakref
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.utils.data import get_worker_info
@@ -77,6 +78,9 @@ class EpochClaims:
     #: ``replan="epoch"``; and whether the current plan has served an epoch
     _replans: bool
     _plan_served: bool
+    _iterator: weakref.ref[Any] | None
+    #: whether the latest claimed iteration has not yet ended
+    _serving: bool
     sql: str
 
     if TYPE_CHECKING:  # the loader's own, used here
@@ -154,6 +158,16 @@ class EpochClaims:
         self._plan_served = False
         self._agree(sharding, again=True)
         _log.info("epoch %d planned anew: %d samples", self._epoch, self.plan.samples)
+
+    def _replan_before_len(self) -> None:
+        """Under ``replan="epoch"``, plan the next epoch at ``len()`` too, so that ``len()`` before
+        ``iter()`` counts the batches that epoch yields (Lightning asks before each epoch) — unless
+        an iteration of the current plan is still running (neither ended nor dropped): a new
+        snapshot would change the rows under it, so ``len()`` counts the next epoch on the
+        current plan, and ``iter()`` plans it."""
+        running = self._iterator() if self._iterator is not None else None
+        if running is None or not self._serving:
+            self._replan_if_due()
 
     def _plan_anew(self) -> None:
         """Plan the query again on what this process's backend reads now."""
@@ -300,7 +314,7 @@ class EpochClaims:
             (f" (resuming after batch {skip})" if skip else "")
             + (f" (the rest after {len(stretches)} stretch(es) under other worlds)" if stretches else ""),
         )
-        self._epoch, self._plan_served = epoch + 1, True
+        self._epoch, self._plan_served, self._serving = epoch + 1, True, True
         self._resume = None
         self._running = Resume(
             stretches,
@@ -318,6 +332,7 @@ class EpochClaims:
     def _report(self, token: int, skip: int, progress: tuple[int, int, bool], place: Resume) -> None:
         self._progress = progress
         epoch, yielded, ended = progress
+        self._serving = not ended
         self._peek = (token, epoch, place.at(skip)) if yielded == skip + 1 and not ended else None
 
     def _give_back(self, token: int | None) -> None:

@@ -141,8 +141,10 @@ class DDBDataLoader(DataLoaderFace, LoaderCheckpoint, LoaderResources, LoaderCon
             construction to ``close()``. ``"epoch"``: each iteration that starts a new epoch,
             once the current plan has served one, plans again on what is committed then (on
             PostgreSQL a fresh snapshot; under DDP rank 0's, shared), so an epoch sees the rows
-            written before it and ``len()`` after ``iter()`` counts that epoch (see the PostgreSQL
-            page of the docs). Refused with ``cache_bytes`` and in DataLoader worker processes.
+            written before it. Once an epoch ended, the next epoch's first ``len()`` plans it as
+            ``iter()`` would, so ``len()`` before ``iter()`` counts it (see :meth:`batches` and
+            the PostgreSQL page of the docs). Refused with ``cache_bytes`` and in DataLoader
+            worker processes.
         mode: the same batches as ``"pytorch"``, ``"numpy"``, ``"jax"`` or ``"tensorflow"`` arrays.
         verbose: accepted for DolphinDB code and ignored: ddbloader reports through the
             ``"ddbloader"`` logger (INFO per epoch, DEBUG per partition).
@@ -216,7 +218,7 @@ class DDBDataLoader(DataLoaderFace, LoaderCheckpoint, LoaderResources, LoaderCon
         if not isinstance(progress, bool):
             raise TypeError(f"progress must be a bool, got {type(progress).__name__} {progress!r}")
         self._seed_given = args["seed"] is not None
-        self._replans, self._plan_served = replans(replan, self.config), False
+        self._replans, self._plan_served, self._serving = replans(replan, self.config), False, False
         self._pool_given = self.config.group_pool_size
         self._agreed_world = 1
         self._source = source
@@ -266,7 +268,12 @@ class DDBDataLoader(DataLoaderFace, LoaderCheckpoint, LoaderResources, LoaderCon
         ``num_workers`` workers: a whole epoch's, or after ``load_state_dict`` the rest of the
         resumed epoch (under the saving world: the batches after the saved one; under another
         world size or worker count: this rank's share of the samples no old rank handed out).
+
+        Under ``replan="epoch"``, once the current plan has served an epoch and its iteration
+        ended, the first ``batches()`` (``len()``) or ``iter()`` of the next epoch plans it (a
+        collective under DDP: call it on every rank), so it counts the batches that epoch yields.
         """
+        self._replan_before_len()
         return self._next_batches(num_workers)
 
     @property
@@ -372,7 +379,7 @@ class DDBDataLoader(DataLoaderFace, LoaderCheckpoint, LoaderResources, LoaderCon
             self.close()
 
     def _plan_rows(self) -> list[tuple[str, str]]:
-        return plan_rows(self.plan, self.config, self.sharding, self.batches())
+        return plan_rows(self.plan, self.config, self.sharding, self._next_batches(1))
 
     def __repr__(self) -> str:
         return plan_text(self._plan_rows())

@@ -347,6 +347,34 @@ def test_each_epoch_is_the_query_run_whole_on_the_data_committed_before_it(engin
         assert _served(loader) == after  # a later epoch with no write: the same rows again
 
 
+def test_len_before_iter_counts_the_epoch_that_replan_will_serve(engine: Any) -> None:
+    """Lightning asks len() before each epoch's iter(): the first len() after an epoch ended plans
+    the next one, so it counts the batches that epoch yields; len() during an epoch leaves the
+    running plan (and on PostgreSQL its snapshot) alone."""
+    before = engine.run(ORACLE)
+    with DDBDataLoader(engine.source, SQL, "y", replan="epoch", **FRESH) as loader:
+        iterator = iter(loader)
+        first = next(iterator)
+        if engine.source is not engine.writer:  # PostgreSQL: written by another session mid-epoch
+            for statement in WRITES:
+                engine.run(statement)
+        assert len(loader) == -(-len(before) // 32)  # the next epoch on the running plan
+        assert _served([first, *iterator]) == before
+        if engine.source is engine.writer:  # DuckDB: a passed connection sees writes between queries
+            for statement in WRITES:
+                engine.run(statement)
+        after = engine.run(ORACLE)
+        assert len(loader) == -(-len(after) // 32) != -(-len(before) // 32)
+        iterator = iter(loader)  # planned by len() already: not again
+        assert len(iterator) == len(loader) == -(-len(after) // 32)
+        assert _served(iterator) == after
+        loader.set_epoch(5)  # an epoch set by hand after one ended: len() plans it too
+        engine.run("DELETE FROM t WHERE ts >= 1000")
+        again = engine.run(ORACLE)
+        assert len(loader) == -(-len(again) // 32) == -(-len(before) // 32)
+        assert _served(loader) == again
+
+
 def test_replan_never_keeps_one_snapshot(pg_server: pgserver.PostgresServer) -> None:
     """The default: epoch 2 reads the snapshot of construction, not the rows written since."""
     engine = _Postgres(pg_server.uri)
