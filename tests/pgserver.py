@@ -4,8 +4,9 @@
 (initdb refuses root), with fsync off since the data is thrown away, password authentication over
 TCP (so URIs carry credentials that redaction can be tested against) and trust on the private
 Unix socket used to create the test database. ``PostgresServer.stop()`` stops it and removes
-the directory (also registered with atexit, as a backstop); ``halt()`` and ``resume()`` stop and
-start it again on the same port, for restart tests.
+the directory (also registered with atexit before the server starts, as a backstop, so that a
+SIGTERM while it starts stops it too); ``halt()`` and ``resume()`` stop and start it again on
+the same port, for restart tests.
 
 Missing server binaries skip the tests outside CI and fail them in CI (env ``CI`` set), so a CI
 run can never pass by skipping PostgreSQL.
@@ -85,15 +86,28 @@ class PostgresServer:
         _start_server(self.bindir, self.root, self.port)
 
     def stop(self) -> None:
-        """Stop the server (immediate: the data is discarded) and remove its directory; idempotent."""
+        """Stop the server (immediate: the data is discarded) and remove its directory; idempotent.
+        A call interrupted while it stops the server (a second SIGTERM) keeps the directory, so
+        that the next call (atexit's) can stop the server still."""
         if not self.root.exists():
             return
         try:
-            _as_postgres(
-                [str(self.bindir / "pg_ctl"), "stop", "-D", str(self.root / "data"), "-m", "immediate", "-w"]
-            )
-        finally:
+            if (self.root / "data" / "postmaster.pid").exists():
+                _as_postgres(
+                    [
+                        str(self.bindir / "pg_ctl"),
+                        "stop",
+                        "-D",
+                        str(self.root / "data"),
+                        "-m",
+                        "immediate",
+                        "-w",
+                    ]
+                )
+        except Exception:
             shutil.rmtree(self.root, ignore_errors=True)
+            raise
+        shutil.rmtree(self.root, ignore_errors=True)
 
 
 def _start_server(bindir: Path, root: Path, port: int) -> None:
@@ -143,6 +157,10 @@ def start() -> PostgresServer:
         except KeyError:
             unavailable(f"running as root needs an OS user {USER!r} to run PostgreSQL")
     root = Path(tempfile.mkdtemp(prefix="ddbloader-pg-"))
+    server = PostgresServer(bindir, root, 0)
+    # Registered before the server starts: a SIGTERM (an interrupt, see tests/conftest.py) that
+    # arrives while it starts still stops it, here or at exit.
+    atexit.register(server.stop)
     try:
         if os.geteuid() == 0:
             shutil.chown(root, user=USER)
@@ -165,22 +183,17 @@ def start() -> PostgresServer:
         )
         # A port taken between probing and binding fails the start; the next free one is tried.
         for attempt in range(3):
-            port = servers.free_port()
+            server.port = servers.free_port()
             try:
-                _start_server(bindir, root, port)
+                _start_server(bindir, root, server.port)
                 break
             except RuntimeError:
                 if attempt == 2:
                     raise
-        server = PostgresServer(bindir, root, port)
-        try:
-            _as_postgres([str(bindir / "createdb"), "-h", str(root), "-p", str(port), "-U", USER, DATABASE])
-        except BaseException:
-            server.stop()
-            raise
-        # A test process that dies without its fixture teardown still stops the cluster at exit.
-        atexit.register(server.stop)
+        _as_postgres(
+            [str(bindir / "createdb"), "-h", str(root), "-p", str(server.port), "-U", USER, DATABASE]
+        )
         return server
     except BaseException:
-        shutil.rmtree(root, ignore_errors=True)
+        server.stop()
         raise
