@@ -91,6 +91,7 @@ elif order == "epoch":  # replan='epoch': rank 1 writes between epochs 1 and 2; 
     if rank == 1:
         write()
     dist.barrier()
+    planned = len(loader)  # before iter(), as Lightning asks: plans epoch 2 (a collective)
 elif order == "rank0_closes":  # rank 0 closes its loader before rank 1 reads; then a write
     init()
     loader = DDBDataLoader(uri, SQL, "y", **ARGS)
@@ -120,6 +121,8 @@ try:
         report = {"refused": refused, "rows": rows, "len": batches}
     else:
         report = {"rows": [row for x, _ in loader for row in x.tolist()], "len": len(loader)}
+        if order == "epoch":
+            report["planned"] = planned
 except RuntimeError as error:
     report = {"error": str(error)}
 dist.barrier()
@@ -439,8 +442,9 @@ def test_bad_replan_arguments_are_refused(arguments: dict[str, Any], message: st
 def test_ranks_replan_each_epoch_on_rank_0_s_snapshot(
     pg_server: pgserver.PostgresServer, table: list[list[float]], tmp_path: Path
 ) -> None:
-    """replan='epoch' under two ranks: a write between epochs 1 and 2; the ranks' epoch-2 shards
-    together are the query run whole after it, each sample once."""
+    """replan='epoch' under two ranks: a write between epochs 1 and 2; len() before epoch 2's
+    iter() counts its batches, and the ranks' epoch-2 shards together are the query run whole
+    after it, each sample once."""
     reports = _two_ranks(pg_server.uri, "epoch", tmp_path)
     from adbc_driver_postgresql import dbapi
 
@@ -450,6 +454,8 @@ def test_ranks_replan_each_epoch_on_rank_0_s_snapshot(
     assert len(after) == ROWS + 60
     served = sorted((row for report in reports for row in report["rows"]), key=lambda row: row[1])
     assert served == after
+    # len() before epoch 2's iter() counted epoch 2's batches: 330 samples a rank, batches of 16
+    assert [report["planned"] for report in reports] == [-(-len(after) // 2 // 16)] * 2
 
 
 @pytest.mark.multiprocess
