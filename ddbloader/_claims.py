@@ -5,8 +5,9 @@ the claim fixes the epoch's work units for this (rank, worker) under the world s
 moment (an elastic resume's remainder, or the epoch's own), the batches to skip, and where it
 started; every step reports its progress, so a state saved at any point names where the epoch
 stands. An iteration abandoned after its first batch only (a peek) gives its epoch back. Ranks
-agree on the seed and check that they share one plan; under ``replan="epoch"`` an iteration that
-starts a new epoch plans it anew first.
+read rank 0's PostgreSQL snapshot, agree on the seed and check that they share one plan; under
+``replan="epoch"`` an iteration (or ``len()`` between epochs) that starts a new epoch plans it
+anew first.
 :class:`EpochClaims` is a base of :class:`~ddbloader.DDBDataLoader`, which sets the attributes
 declared there; one consumer thread claims at a time.
 """
