@@ -4,7 +4,7 @@ wanted partition's block to its waiters.
 A whole read (a partition's own subquery, :func:`~ddbloader._sql.read.whole_read`) is the
 reference: its block is delivered only if it holds the rows planning counted (and, with
 ``verify=True``, the planned content hash), else the read is refused (see
-:func:`~ddbloader._io.partition_fetch.fetch_partition`). A read of many partitions is split among
+:func:`fetch_partition`). A read of many partitions is split among
 them (:func:`~ddbloader._io.unit_split.unit_blocks`); if its query fails on a non-transient
 error, or its result does not split into exactly the planned partitions (or, with
 ``verify=True``, a cell hashes otherwise than planned), the wanted partitions are read one by one
@@ -37,15 +37,14 @@ from .._core.engine import Backend, Cursor, redact_uri
 from .._sql.fingerprint import HashSum, content_mismatch, strip_hash
 from .._sql.layout import ColumnLayout
 from .._sql.plan import PartitionSpec
-from .._sql.read import Read
+from .._sql.read import Read, whole_read
 from .block import Block
 from .convert import check_result_schema, to_block
-from .partition_fetch import fetch_partition
 from .retry import CursorSlot, is_transient
 from .threads import Pending, ThreadFailure
-from .unit_split import UnitPartitions, split_by_key, unit_blocks
+from .unit_split import UnitPartitions, check_unit_contents, unit_blocks, unit_contents
 
-__all__ = ["Alone", "Claims", "ReadJob", "Waiters", "read_batches"]
+__all__ = ["Alone", "Claims", "ReadJob", "Waiters", "fetch_partition", "read_batches"]
 
 _log = logging.getLogger("ddbloader")
 
@@ -101,31 +100,26 @@ class Alone:
         """A whole read is not split: never called."""
 
 
-def _unit_contents(table: pa.Table, read: Read) -> tuple[pa.Table, list[int] | None]:
-    """A hashed read's result without its hash column (before its key columns), and each cell's
-    hash sum; None when the result does not split into the planned cells (then neither does the
-    data, and the read falls back to its partitions' whole reads)."""
-    at = table.num_columns - read.key_columns - 1
-    hashed = split_by_key(
-        table.select([at, *range(at + 1, table.num_columns)]), read.cells, cell_index=read.split == "cells"
-    )
-    sums = None if hashed is None else [strip_hash(part, 0)[1] for part in hashed]
-    return table.remove_column(at), sums
-
-
-def _check_unit_contents(read: Read, sums: list[int]) -> None:
-    """Refuse a read whose cells hash otherwise than planned (it falls back to reading them one
-    by one: a cell split wrongly by the client is then told from changed data)."""
-    for spec, content in zip(read.cells, sums, strict=True):
-        assert spec.fingerprint is not None
-        if content != spec.fingerprint.content:
-            raise content_mismatch(
-                f"{spec.describe()} in {read.describe()}",
-                spec.key_params,
-                spec.rows,
-                spec.fingerprint.content,
-                content,
-            )
+def fetch_partition(cursor: Cursor, spec: PartitionSpec, layout: ColumnLayout) -> Block:
+    """``spec``'s rows, read by :func:`~ddbloader._sql.read.whole_read`; refused (ValueError)
+    when they are not the rows (and content) planned: ``len()``, the windows and the sample order
+    all rest on those counts, and the gather does not check its rows."""
+    read = whole_read(spec)
+    table = cursor.fetch(read.sql, read.params)
+    fingerprint = spec.fingerprint
+    if fingerprint is not None:  # verify=True: the hash column goes before anything else sees the rows
+        table, content = strip_hash(table)
+    check_result_schema(table.schema, layout, spec.describe)
+    block = to_block(spec.in_order(table), layout)
+    if block.rows != spec.rows:
+        raise ValueError(
+            f"{spec.describe()} returned {block.rows} rows, but planning counted {spec.rows}: the data "
+            f"changed after the loader was built (len(), the windows and the sample order all rest on "
+            f"those counts); build the loader again"
+        )
+    if fingerprint is not None and content != fingerprint.content:
+        raise content_mismatch(spec.describe(), spec.key_params, spec.rows, fingerprint.content, content)
+    return block
 
 
 class ReadJob:
@@ -199,12 +193,12 @@ class ReadJob:
             table = cursor.fetch(read.sql, read.params)
             sums = None
             if read.hashed:
-                table, sums = _unit_contents(table, read)
+                table, sums = unit_contents(table, read)
             data = table.select(range(table.num_columns - read.key_columns))
             check_result_schema(data.schema, self.layout, read.describe)
             blocks = unit_blocks(table, read, self.layout)
             if blocks is not None and sums is not None:
-                _check_unit_contents(read, sums)
+                check_unit_contents(read, sums)
             return blocks
         except Exception as error:
             if self.stop.is_set() or is_transient(self.backend, error):
