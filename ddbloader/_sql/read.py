@@ -9,6 +9,10 @@ picks them from counts, positions and the planned facts
 key values, :func:`run_read` for a read run. :class:`ddbloader._io.reader.ReadJob` runs it and
 splits its result (:func:`ddbloader._io.unit_split.unit_blocks`, or by rows as they arrive).
 Immutable, safe to share between threads.
+
+What of a partition's read decides the rows it serves is stated here too, for the modules that
+must not know read kinds: the plan fingerprint (:func:`read_shape`) and where the served rows
+lie in the query's order (:func:`served_runs`, :func:`same_ranked_subquery`, for ``stats()``).
 """
 
 from __future__ import annotations
@@ -25,7 +29,18 @@ from .piece_tags import tag_regions, tagged_sql
 from .plan import GroupPlan, PartitionSpec, QueryPlan
 from .query import UserQuery
 
-__all__ = ["Read", "Split", "keys_read", "run_read", "stream_read", "unit_sql", "whole_read"]
+__all__ = [
+    "Read",
+    "Split",
+    "keys_read",
+    "read_shape",
+    "run_read",
+    "same_ranked_subquery",
+    "served_runs",
+    "stream_read",
+    "unit_sql",
+    "whole_read",
+]
 
 #: Shapes of reads whose SQL :data:`QueryPlan.rendered <ddbloader._sql.plan.QueryPlan.rendered>`
 #: keeps (a few an epoch, the same every epoch when groups are of equal size), then forgets all
@@ -175,3 +190,43 @@ def _kept(plan: QueryPlan, shape: tuple[Any, ...], render: Callable[[], str | No
             sqls.clear()
         sqls[shape] = render()
     return sqls[shape]
+
+
+def read_shape(spec: PartitionSpec) -> tuple[Any, ...]:
+    """What of ``spec``'s read decides the rows it serves beyond their count: the pieces its
+    subquery is streamed in, and a range piece's key ranges (hashed into the plan fingerprint)."""
+    return (spec.pieces, spec.ranges) if spec.ranges else (spec.pieces,)
+
+
+def served_runs(spec: PartitionSpec) -> list[tuple[int, int]]:
+    """``(row within the partition, row within its subquery)`` where each run of the rows
+    ``spec``'s read serves begins: one for a partition read as it lies; a range piece's runs (as
+    the planning query ranked them, :attr:`~ddbloader._sql.pieces.KeyRanges.runs`; a part of a
+    piece read in parts: the runs it holds), or a combed piece of windows' stripes (where its
+    windows start)."""
+    ranges = spec.ranges
+    if spec.windows is not None:
+        return [(low, low) for low, _ in spec.windows.starts]
+    if ranges is None or not ranges.runs:
+        return [(0, 0)]
+    found = []
+    offset = 0  # the run's first row within the piece
+    begin, end = spec.first_row, spec.first_row + spec.rows
+    for first, rows in ranges.runs:
+        low, high = max(offset, begin), min(offset + rows, end)
+        if low < high:
+            found.append((low - begin, first + low - offset))
+        offset += rows
+    return found
+
+
+def same_ranked_subquery(previous: PartitionSpec | None, spec: PartitionSpec) -> bool:
+    """Whether ``spec`` is a range piece with ranked runs of the subquery ``previous`` (the
+    partition before it) is a range piece of: its runs are numbered from that subquery's start."""
+    return bool(
+        previous is not None
+        and spec.ranges is not None
+        and spec.ranges.runs
+        and previous.ranges is not None
+        and repr(spec.repartition_value) == repr(previous.repartition_value)
+    )
