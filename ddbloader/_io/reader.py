@@ -124,7 +124,13 @@ def fetch_partition(cursor: Cursor, spec: PartitionSpec, layout: ColumnLayout) -
 
 class ReadJob:
     """Run ``read`` on a pool thread's cursor and deliver its wanted partitions to ``waiters``
-    (see the module); ``name`` names it in log lines."""
+    (see the module); ``name`` names it in log lines.
+
+    A read split by rows runs on ``slot``, a cursor of its own whose result stays open between
+    runs, its waiters :class:`Claims`; each run returns once no piece asked for is unread, so it
+    never holds a pool thread while it waits for the consumer. Runs on one pool thread at a time;
+    :meth:`close` once its claims ended and no thread runs it.
+    """
 
     def __init__(
         self,
