@@ -345,7 +345,7 @@ def assert_units_split_as_read_alone(loader: DDBDataLoader, units: Sequence[Any]
     in the very order, of the cell's own query read alone."""
     import numpy as np
 
-    from ddbloader._io.partition_fetch import fetch_partition
+    from ddbloader._io.reader import fetch_partition
     from ddbloader._io.unit_split import unit_blocks
 
     assert loader._backend is not None

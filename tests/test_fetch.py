@@ -76,7 +76,7 @@ def test_a_units_rows_are_let_go_once_its_partitions_are_claimed_or_released(
     assert [len(u.cells) for u in units] == [5]
     specs = _specs(plan)
     stop = threading.Event()
-    fetcher = Fetcher(DuckDBBackend(con), plan.layout, 1, units=units)
+    fetcher = Fetcher(DuckDBBackend(con), plan, 1, units=units)
     try:
         first = fetcher.submit(specs[0]).wait(stop, 10)
         assert first.x[:, 0].tolist() == _expected_rids(specs[0])
@@ -98,7 +98,7 @@ def test_a_units_rows_are_let_go_once_its_partitions_are_claimed_or_released(
 def test_every_partition_arrives_whole_and_in_row_order(
     con: duckdb.DuckDBPyConnection, plan: QueryPlan, threads: int
 ) -> None:
-    fetcher = Fetcher(DuckDBBackend(con), plan.layout, threads)
+    fetcher = Fetcher(DuckDBBackend(con), plan, threads)
     try:
         names = sorted(t.name for t in _fetch_threads())
         assert names == [f"ddbloader-fetch-{n}" for n in range(threads)]
@@ -121,7 +121,7 @@ def test_fetch_failure_reaches_the_waiter_with_type_and_subquery(
 ) -> None:
     backend = FaultyBackend(DuckDBBackend(con), fail_on=[1], error=lambda: error)
     backend.planning = False
-    fetcher = Fetcher(backend, plan.layout, 1)
+    fetcher = Fetcher(backend, plan, 1)
     try:
         first, second = _specs(plan)[:2]
         failed, fine = fetcher.submit(first), fetcher.submit(second)
@@ -143,7 +143,7 @@ def test_a_cursor_that_cannot_open_fails_every_fetch(plan: QueryPlan) -> None:
     closed = duckdb.connect()
     backend = DuckDBBackend(closed)
     closed.close()
-    fetcher = Fetcher(backend, plan.layout, 2)
+    fetcher = Fetcher(backend, plan, 2)
     try:
         for spec in _specs(plan)[:3]:
             with pytest.raises(duckdb.ConnectionException) as caught:
@@ -159,7 +159,7 @@ def test_close_with_pending_tasks_cancels_the_unstarted_ones(
 ) -> None:
     backend = FaultyBackend(DuckDBBackend(con), hang_on=[1], hang_seconds=0.5)
     backend.planning = False
-    fetcher = Fetcher(backend, plan.layout, 1)
+    fetcher = Fetcher(backend, plan, 1)
     specs = _specs(plan)
     results = [fetcher.submit(spec) for spec in specs]
     assert wait_until(lambda: backend.fetches == 1)
@@ -184,7 +184,7 @@ def test_close_interrupts_a_running_query(con: duckdb.DuckDBPyConnection, plan: 
         sql="SELECT sum(a.range)::DOUBLE AS f0, 0::DOUBLE AS f1, 0::DOUBLE AS y FROM range(1000000000000) a",
         params=(),
     )
-    fetcher = Fetcher(DuckDBBackend(con), plan.layout, 1)
+    fetcher = Fetcher(DuckDBBackend(con), plan, 1)
     pending = fetcher.submit(endless)
     time.sleep(0.3)
     started = time.monotonic()
@@ -201,7 +201,7 @@ def test_idle_close_wakes_the_threads_instead_of_waiting_out_their_poll(
     # a poll of 30 s: a close that waited it out would take that long, however loaded the machine
     monkeypatch.setattr("ddbloader._io.retry.POLL_SECONDS", 30.0)
     for _ in range(3):
-        fetcher = Fetcher(DuckDBBackend(con), plan.layout, 4)
+        fetcher = Fetcher(DuckDBBackend(con), plan, 4)
         assert wait_until(lambda: len(_fetch_threads()) == 4)
         started = time.monotonic()
         fetcher.close()
@@ -263,7 +263,7 @@ def faulty_fetcher(
 ) -> Iterator[tuple[CountingBackend, Fetcher]]:
     """A one-thread fetcher over ``con`` with ``faults`` injected (see CountingBackend); closed after."""
     backend = CountingBackend(DuckDBBackend(con), **faults)
-    fetcher = Fetcher(backend, plan.layout, 1, retry=retry)
+    fetcher = Fetcher(backend, plan, 1, retry=retry)
     try:
         yield backend, fetcher
     finally:
@@ -409,7 +409,7 @@ def test_the_backend_decides_what_else_is_transient(
     backend = CountingBackend(
         DuckDBBackend(con), fail_on=[1], error=lambda: EngineHiccup("busy"), transient=transient
     )
-    fetcher = Fetcher(backend, plan.layout, 1, retry=RetryPolicy(retries=2, backoff=0.001))
+    fetcher = Fetcher(backend, plan, 1, retry=RetryPolicy(retries=2, backoff=0.001))
     try:
         pending = fetcher.submit(_specs(plan)[0])
         if declared:
@@ -458,7 +458,7 @@ def test_a_permanent_failure_to_open_a_cursor_names_the_subquery(
 
 def test_close_during_a_backoff_wait_stops_at_once(con: duckdb.DuckDBPyConnection, plan: QueryPlan) -> None:
     backend = CountingBackend(DuckDBBackend(con), fail_on=[1], error=lambda: ConnectionResetError("x"))
-    fetcher = Fetcher(backend, plan.layout, 1, retry=RetryPolicy(retries=2, backoff=20.0))
+    fetcher = Fetcher(backend, plan, 1, retry=RetryPolicy(retries=2, backoff=20.0))
     pending = fetcher.submit(_specs(plan)[0])
     assert wait_until(lambda: backend.fetches == 1)
     time.sleep(0.05)
@@ -476,7 +476,7 @@ def test_one_debug_line_per_partition_fetched(
     con: duckdb.DuckDBPyConnection, plan: QueryPlan, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.DEBUG, logger="ddbloader")
-    fetcher = Fetcher(DuckDBBackend(con), plan.layout, 2)
+    fetcher = Fetcher(DuckDBBackend(con), plan, 2)
     try:
         for pending in [fetcher.submit(spec) for spec in _specs(plan)]:
             _wait_result(pending)
@@ -701,7 +701,7 @@ def test_every_read_kind_yields_exactly_its_planned_partitions_rows(read_engine:
             whole = cursor.fetch(sql, ())
         finally:
             cursor.close()
-        fetcher = Fetcher(loader._backend, plan.layout, 2, units=units)
+        fetcher = Fetcher(loader._backend, plan, 2, units=units)
         stop = threading.Event()
         try:
             for spec in _specs(plan):

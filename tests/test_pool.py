@@ -345,7 +345,7 @@ def held_partitions(con: duckdb.DuckDBPyConnection, case: Case) -> tuple[int, in
         warnings.filterwarnings("ignore", message="samples need")
         loader = DDBDataLoader(con, SERIES_SQL, "y", **case.kwargs())
     with loader:
-        fetcher = Fetcher(DuckDBBackend(con), loader.plan.layout, case.fetch_threads)
+        fetcher = Fetcher(DuckDBBackend(con), loader.plan, case.fetch_threads)
         stop = threading.Event()
         try:
             pool = pool_of(loader.plan, loader.config, case.epoch, fetcher, stop)
@@ -385,7 +385,7 @@ def pool_epoch(
         loader = DDBDataLoader(con, SERIES_SQL, "y", **case.kwargs())
     with loader:
         plan = loader.plan
-        fetcher = Fetcher(DuckDBBackend(con), plan.layout, case.fetch_threads)
+        fetcher = Fetcher(DuckDBBackend(con), plan, case.fetch_threads)
         stop = threading.Event()
         try:
             pool = pool_of(plan, loader.config, case.epoch, fetcher, stop, arena)
@@ -444,7 +444,7 @@ def check_the_pool_serves_the_schedule(case: Case, whole: bool | None, resume_at
             loader = DDBDataLoader(con, SERIES_SQL, "y", **case.kwargs())
         with loader:
             plan, config = loader.plan, loader.config
-            fetcher = _KeyRecordingFetcher(DuckDBBackend(con), plan.layout, case.fetch_threads)
+            fetcher = _KeyRecordingFetcher(DuckDBBackend(con), plan, case.fetch_threads)
             stop = threading.Event()
             region_rows = max(map(sum, case.parts)) + 16
             arena = None if whole is None else Arena(region_rows, 9, whole_partitions=whole)
@@ -575,7 +575,7 @@ def test_next_unit_is_fetched_ahead_within_the_budget(con: duckdb.DuckDBPyConnec
     options: dict[str, Any] = {"group_pool_size": 1, "prepartition_num": 2, "shuffle": shuffle, "seed": 3}
     with _pairs_loader(con, **options) as loader:
         plan, config = loader.plan, loader.config
-        fetcher = _RecordingFetcher(DuckDBBackend(con), plan.layout, 1)
+        fetcher = _RecordingFetcher(DuckDBBackend(con), plan, 1)
         stop = threading.Event()
         try:
             units = epoch_units(plan, config, 0)
@@ -634,14 +634,14 @@ def test_no_fetch_unit_keeps_rows_once_every_sample_is_served(
     stop = threading.Event()
     cache = PartitionCache()
     if how == "partly cached":  # half the groups were fetched in an earlier epoch
-        alone = Fetcher(DuckDBBackend(con), plan.layout, 1)
+        alone = Fetcher(DuckDBBackend(con), plan, 1)
         for group in plan.groups[::2]:
             cache.keep(group.partitions[0], alone.submit(group.partitions[0]).wait(stop, 10))
         alone.close()
     work = epoch_units(plan, config, 1)
     units = list(fetch_units(plan, work, config, 1, budget=plan.layout.row_bytes * 5 * 40))
     assert len(units) > 2
-    fetcher = Fetcher(DuckDBBackend(con), plan.layout, 1, units=units)
+    fetcher = Fetcher(DuckDBBackend(con), plan, 1, units=units)
     try:
         pool = pool_of(plan, config, 1, cache.around(fetcher), stop)
         served = sum(1 for _ in pool.batches(skip=12 if how == "resumed" else 0))

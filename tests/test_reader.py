@@ -1,21 +1,25 @@
-"""The reader (``ddbloader._io.reader``): one job runs any read that is not streamed and hands each
+"""The reader (``ddbloader._io.reader``): one job runs any read, streamed or not, and hands each
 wanted partition the rows of its own subquery, or refuses."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
+from collections.abc import Sequence
 from typing import Any
 
 import duckdb
 import pytest
-from conftest import make_series
+from conftest import SERIES_SQL, make_series
 
 from ddbloader import DDBDataLoader
+from ddbloader._io.block import Block
 from ddbloader._io.convert import to_block
 from ddbloader._io.reader import Alone, ReadJob
 from ddbloader._io.threads import ThreadFailure
 from ddbloader._io.unit_split import UnitPartitions
-from ddbloader._sql.read import keys_read, whole_read
+from ddbloader._sql.plan import PartitionSpec
+from ddbloader._sql.read import keys_read, stream_read, whole_read
 from ddbloader.backends import DuckDBBackend
 
 SQL = "SELECT gid, part, pos, f0, y FROM series ORDER BY pos DESC, rid"
@@ -83,3 +87,59 @@ def test_a_whole_read_of_changed_data_is_refused(con: duckdb.DuckDBPyConnection)
     job = ReadJob(whole_read(spec), Alone(spec), "alone", plan.layout, backend, threading.Event())
     with pytest.raises(ValueError, match="planning counted"):
         job.run(backend.cursor())
+
+
+class Asked:
+    """Claims of a read split by rows: the pieces ``specs`` asked for, in order."""
+
+    def __init__(self, specs: Sequence[PartitionSpec]) -> None:
+        self.asked = list(specs)
+        self.delivered: list[tuple[PartitionSpec, Block]] = []
+        self.opened_on = 0
+
+    def next_claim(self) -> PartitionSpec | None:
+        return self.asked[0] if self.asked else None
+
+    def opened(self) -> None:
+        self.opened_on += 1
+
+    def running(self) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()
+
+    def deliver(self, partitions: UnitPartitions) -> None:
+        assert partitions.specs[0] is self.asked.pop(0)
+        self.delivered.append((partitions.specs[0], partitions.block(0)))
+
+    def fail(self, failure: ThreadFailure) -> None:
+        raise AssertionError(failure)
+
+    def cancel(self) -> None:
+        raise AssertionError("cancelled")
+
+    def split_failed(self) -> None:
+        raise AssertionError("a read split by rows is not split by keys")
+
+
+@pytest.mark.parametrize("asked", [range(10), [1, 4, 9], [9]])
+def test_a_streamed_read_serves_each_piece_asked_for_its_rows_of_the_subquery_run_whole(
+    con: duckdb.DuckDBPyConnection, asked: Sequence[int]
+) -> None:
+    """A streamed subquery's read (split by rows) is run by the same job as any read: each piece
+    asked for gets exactly its rows of the subquery run whole (the rows before it skipped), in
+    one query."""
+    make_series(con, [[640]])
+    with DDBDataLoader(con, SERIES_SQL, "y", input_col=["f0"], fetch_bytes=8 * 64) as loader:
+        plan = loader.plan
+    group = plan.groups[0]
+    read = stream_read(group, 0)
+    assert read.split == "rows" and read.cells == group.partitions and len(read.cells) == 10
+    backend = DuckDBBackend(con)
+    cursor = backend.cursor()
+    whole = to_block(cursor.fetch(read.sql, read.params), plan.layout)
+    claims = Asked([group.partitions[i] for i in asked])
+    job = ReadJob(read, claims, "stream", plan.layout, backend, threading.Event())
+    assert job.run(cursor) == (len(asked), sum(group.partitions[i].rows for i in asked), 1)
+    assert claims.opened_on == 1 and not claims.asked
+    for spec, block in claims.delivered:
+        first = read.first_rows[spec.position]
+        assert block.y.tolist() == whole.y[first : first + spec.rows].tolist()

@@ -104,7 +104,7 @@ def _fetching(
     """The pieces of the one streamed subquery, the backend, a fetcher over it and a stop event."""
     plan = _plan(con)
     backend = backend or _CountingBackend(con)
-    fetcher = Fetcher(backend, plan.layout, 1, **options)
+    fetcher = Fetcher(backend, plan, 1, **options)
     stop = threading.Event()
     try:
         yield list(plan.groups[0].partitions), backend, fetcher, stop
@@ -200,7 +200,7 @@ def test_close_ends_a_parked_stream_and_cancels_its_pieces(
 ) -> None:
     plan = _plan(con)
     backend = _CountingBackend(con)
-    fetcher = Fetcher(backend, plan.layout, 1)
+    fetcher = Fetcher(backend, plan, 1)
     stop = threading.Event()
     pieces = plan.groups[0].partitions
     fetcher.submit(pieces[0]).wait(stop, 10)

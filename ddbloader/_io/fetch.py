@@ -18,8 +18,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 from .._core.engine import Backend
 from .._epoch.visits import PartitionKey
-from .._sql.layout import ColumnLayout
-from .._sql.plan import PartitionSpec
+from .._sql.plan import PartitionSpec, QueryPlan
 from .._sql.read import Read, whole_read
 from .block import Block
 from .reader import Alone, ReadJob, Waiters
@@ -32,7 +31,7 @@ __all__ = ["Fetcher"]
 
 
 class Fetcher:
-    """A pool of ``threads`` fetch threads named ``ddbloader-fetch-N``.
+    """A pool of ``threads`` fetch threads named ``ddbloader-fetch-N``, reading ``plan``'s partitions.
 
     Each thread opens its cursor on its first fetch and keeps it until a transient error (then a
     fresh one is opened) or ``close``. ``submit`` and ``release`` are called from one thread (the
@@ -42,7 +41,7 @@ class Fetcher:
     def __init__(
         self,
         backend: Backend,
-        layout: ColumnLayout,
+        plan: QueryPlan,
         threads: int,
         on_fetched: Callable[[int, int, int, float], None] = lambda partitions, rows, queries, seconds: None,
         *,
@@ -50,12 +49,13 @@ class Fetcher:
         units: Iterable[Read] = (),
     ) -> None:
         self._backend = backend
-        self._layout = layout
+        self._layout = plan.layout
         self._units = Coalescer(units)
         self._tasks = Tasks(threads)
         self._cursors = Cursors(threading.Event())
         self._streams = Streams(
-            lambda: CursorSlot(backend, self._cursors), Reading(layout, self._cursors.stop, self._tasks)
+            lambda: CursorSlot(backend, self._cursors),
+            Reading(plan.groups, plan.layout, backend, self._cursors.stop, self._tasks),
         )
         self._threads = [
             start_thread(

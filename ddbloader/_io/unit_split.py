@@ -3,7 +3,8 @@
 Rows of one key keep the query's order. The split is checked against the planned cells: a result
 that does not split into exactly the planned partitions (a value that does not convert to the
 key column's type, or a count other than planned) gives None, never a guess, and the caller then
-fetches the partitions one by one.
+fetches the partitions one by one. With ``verify=True`` each cell's rows are hashed as split
+(:func:`unit_contents`) and checked against its planned content (:func:`check_unit_contents`).
 """
 
 from __future__ import annotations
@@ -17,13 +18,21 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .._sql.arrow_types import arrow_values
+from .._sql.fingerprint import content_mismatch, strip_hash
 from .._sql.layout import ColumnLayout
 from .._sql.plan import PartitionSpec
 from .._sql.read import Read
 from .block import Block
 from .convert import to_block
 
-__all__ = ["UnitPartitions", "split_by_key", "take_rows", "unit_blocks"]
+__all__ = [
+    "UnitPartitions",
+    "check_unit_contents",
+    "split_by_key",
+    "take_rows",
+    "unit_blocks",
+    "unit_contents",
+]
 
 
 def _codes(column: pa.ChunkedArray, values: Sequence[Any]) -> np.ndarray[Any, Any] | None:
@@ -248,3 +257,30 @@ def unit_blocks(table: pa.Table, unit: Read, layout: ColumnLayout) -> UnitPartit
     whole = to_block(pa.concat_tables([part for _, part in wanted]).combine_chunks(), layout)
     bounds = list(itertools.accumulate((part.num_rows for _, part in wanted), initial=0))
     return UnitPartitions(specs, whole=whole, bounds=bounds)
+
+
+def unit_contents(table: pa.Table, read: Read) -> tuple[pa.Table, list[int] | None]:
+    """A hashed read's result without its hash column (before its key columns), and each cell's
+    hash sum; None when the result does not split into the planned cells (then neither does the
+    data, and the read falls back to its partitions' whole reads)."""
+    at = table.num_columns - read.key_columns - 1
+    hashed = split_by_key(
+        table.select([at, *range(at + 1, table.num_columns)]), read.cells, cell_index=read.split == "cells"
+    )
+    sums = None if hashed is None else [strip_hash(part, 0)[1] for part in hashed]
+    return table.remove_column(at), sums
+
+
+def check_unit_contents(read: Read, sums: list[int]) -> None:
+    """Refuse a read whose cells hash otherwise than planned (it falls back to reading them one
+    by one: a cell split wrongly by the client is then told from changed data)."""
+    for spec, content in zip(read.cells, sums, strict=True):
+        assert spec.fingerprint is not None
+        if content != spec.fingerprint.content:
+            raise content_mismatch(
+                f"{spec.describe()} in {read.describe()}",
+                spec.key_params,
+                spec.rows,
+                spec.fingerprint.content,
+                content,
+            )

@@ -67,7 +67,7 @@ class EpochBatches:
         cached = run.cache is not None and run.cache.holds(run.plan.partitions)
         self._fetcher = Fetcher(
             backend,
-            run.plan.layout,
+            run.plan,
             config.fetch_threads,
             run.recorder.fetched,
             retry=RetryPolicy(config.retries, config.retry_backoff),

@@ -14,6 +14,7 @@ import hashlib
 from typing import Any
 
 from .plan import QueryPlan
+from .read import read_shape
 
 __all__ = ["FINGERPRINT_PARTS", "plan_differences", "plan_fingerprint"]
 
@@ -51,7 +52,7 @@ def plan_fingerprint(plan: QueryPlan) -> str:
         ),
         "counts": repr(
             [
-                [(p.rows, p.pieces) + ((_canonical(p.ranges),) if p.ranges else ()) for p in g.partitions]
+                [(p.rows, *_canonical(read_shape(p))) for p in g.partitions]
                 + ([("first sample", g.first_sample)] if g.first_sample else [])
                 for g in plan.groups
             ]

@@ -1,18 +1,23 @@
 """Reads: every query the loader sends for rows, and how its result is split among partitions.
 
-A :class:`Read` is rendered here. :func:`whole_read` is a partition's own subquery (a streamed
-piece's: its whole subquery, which the stream cuts by the pieces' row counts). The others come
+A :class:`Read` is rendered here. :func:`whole_read` is a partition's own subquery;
+:func:`stream_read` a streamed subquery's, split among its pieces by their row counts. The others come
 from a choice of partitions made by the schedule (:func:`ddbloader._epoch.units.fetch_units`
 picks them from counts, positions and the planned facts
 :attr:`~ddbloader._sql.plan.PartitionSpec.by_keys` and
 :attr:`~ddbloader._sql.plan.GroupPlan.read_runs`): :func:`keys_read` for partitions read by their
 key values, :func:`run_read` for a read run. :class:`ddbloader._io.reader.ReadJob` runs it and
-splits its result (:func:`ddbloader._io.unit_split.unit_blocks`); a streamed piece's whole read is
-run by its stream (:mod:`ddbloader._io.streams`). Immutable, safe to share between threads.
+splits its result (:func:`ddbloader._io.unit_split.unit_blocks`, or by rows as they arrive).
+Immutable, safe to share between threads.
+
+What of a partition's read decides the rows it serves is stated here too, for the modules that
+must not know read kinds: the plan fingerprint (:func:`read_shape`) and where the served rows
+lie in the query's order (:func:`served_runs`, :func:`same_ranked_subquery`, for ``stats()``).
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -21,20 +26,32 @@ from typing import Any, Literal
 import numpy as np
 
 from .piece_tags import tag_regions, tagged_sql
-from .plan import PartitionSpec, QueryPlan
+from .plan import GroupPlan, PartitionSpec, QueryPlan
 from .query import UserQuery
 
-__all__ = ["Read", "Split", "keys_read", "run_read", "unit_sql", "whole_read"]
+__all__ = [
+    "Read",
+    "Split",
+    "keys_read",
+    "read_shape",
+    "run_read",
+    "same_ranked_subquery",
+    "served_runs",
+    "stream_read",
+    "unit_sql",
+    "whole_read",
+]
 
 #: Shapes of reads whose SQL :data:`QueryPlan.rendered <ddbloader._sql.plan.QueryPlan.rendered>`
 #: keeps (a few an epoch, the same every epoch when groups are of equal size), then forgets all
 #: at once.
 UNIT_SQL_SHAPES = 256
 
-#: How a read's result is split among its cells: ``"whole"``, all of it is its one cell's rows
-#: (or its pieces', cut by their row counts); ``"keys"``, by its last columns, each row's key
-#: values; ``"cells"``, by its last column, each row's cell index.
-Split = Literal["whole", "keys", "cells"]
+#: How a read's result is split among its cells: ``"whole"``, all of it is its one cell's rows;
+#: ``"rows"``, its rows in order are its cells' one after another, cut by their planned counts
+#: (read as a stream, each cell as it is asked for); ``"keys"``, by its last columns, each row's
+#: key values; ``"cells"``, by its last column, each row's cell index.
+Split = Literal["whole", "rows", "keys", "cells"]
 
 
 @dataclass(frozen=True)
@@ -53,7 +70,8 @@ class Read:
     :attr:`~ddbloader._sql.plan.PartitionSpec.fingerprint`.
 
     Invariants: ``wanted`` ⊆ keys of ``cells``; every cell's key values are among ``params``; a
-    ``"whole"`` read has one cell.
+    ``"whole"`` read has one cell; a ``"rows"`` read's cells are consecutive partitions of one
+    group, all wanted.
     """
 
     sql: str
@@ -65,7 +83,7 @@ class Read:
     @property
     def key_columns(self) -> int:
         """The columns after the rows' own (and the row hash) that tell a row's cell."""
-        return {"whole": 0, "keys": len(self.cells[0].params), "cells": 1}[self.split]
+        return {"whole": 0, "rows": 0, "keys": len(self.cells[0].params), "cells": 1}[self.split]
 
     @property
     def hashed(self) -> bool:
@@ -75,6 +93,12 @@ class Read:
     @property
     def rows(self) -> int:
         return sum(c.rows for c in self.cells)
+
+    @functools.cached_property
+    def first_rows(self) -> dict[int, int]:
+        """A ``"rows"`` read's cells by position: the first row of each in the result."""
+        firsts = itertools.accumulate((c.rows for c in self.cells[:-1]), initial=0)
+        return {c.position: first for c, first in zip(self.cells, firsts, strict=True)}
 
     def describe(self) -> str:
         """Name the read for messages: its partitions and its SQL."""
@@ -89,10 +113,19 @@ class Read:
 
 
 def whole_read(spec: PartitionSpec) -> Read:
-    """The read of ``spec`` by its own subquery (with ``verify=True``, the fingerprinting one); of
-    a streamed piece, its whole subquery."""
+    """The read of ``spec`` by its own subquery (with ``verify=True``, the fingerprinting one)."""
     sql = spec.sql if spec.fingerprint is None else spec.fingerprint.sql
     return Read(sql, spec.params, (spec,), frozenset([spec.key]), split="whole")
+
+
+def stream_read(group: GroupPlan, head: int) -> Read:
+    """The read of the streamed subquery whose first piece is ``group``'s partition ``head``: its
+    whole subquery (with ``verify=True``, the fingerprinting one, whose hash covers every piece),
+    split by rows among its pieces."""
+    first = group.partitions[head]
+    cells = group.partitions[head : head + first.pieces]
+    sql = first.sql if first.fingerprint is None else first.fingerprint.sql
+    return Read(sql, first.params, cells, frozenset(c.key for c in cells), split="rows")
 
 
 def keys_read(
@@ -157,3 +190,43 @@ def _kept(plan: QueryPlan, shape: tuple[Any, ...], render: Callable[[], str | No
             sqls.clear()
         sqls[shape] = render()
     return sqls[shape]
+
+
+def read_shape(spec: PartitionSpec) -> tuple[Any, ...]:
+    """What of ``spec``'s read decides the rows it serves beyond their count: the pieces its
+    subquery is streamed in, and a range piece's key ranges (hashed into the plan fingerprint)."""
+    return (spec.pieces, spec.ranges) if spec.ranges else (spec.pieces,)
+
+
+def served_runs(spec: PartitionSpec) -> list[tuple[int, int]]:
+    """``(row within the partition, row within its subquery)`` where each run of the rows
+    ``spec``'s read serves begins: one for a partition read as it lies; a range piece's runs (as
+    the planning query ranked them, :attr:`~ddbloader._sql.pieces.KeyRanges.runs`; a part of a
+    piece read in parts: the runs it holds), or a combed piece of windows' stripes (where its
+    windows start)."""
+    ranges = spec.ranges
+    if spec.windows is not None:
+        return [(low, low) for low, _ in spec.windows.starts]
+    if ranges is None or not ranges.runs:
+        return [(0, 0)]
+    found = []
+    offset = 0  # the run's first row within the piece
+    begin, end = spec.first_row, spec.first_row + spec.rows
+    for first, rows in ranges.runs:
+        low, high = max(offset, begin), min(offset + rows, end)
+        if low < high:
+            found.append((low - begin, first + low - offset))
+        offset += rows
+    return found
+
+
+def same_ranked_subquery(previous: PartitionSpec | None, spec: PartitionSpec) -> bool:
+    """Whether ``spec`` is a range piece with ranked runs of the subquery ``previous`` (the
+    partition before it) is a range piece of: its runs are numbered from that subquery's start."""
+    return bool(
+        previous is not None
+        and spec.ranges is not None
+        and spec.ranges.runs
+        and previous.ranges is not None
+        and repr(spec.repartition_value) == repr(previous.repartition_value)
+    )
