@@ -23,8 +23,13 @@ interleaved:
 
 ``slowdown`` is the loop's wall time over the steps' own (the same steps run with no data, in
 the same process, in turns of ``BLOCK`` steps with the fed ones): 1.0 means the pipeline costs
-the loop nothing. ``cpu_s`` is the process's CPU over both (every thread, workers reaped at exit
-not included).
+the loop nothing. Where that cost lies: ``next_ms`` is the median wait of a fed step for its
+batch (``next()``, the previous batch released in it, as a loop does), ``in_next`` the share of
+the loop's extra time (fed minus alone) spent in those waits (the rest is the steps themselves
+slowed: the GIL or the CPUs shared with the pipeline's threads), ``stalls`` the waits over
+``STALL_S`` (the pipeline behind: an epoch's start, a fetch not done) and ``stalled_s`` their
+sum. ``cpu_s`` is the process's CPU over both (every thread, workers reaped at exit not
+included).
 
 ``--profile FILE`` first adds one ``ddbloader`` run at the last step kind, sampled by ``py-spy
 record --gil --threads`` (``pip install py-spy``) over the measured steps, and writes
@@ -42,6 +47,7 @@ import itertools
 import os
 import re
 import signal
+import statistics
 import subprocess
 import time
 from collections import Counter
@@ -56,6 +62,8 @@ WARMUP = 5
 #: machine) weighs on both alike; a pipeline's prefetched batches (1-4) are a small head start
 BLOCK = 200
 READY = 64
+#: a wait for a batch longer than this is a stall (the pipeline fell behind), not a hand-over
+STALL_S = 1e-3
 
 
 def _step(hold_ms: float, release_ms: float) -> None:
@@ -169,28 +177,38 @@ def feed(p: dict[str, Any]) -> dict[str, Any]:
         next(batches)
         _step(hold, release)
     wall = own = 0.0
+    clock = time.perf_counter
+    # each fed step's wait for its batch (the previous batch released in it, as a loop does)
+    waits: list[float] = []
     with _sampled(p.get("out"), p.get("rate", 0)):
         cpu0 = harness.cpu_s()
         for turn, done in enumerate(range(0, p["steps"], BLOCK)):
             n = min(BLOCK, p["steps"] - done)
             # fed then alone, then alone then fed: whatever favours the second block cancels
             for fed in (True, False) if turn % 2 == 0 else (False, True):
-                started = time.perf_counter()
+                started = clock()
                 for _ in range(n):
                     if fed:
+                        asked = clock()
                         x, _ = next(batches)
+                        waits.append(clock() - asked)
                         if x.shape[0] == 0:
                             raise AssertionError("an empty batch")
                     _step(hold, release)
-                took = time.perf_counter() - started
+                took = clock() - started
                 wall, own = (wall + took, own) if fed else (wall, own + took)
         cpu = harness.cpu_s() - cpu0
     if resource is not None:
         resource.close()
+    stalls = [w for w in waits if w > STALL_S]
     return {
         "steps_s": own,
         "loop_s": wall,
         "slowdown": wall / own,
+        "next_ms": statistics.median(waits) * 1e3,
+        "in_next": sum(waits) / (wall - own) if wall > own else 0.0,
+        "stalls": len(stalls),
+        "stalled_s": sum(stalls),
         "cpu_s": cpu,
         "peak_rss_mb": harness.peak_rss_mb(),
     }

@@ -227,3 +227,35 @@ def test_close_from_a_worker_thread_stops_without_joining() -> None:
     assert not finished.is_set()
     assert wait_until(finished.is_set, 3)
     assert wait_until(lambda: not _named("ddbloader-test-gc"), 2)
+
+
+class _Released:
+    """An item that records the thread that drops the last reference to it."""
+
+    def __init__(self, where: list[str]) -> None:
+        self.where = where
+
+    def __del__(self) -> None:
+        self.where.append(threading.current_thread().name)
+
+
+def test_items_the_consumer_let_go_are_released_in_the_producer_thread() -> None:
+    # the consumer's thread must not free them: freeing a tensor gives the GIL to the producer,
+    # which the consumer's take has just woken, and the consumer waits for it back
+    released: list[str] = []
+
+    def items(stop: threading.Event) -> Iterator[_Released]:
+        for _ in range(8):
+            yield _Released(released)
+
+    prefetcher: Prefetcher[_Released] = Prefetcher(items, depth=1, name="ddbloader-test-release", timeout=5)
+    item = next(prefetcher)
+    for _ in range(5):
+        item = next(prefetcher)  # rebinding lets the one before go, as a training loop does
+    # items 1-4 went back with the room tokens of takes 3-6; the producer dropped those of 1-3
+    # before its next items (it waits for room with item 4's token in hand)
+    assert wait_until(lambda: len(released) >= 3, 2)
+    assert released[:3] == ["ddbloader-test-release"] * 3
+    del item
+    prefetcher.close()
+    assert len(released) == 8  # nothing is kept after close

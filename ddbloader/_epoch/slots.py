@@ -8,9 +8,10 @@ a chunk, ~150 chunks a batch with 200 units). :class:`Slots` keeps what a draw r
 active unit in arrays, every current step's samples not served yet in one buffer, so that the
 slots whose share their step holds without an event (no load, no end of a step or of the unit)
 are served together in one run: a few array operations give the run's samples, steps, counts
-and groups. The other slots are served by their unit as before, in slot order among the runs, so
-the batches, their events and the order of every random draw are exactly those of a draw one
-unit at a time.
+and groups. The other slots are served by their unit as before, in slot order, each recording its
+events at the place its samples take in the batch, and their chunks are then placed among the
+run's, so the batches, their events and the order of every random draw are exactly those of a
+draw one unit at a time, for a few array operations a draw however many slots need their unit.
 
 Owned by one :class:`~ddbloader._epoch.schedule.BatchSchedule` iteration; not thread-safe.
 """
@@ -18,11 +19,11 @@ Owned by one :class:`~ddbloader._epoch.schedule.BatchSchedule` iteration; not th
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 
 import numpy as np
 
-from .events import Recorder
+from .events import NO_SAMPLES, Recorder
 from .shuffle import SampleOrders
 
 __all__ = ["RUNS_FROM", "Drawable", "Slots"]
@@ -33,6 +34,70 @@ RUNS_FROM = 8
 
 #: The buffer's least size, in samples.
 _LEAST_BUFFER = 1 << 14
+
+_ZERO = np.zeros(1, np.int64)
+
+
+class _Run(NamedTuple):
+    """Chunks served at once: ``taken[c]`` samples of group ``groups[c]`` from step ``steps[c]``
+    of slot ``slots[c]`` (ascending), ``samples`` all of them in order; ``ends`` the cumulative
+    ``taken``, ``total`` its last."""
+
+    samples: np.ndarray[Any, Any]
+    steps: np.ndarray[Any, Any]
+    taken: np.ndarray[Any, Any]
+    groups: np.ndarray[Any, Any]
+    slots: np.ndarray[Any, Any]
+    ends: np.ndarray[Any, Any]
+    total: int
+
+    def ends_before(self, slots: np.ndarray[Any, Any]) -> list[int]:
+        """The run's samples in slots before each of ``slots`` (ascending, none of the run's)."""
+        chunks = self.slots.searchsorted(slots)
+        return np.concatenate((_ZERO, self.ends))[chunks].tolist()  # type: ignore[no-any-return]
+
+    def interleave(
+        self,
+        log: Recorder,
+        mark: int,
+        slots: np.ndarray[Any, Any],
+        before: list[int],
+        served: list[int],
+        chunks: list[int],
+    ) -> None:
+        """Record the run in ``log`` (whose ``drawn`` is where it began) together with the chunks
+        that ``slots`` (ascending, none of the run's) recorded one by one since chunk ``mark``:
+        ``chunks[i]`` chunks and ``served[i]`` samples of ``slots[i]``, which go after the run's
+        chunks of the slots before it (``before[i]`` of its samples), so all in slot order."""
+        drawn = log.samples[mark:]
+        ints = [np.array(values[mark:], np.int64) for values in (log.steps, log.counts, log.groups)]
+        for values in (log.samples, log.steps, log.counts, log.groups):
+            del values[mark:]
+        one_by_one = np.concatenate(drawn) if len(drawn) > 1 else drawn[0] if drawn else NO_SAMPLES
+        total = self.total + len(one_by_one)
+        at = np.arange(len(one_by_one), dtype=np.int64)
+        at += np.repeat(np.array(before, np.int64), served)
+        samples = _merged(self.samples, one_by_one, at, total)
+        at = np.arange(len(ints[0]), dtype=np.int64)
+        at += np.repeat(self.slots.searchsorted(slots), chunks)
+        width = len(self.taken) + len(at)
+        steps, taken, groups = (
+            _merged(mine, theirs, at, width)
+            for mine, theirs in zip((self.steps, self.taken, self.groups), ints, strict=True)
+        )
+        log.run(samples, steps, taken, groups, total)
+
+
+def _merged(
+    run: np.ndarray[Any, Any], others: np.ndarray[Any, Any], at: np.ndarray[Any, Any], size: int
+) -> np.ndarray[Any, Any]:
+    """``size`` int64 values: ``others`` at the places ``at``, ``run``'s in order in the rest."""
+    merged = np.empty(size, np.int64)
+    rest = np.ones(size, bool)
+    rest[at] = False
+    merged[at] = others
+    merged[rest] = run
+    return merged
 
 
 class Drawable(Protocol):
@@ -95,24 +160,38 @@ class Slots(Generic[U]):
 
         A unit that runs out hands its slot, and the rest of its share, to ``following()``; a slot
         it returns None for closes, the rest of its share unserved, and leaves :attr:`units`
-        (after this draw, the later slots moving up).
+        (after this draw, the later slots moving up). ``counts`` is written to.
+
+        The slots whose share fits their room are served first, as one run; then the others, one
+        at a time in slot order (see the module's docstring).
         """
         self._admit()
         size = self._size
-        over = (counts > self._room[:size]).nonzero()[0]
+        room = self._room[:size]
+        over = (counts > room).nonzero()[0]
         if not len(over):
-            return self._run(counts, 0, size)
-        given, first = 0, 0
-        for slot in over.tolist():
-            if slot > first:
-                given += self._run(counts, first, slot)
-            given += self._serve(slot, int(counts[slot]), orders, following)
-            first = slot + 1
-        if first < size:
-            given += self._run(counts, first, size)
+            return self._run(counts, size)
+        shares = counts[over].tolist()
+        counts[over] = 0
+        log = self._log
+        start, mark = log.drawn, len(log.samples)
+        run = self._gathered(counts, size)
+        # the run's samples before each slot served one at a time: where that slot's samples begin
+        before = [0] * len(over) if run is None else run.ends_before(over)
+        given = 0
+        served, chunks = [0] * len(over), [0] * len(over)
+        for i, (slot, share) in enumerate(zip(over.tolist(), shares, strict=True)):
+            log.drawn = start + before[i] + given
+            recorded = len(log.samples)
+            served[i] = self._serve(slot, share, orders, following)
+            chunks[i] = len(log.samples) - recorded
+            given += served[i]
+        if run is not None:
+            log.drawn = start
+            run.interleave(log, mark, over, before, served, chunks)
         if self._closed:
             self._close()
-        return given
+        return (0 if run is None else run.total) + given
 
     def _admit(self) -> None:
         """Slots for the units appended since the last draw: no step yet."""
@@ -122,24 +201,30 @@ class Slots(Generic[U]):
             self._group[slot] = self.units[slot].group
         self._size = len(self.units)
 
-    def _run(self, counts: np.ndarray[Any, Any], first: int, stop: int) -> int:
-        """Serve slots ``[first, stop)``, each within its room, as one run of chunks."""
-        share = counts[first:stop]
-        # array methods rather than numpy's functions: a few microseconds less a batch
-        chunks = share.nonzero()[0]
-        if not len(chunks):
+    def _run(self, counts: np.ndarray[Any, Any], size: int) -> int:
+        """Serve slots ``[0, size)``, each within its room, as one run of chunks."""
+        run = self._gathered(counts, size)
+        if run is None:
             return 0
-        taken = share[chunks]
-        slots = chunks + first if first else chunks
+        self._log.run(run.samples, run.steps, run.taken, run.groups, run.total)
+        return run.total
+
+    def _gathered(self, counts: np.ndarray[Any, Any], size: int) -> _Run | None:
+        """Take ``counts[s]`` samples of each slot ``s`` (within its room) off the buffer, as a run
+        of chunks in slot order (None for no sample)."""
+        # array methods rather than numpy's functions: a few microseconds less a batch
+        slots = counts.nonzero()[0]
+        if not len(slots):
+            return None
+        taken = counts[slots]
         ends = taken.cumsum()
         total = int(ends[-1])
         # chunk c's samples are buffer[cursor : cursor + taken[c]], at ends[c] - taken[c] of the run
         picks = (self._cursor[slots] - ends + taken).repeat(taken)
         picks += self._ramp[:total]
-        self._cursor[first:stop] += share
-        self._room[first:stop] -= share
-        self._log.run(self._buffer[picks], self._step[slots], taken, self._group[slots], total)
-        return total
+        self._cursor[:size] += counts
+        self._room[:size] -= counts
+        return _Run(self._buffer[picks], self._step[slots], taken, self._group[slots], slots, ends, total)
 
     def _serve(self, slot: int, share: int, orders: SampleOrders, following: Callable[[], U | None]) -> int:
         """Serve ``share`` samples of ``slot`` through its units, one at a time (events and hand-offs)."""

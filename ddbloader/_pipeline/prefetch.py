@@ -6,6 +6,7 @@ import contextlib
 import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any, Generic, TypeVar
 
@@ -17,6 +18,10 @@ T = TypeVar("T")
 
 
 _END = object()
+
+#: Items the consumer was handed that stay referenced here: the one it holds and the one before,
+#: which it lets go after its next step starts (``x, y = next(it)`` rebinds after the call).
+_HANDED = 2
 
 
 def _produce(make: Callable[[threading.Event], Iterator[Any]], out: _Handover, stop: threading.Event) -> None:
@@ -42,6 +47,7 @@ def _put(out: _Handover, item: Any, stop: threading.Event) -> None:
         if stop.is_set():
             raise Stopped
         try:
+            # the token's item, if any, is released here, in this thread (see _Handover)
             out.room.get(timeout=POLL_SECONDS)
         except queue.Empty:
             continue
@@ -59,21 +65,28 @@ class _Handover:
     on both sides of every item and make a woken thread take the GIL again and again; on a busy
     GIL (an assembler serving thousands of small groups) each of those waits out another
     thread's turn.
+
+    A token carries back the item the consumer took :data:`_HANDED` takes before (None at first),
+    so that the producer drops the last reference to it, if the consumer let it go: a batch's
+    tensors freed in the consumer's thread give the GIL to the producer, which the consumer's
+    return of the token has just woken, and the consumer waits for its turn back (0.09-0.13 ms a
+    batch, against 0.006-0.02 ms with no thread waiting for the GIL).
     """
 
     def __init__(self, depth: int) -> None:
         self.items: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self.room: queue.SimpleQueue[None] = queue.SimpleQueue()
+        self.room: queue.SimpleQueue[Any] = queue.SimpleQueue()
         for _ in range(depth):
             self.room.put(None)
 
     def drain(self) -> None:
-        """Drop the items not taken."""
-        while True:
-            try:
-                self.items.get_nowait()
-            except queue.Empty:
-                return
+        """Drop the items not taken, and those the tokens carry."""
+        for waiting in (self.items, self.room):
+            while True:
+                try:
+                    waiting.get_nowait()
+                except queue.Empty:
+                    break
 
 
 class Prefetcher(Generic[T]):
@@ -82,6 +95,10 @@ class Prefetcher(Generic[T]):
     With ``depth == 0`` the iterator runs in the consumer's thread instead. Single-consumer:
     ``__next__`` must be called from one thread at a time. ``close()`` is idempotent and may be
     called from another thread: a consumer waiting in ``__next__`` then gets StopIteration.
+
+    Memory: besides ``depth`` items ahead, it keeps the consumer's last :data:`_HANDED` items
+    referenced until its next take (they are released in the producer's thread, see
+    :class:`_Handover`), one item more than a consumer that rebinds its batch holds.
     """
 
     def __init__(
@@ -93,6 +110,8 @@ class Prefetcher(Generic[T]):
         self._thread: threading.Thread | None = None
         self._inline: Iterator[T] | None = None
         self._handover = _Handover(depth)
+        #: the items handed to the consumer and not yet given back with a token, oldest first
+        self._handed: deque[Any] = deque()
         if depth == 0:
             self._inline = make(self._stop)
         else:
@@ -140,8 +159,17 @@ class Prefetcher(Generic[T]):
                         f"no batch from thread {self._thread.name!r} within {self._timeout:g} s"
                     ) from None
             else:
-                self._handover.room.put(None)
+                self._handover.room.put(self._given_back(item))
                 return item
+
+    def _given_back(self, item: Any) -> Any:
+        """What goes back with the token for ``item``: the item handed out :data:`_HANDED` takes
+        before it, or None."""
+        if item is _END or isinstance(item, ThreadFailure):
+            return None
+        handed = self._handed
+        handed.append(item)
+        return handed.popleft() if len(handed) > _HANDED else None
 
     def close(self) -> None:
         """Stop the producer, wake it if it is blocked on a full queue, and join it.
@@ -158,6 +186,7 @@ class Prefetcher(Generic[T]):
             close = getattr(self._inline, "close", None)
             if close is not None:
                 close()
+        self._handed.clear()
         self._handover.drain()
         self._handover.room.put(None)  # a producer waiting for room wakes now, and stops
         if self._thread is not None and not in_worker_thread():
