@@ -1,4 +1,4 @@
-"""The reader: one fetch-pool job runs one :class:`~ddbloader._sql.read.Read` and hands each
+"""The reader: one fetch-pool job runs one :class:`~ddbloader._sql.partition.Read` and hands each
 wanted partition's block to its waiters.
 
 A whole read (a partition's own subquery, :func:`~ddbloader._sql.read.whole_read`) is the
@@ -36,8 +36,8 @@ import pyarrow as pa
 from .._core.engine import Backend, Cursor, redact_uri
 from .._sql.fingerprint import HashSum, content_mismatch, strip_hash
 from .._sql.layout import ColumnLayout
-from .._sql.plan import PartitionSpec
-from .._sql.read import Read, whole_read
+from .._sql.partition import PartitionSpec, Read
+from .._sql.read import whole_read
 from .block import Block
 from .convert import check_result_schema, to_block
 from .retry import CursorSlot, is_transient

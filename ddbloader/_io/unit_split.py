@@ -20,8 +20,7 @@ import pyarrow.compute as pc
 from .._sql.arrow_types import arrow_values
 from .._sql.fingerprint import content_mismatch, strip_hash
 from .._sql.layout import ColumnLayout
-from .._sql.plan import PartitionSpec
-from .._sql.read import Read
+from .._sql.partition import PartitionSpec, Read
 from .block import Block
 from .convert import to_block
 
