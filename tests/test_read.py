@@ -63,7 +63,7 @@ def test_a_run_read_wants_every_partition_of_its_run_and_splits_by_a_cell_index(
     for part, cell in zip(parts, cells, strict=True):
         alone = cursor.fetch(cell.sql, cell.params)
         assert sorted(part.column("id").to_pylist()) == sorted(alone.column("id").to_pylist())
-        assert cell.in_order(part).to_pylist() == alone.to_pylist()
+        assert read.in_order(cell, part).to_pylist() == alone.to_pylist()
 
 
 def test_pieces_of_a_streamed_subquery_share_no_read_with_other_partitions(

@@ -110,7 +110,7 @@ def fetch_partition(cursor: Cursor, spec: PartitionSpec, layout: ColumnLayout) -
     if fingerprint is not None:  # verify=True: the hash column goes before anything else sees the rows
         table, content = strip_hash(table)
     check_result_schema(table.schema, layout, spec.describe)
-    block = to_block(spec.in_order(table), layout)
+    block = to_block(read.in_order(spec, table), layout)
     if block.rows != spec.rows:
         raise ValueError(
             f"{spec.describe()} returned {block.rows} rows, but planning counted {spec.rows}: the data "
@@ -266,7 +266,7 @@ class ReadJob:
         if table is None or table.num_rows != spec.rows:
             raise _changed(spec, first, self._at)
         check_result_schema(table.schema, self.layout, spec.describe)
-        block = to_block(spec.in_order(table), self.layout)
+        block = to_block(read.in_order(spec, table), self.layout)
         if spec.position == read.cells[-1].position:
             if (extra := rows.take(1)) is not None and extra.num_rows:
                 raise _changed(spec, first, self._at + extra.num_rows)

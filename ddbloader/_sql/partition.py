@@ -90,12 +90,6 @@ class PartitionSpec:
             and ranges.windows is None
         )
 
-    def in_order(self, table: pa.Table) -> pa.Table:
-        """This partition's rows ``table`` in the query's order: a combed piece's query may leave
-        its order to the reader (see :meth:`~ddbloader._sql.pieces.KeyRanges.in_order`); any
-        other's result is in order already."""
-        return table if self.ranges is None else self.ranges.in_order(table)
-
     @property
     def key_params(self) -> tuple[Any, ...]:
         """The key values among :attr:`params` (a range piece's bounds follow them)."""
@@ -133,8 +127,9 @@ class Read:
     keys (``(group, position)``) of those the epoch asks for (the others belong to another
     worker's share of a group and are dropped on arrival). The result is split among ``cells`` as
     ``split`` says (see :data:`Split`): by its last :attr:`key_columns` columns, each row's key
-    values, or the index of its cell (a read run's query, see :func:`run_read`, whose cells' rows
-    the client puts in order, see :meth:`~ddbloader._sql.partition.PartitionSpec.in_order`).
+    values, or the index of its cell (a read run's query, see
+    :func:`~ddbloader._sql.read.run_read`). The client puts each cell's rows in the query's order
+    (see :meth:`in_order`).
 
     With ``verify=True`` (:attr:`hashed`) the rows' own columns are followed by their hash (before
     the key columns), and each cell's hash sum is checked against its planned
@@ -170,6 +165,12 @@ class Read:
         """A ``"rows"`` read's cells by position: the first row of each in the result."""
         firsts = itertools.accumulate((c.rows for c in self.cells[:-1]), initial=0)
         return {c.position: first for c, first in zip(self.cells, firsts, strict=True)}
+
+    def in_order(self, cell: PartitionSpec, table: pa.Table) -> pa.Table:
+        """The rows ``table`` of ``cell`` (one of :attr:`cells`) in the query's order: a combed
+        range piece's query may leave its order to the client (see
+        :meth:`~ddbloader._sql.pieces.KeyRanges.in_order`); any other's result is in order."""
+        return table if cell.ranges is None else cell.ranges.in_order(table)
 
     def describe(self) -> str:
         """Name the read for messages: its partitions and its SQL."""
