@@ -20,6 +20,7 @@ from .._core.engine import Backend
 from .._epoch.visits import PartitionKey
 from .._sql.partition import PartitionSpec, Read
 from .._sql.plan import QueryPlan
+from .._sql.read import whole_read
 from .block import Block
 from .reader import Alone, ReadJob, Waiters
 from .retry import Cursors, CursorSlot, RetryPolicy, Tasks, fetch_worker
@@ -94,7 +95,7 @@ class Fetcher:
             return self._streams.claim(spec)
         alone = Alone(spec)
         self._read(
-            group.reads[spec.position],
+            whole_read(spec),
             alone,
             f"partition {spec.position} of group {spec.group} (parameters {list(spec.params)!r})",
         )

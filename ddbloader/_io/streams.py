@@ -77,6 +77,7 @@ class Stream:
     def __init__(self, key: tuple[int, int], slot: CursorSlot, reading: Reading) -> None:
         group, head = key
         read = reading.groups[group].reads[head]
+        assert read is not None, "a partition read by its own subquery is not streamed"
         name = f"group {group}'s partition {head}, streamed in {len(read.cells)} pieces"
         self.job = ReadJob(read, self, name, reading.layout, reading.backend, reading.stop, slot=slot)
         self._last = read.cells[-1].position

@@ -90,10 +90,11 @@ class GroupPlan:
     partitions: tuple[PartitionSpec, ...]
     samples: int
     first_sample: int = 0
-    #: Per partition (by position): the query that yields it by itself (one object for the
-    #: partitions one query yields; see :mod:`ddbloader._sql.read`). Empty only in a plan made
-    #: without the planner that is never read (the schedule needs none).
-    reads: tuple[Read, ...] = ()
+    #: Per partition (by position): the query that yields it by itself where that is not its own
+    #: subquery (a streaming query, one object for the partitions it yields; see
+    #: :mod:`ddbloader._sql.read`); None where it is (see :attr:`keyed`): that read,
+    #: :func:`~ddbloader._sql.read.whole_read`, is made when it runs, not kept per partition.
+    reads: tuple[Read | None, ...] = ()
     #: Per partition: where its rows lie in the series when they are not the rows
     #: after the previous partition's (a combed piece of windows, see
     #: :mod:`ddbloader._sql.window_pieces`: it serves the windows starting in its stripes, with
@@ -103,8 +104,8 @@ class GroupPlan:
     #: yield consecutive partitions, its rows cut among them in order); its own where it yields
     #: only this one.
     heads: tuple[int, ...] = ()
-    #: Per partition: whether a query that lists key values (a fetch unit's, see
-    #: :meth:`~ddbloader._sql.query.UserQuery.filtered_many`) may read it among others.
+    #: Per partition: whether its own subquery reads it alone, and a query that lists key values
+    #: (a fetch unit's, see :meth:`~ddbloader._sql.query.UserQuery.filtered_many`) among others.
     keyed: tuple[bool, ...] = ()
     #: Per partition: the position of the first partition of its read run, the consecutive
     #: partitions one query may read together, :data:`PIECES_PER_QUERY` at a time (see
@@ -114,14 +115,11 @@ class GroupPlan:
     def __post_init__(self) -> None:
         # The facts not given are those of partitions each read alone by its own subquery.
         count = len(self.partitions)
-        defaults = {"row_maps": (None,) * count, "heads": tuple(range(count))}
-        defaults |= {"keyed": (True,) * count, "read_runs": (None,) * count}
-        if self.reads and len(self.reads) != count:
-            raise ValueError(f"reads has {len(self.reads)} entries for {count} partitions")
-        for name, default in defaults.items():
+        for name in ("reads", "row_maps", "heads", "keyed", "read_runs"):
             given = getattr(self, name)
             if not given:
-                object.__setattr__(self, name, default)
+                default = {"heads": range(count), "keyed": (True,) * count}.get(name, (None,) * count)
+                object.__setattr__(self, name, tuple(default))
             elif len(given) != count:
                 raise ValueError(f"{name} has {len(given)} entries for {count} partitions")
 

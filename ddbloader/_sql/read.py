@@ -17,6 +17,7 @@ lie in the query's order (:func:`served_runs`, :func:`same_ranked_subquery`, for
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, NamedTuple
@@ -53,7 +54,7 @@ class GroupReads(NamedTuple):
     """How a group's partitions are read, per partition (by position): the facts
     :class:`~ddbloader._sql.plan.GroupPlan` holds (see its fields)."""
 
-    reads: tuple[Read, ...]
+    reads: tuple[Read | None, ...]
     row_maps: tuple[WindowRows | None, ...]
     heads: tuple[int, ...]
     keyed: tuple[bool, ...]
@@ -62,17 +63,19 @@ class GroupReads(NamedTuple):
 
 def group_reads(partitions: Sequence[PartitionSpec]) -> GroupReads:
     """The read facts of a group whose partitions (in plan order) are ``partitions``: a whole
-    subquery is read by its own query (:func:`whole_read`) or by key values with others; a range
-    piece and the pieces of a subquery read in pieces by their subquery's streaming query
-    (:func:`stream_read`, one object for all its pieces); tagged range pieces of one subquery
-    and band (see :mod:`ddbloader._sql.piece_tags`) form read runs."""
-    reads: list[Read] = []
+    subquery is read by its own query (:func:`whole_read`, made when it runs) or by key values
+    with others; a range piece and the pieces of a subquery read in pieces by their subquery's
+    streaming query (:func:`stream_read`, one object for all its pieces); tagged range pieces of
+    one subquery and band (see :mod:`ddbloader._sql.piece_tags`) form read runs."""
+    if not any(p.streamed for p in partitions):
+        return _alone(len(partitions))
+    streamed: list[Read | None] = []
     runs: list[int | None] = []
     for position, partition in enumerate(partitions):
         if not partition.streamed:
-            reads.append(whole_read(partition))
+            streamed.append(None)
         else:
-            reads.append(stream_read(partitions, position) if partition.piece == 0 else reads[-1])
+            streamed.append(stream_read(partitions, position) if partition.piece == 0 else streamed[-1])
         previous = partitions[position - 1] if position else None
         if not partition.tagged:
             runs.append(None)
@@ -81,12 +84,21 @@ def group_reads(partitions: Sequence[PartitionSpec]) -> GroupReads:
         else:
             runs.append(position)
     return GroupReads(
-        tuple(reads),
+        tuple(streamed),
         tuple(p.windows for p in partitions),
-        tuple(read.cells[0].position for read in reads),
+        tuple(position if read is None else read.cells[0].position for position, read in enumerate(streamed)),
         tuple(not p.streamed for p in partitions),
         tuple(runs),
     )
+
+
+# Shared by every group of as many partitions each read alone (the common case: at thousands of
+# small groups, tuples of their own would be as many more objects for the collector to sweep).
+@functools.lru_cache(maxsize=256)
+def _alone(count: int) -> GroupReads:
+    """The read facts of ``count`` partitions each read by its own subquery."""
+    nones = (None,) * count
+    return GroupReads(nones, nones, tuple(range(count)), (True,) * count, nones)
 
 
 def _same_run(a: PartitionSpec, b: PartitionSpec) -> bool:
