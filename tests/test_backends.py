@@ -663,7 +663,7 @@ def test_combed_range_pieces_serve_every_row_once(engine: Engine) -> None:
     with DDBDataLoader(engine.source(), SERIES_SQL, **options) as loader:
         pieces = [p.ranges for g in loader.plan.groups for p in g.partitions]
         got = list(loader)
-    assert all(r is not None for r in pieces) and any(len(r.ranges) > 1 for r in pieces if r is not None)
+    assert all(r is not None for r in pieces) and any(len(r.spans) > 1 for r in pieces if r is not None)
     rows = sorted(int(v) for x, _ in got for v in x[:, 0].tolist())
     assert rows == sorted(int(v) for v in data.column("rid").to_pylist())  # every row once
     assert_same(got, reference(SERIES_SQL, data, **options))

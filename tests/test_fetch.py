@@ -34,7 +34,9 @@ from ddbloader._io.block import Block
 from ddbloader._io.fetch import Fetcher
 from ddbloader._io.retry import MAX_BACKOFF_SECONDS, RetryPolicy, is_transient
 from ddbloader._io.threads import Pending, Stopped
-from ddbloader._sql.plan import PartitionSpec, QueryPlan
+from ddbloader._sql.partition import PartitionSpec
+from ddbloader._sql.plan import QueryPlan
+from ddbloader._sql.read import group_reads
 from ddbloader.backends import DBAPIBackend, DolphinDBBackend, DuckDBBackend
 
 pytestmark = pytest.mark.timeout(30)
@@ -178,13 +180,21 @@ def test_close_with_pending_tasks_cancels_the_unstarted_ones(
         assert time.monotonic() - started < 0.5
 
 
+def _planned(plan: QueryPlan, spec: PartitionSpec) -> QueryPlan:
+    """``plan`` with ``spec`` in place of the partition of its key, its group's reads planned again."""
+    group = plan.groups[spec.group]
+    partitions = tuple(spec if p.key == spec.key else p for p in group.partitions)
+    changed = dataclasses.replace(group, partitions=partitions, **group_reads(partitions)._asdict())
+    return dataclasses.replace(plan, groups=tuple(changed if g is group else g for g in plan.groups))
+
+
 def test_close_interrupts_a_running_query(con: duckdb.DuckDBPyConnection, plan: QueryPlan) -> None:
     endless = dataclasses.replace(
         _specs(plan)[0],
         sql="SELECT sum(a.range)::DOUBLE AS f0, 0::DOUBLE AS f1, 0::DOUBLE AS y FROM range(1000000000000) a",
         params=(),
     )
-    fetcher = Fetcher(DuckDBBackend(con), plan, 1)
+    fetcher = Fetcher(DuckDBBackend(con), _planned(plan, endless), 1)
     pending = fetcher.submit(endless)
     time.sleep(0.3)
     started = time.monotonic()

@@ -58,7 +58,7 @@ def _owner(pieces: list[KeyRanges], key: int) -> int | None:
     held = [
         n
         for n, piece in enumerate(pieces)
-        if any((lo is None or key >= lo[0]) and (hi is None or key < hi[0]) for lo, hi in piece.ranges)
+        if any((lo is None or key >= lo[0]) and (hi is None or key < hi[0]) for lo, hi in piece.spans)
     ]
     assert len(held) <= 1
     return held[0] if held else None

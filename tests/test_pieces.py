@@ -53,7 +53,7 @@ def _holds(piece: KeyRanges, key: int | None) -> bool:
     """Whether one ascending, never-NULL term's ``key`` lies in ``piece``."""
     if key is None:
         return False
-    return any((lo is None or (key,) >= lo) and (hi is None or (key,) < hi) for lo, hi in piece.ranges)
+    return any((lo is None or (key,) >= lo) and (hi is None or (key,) < hi) for lo, hi in piece.spans)
 
 
 @settings(max_examples=examples(300), deadline=None)
@@ -73,12 +73,12 @@ def test_layout_puts_every_row_in_exactly_one_piece_ties_together_in_order(
     for index, (piece, planned) in enumerate(cut):
         assert planned == sum(owners[key] == [index] for key in keys)  # the planned count is exact
         assert planned > 0
-        assert list(piece.ranges) == sorted(piece.ranges, key=lambda r: (-1,) if r[0] is None else r[0])
+        assert list(piece.spans) == sorted(piece.spans, key=lambda r: (-1,) if r[0] is None else r[0])
     assert len(cut) <= pieces
     if band == 1 or pieces == 1:  # contiguous: the pieces in plan order are the rows in the query's order
         served = [key for piece, _ in cut for key in sorted(k for k in keys if _holds(piece, k))]
         assert served == sorted(keys)
-        assert all(len(piece.ranges) <= 1 for piece, _ in cut)
+        assert all(len(piece.spans) <= 1 for piece, _ in cut)
 
 
 #: Every pair of ``a`` and ``b`` in 0..3 or NULL, twice: rows the ORDER BY ties.
@@ -147,12 +147,12 @@ def test_combed_pieces_spread_over_their_band() -> None:
     assert [rows for _, rows in cut] == [160] * 4
     # one tile of every pass of 4, the deal rotated by one every 4 passes: a piece's tile at the
     # end of one pass meets its tile at the start of the next where the deal turns round
-    assert [len(piece.ranges) for piece, _ in cut] == [16, 15, 15, 15]
+    assert [len(piece.spans) for piece, _ in cut] == [16, 15, 15, 15]
     for piece, _ in cut:
         assert piece.band == 0
         # every piece's rows sit at the band's middle on average: no piece leans to one end
         assert sum((first + (rows - 1) / 2) * rows for first, rows in piece.runs) / 160 == 319.5
-    assert cut[0][0].ranges[0][0] is None and cut[0][0].ranges[-1][1] is None  # dealt 3 on, last
+    assert cut[0][0].spans[0][0] is None and cut[0][0].spans[-1][1] is None  # dealt 3 on, last
 
 
 @settings(max_examples=examples(300), deadline=None)
@@ -192,7 +192,7 @@ def test_a_tie_larger_than_a_piece_stays_whole() -> None:
     tiles = [((0,), 5), ((1,), 100), ((2,), 5)]
     cut = layout(tiles, (False,), 4, 1)
     assert sum(rows for _, rows in cut) == 110
-    assert any(rows >= 100 and any(lo == (1,) or (lo is None) for lo, _ in p.ranges) for p, rows in cut)
+    assert any(rows >= 100 and any(lo == (1,) or (lo is None) for lo, _ in p.spans) for p, rows in cut)
 
 
 # --- against the engines -----------------------------------------------------------------------
@@ -251,7 +251,7 @@ def test_windows_across_range_pieces_are_the_whole_querys_each_once(engine: Tabl
         got = list(loader)
     assert len(partitions) > 5 and all(p.ranges is not None for p in partitions)
     # the whole tuple (k, id) is distinct, NULLs of k and all: the pieces are combed
-    assert any(len(p.ranges.ranges) > 1 for p in partitions if p.ranges)
+    assert any(len(p.ranges.spans) > 1 for p in partitions if p.ranges)
     whole = [int(i) for i in engine.run(f"SELECT id FROM ({sql}) AS q")]
     position = {row: n for n, row in enumerate(whole)}
     firsts = []
@@ -273,7 +273,7 @@ def test_rows_of_combed_pieces_are_the_whole_querys_each_once(engine: TableEngin
     with DDBDataLoader(engine.source, sql, "y", fetch_bytes=FETCH_BYTES, **options) as loader:
         partitions = loader.plan.groups[0].partitions
         got = sorted(int(v) for x, _ in loader for v in x[:, 0].tolist())
-    assert len(partitions) > 5 and any(len(p.ranges.ranges) > 1 for p in partitions if p.ranges)
+    assert len(partitions) > 5 and any(len(p.ranges.spans) > 1 for p in partitions if p.ranges)
     assert got == list(range(ROWS))
 
 
@@ -733,7 +733,7 @@ def test_a_subquery_ordered_by_a_term_it_does_not_select_is_cut_by_that_term(
         cursor.close()
     assert got == list(range(480))
     assert len(partitions) > 3 and all(p.ranges is not None and p.ranges.sort is None for p in partitions)
-    assert any(p.ranges and len(p.ranges.ranges) > 1 for p in partitions)  # combed
+    assert any(p.ranges and len(p.ranges.spans) > 1 for p in partitions)  # combed
     whole = [tuple(r) for r in con.execute(f"SELECT g, id FROM ({sql}) AS q").fetchall()]
     for p, table in tables:  # the very rows of the query run whole, in its order
         ids = table.column("id").to_pylist()

@@ -37,7 +37,8 @@ from ddbloader._io.threads import Pending
 from ddbloader._pipeline.arena import Arena
 from ddbloader._pipeline.batch import batch_count, gather
 from ddbloader._pipeline.pool import GroupPool
-from ddbloader._sql.plan import MIN_PIECE_ROWS, GroupPlan, PartitionSpec, QueryPlan
+from ddbloader._sql.partition import PartitionSpec
+from ddbloader._sql.plan import MIN_PIECE_ROWS, GroupPlan, QueryPlan
 from ddbloader.backends import DuckDBBackend
 from ddbloader.stats import LoaderStats
 

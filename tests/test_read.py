@@ -63,7 +63,7 @@ def test_a_run_read_wants_every_partition_of_its_run_and_splits_by_a_cell_index(
     for part, cell in zip(parts, cells, strict=True):
         alone = cursor.fetch(cell.sql, cell.params)
         assert sorted(part.column("id").to_pylist()) == sorted(alone.column("id").to_pylist())
-        assert cell.in_order(part).to_pylist() == alone.to_pylist()
+        assert read.in_order(cell, part).to_pylist() == alone.to_pylist()
 
 
 def test_pieces_of_a_streamed_subquery_share_no_read_with_other_partitions(
@@ -82,10 +82,9 @@ def test_pieces_of_a_streamed_subquery_share_no_read_with_other_partitions(
     with DDBDataLoader(con, sql, "y", shuffle=True, seed=1, **options) as loader:
         ranged = loader.plan.groups[0]
     assert len(streamed.partitions) > 1 and len(ranged.partitions) > 1
-    assert not any(p.by_keys or p.in_units for p in streamed.partitions)
-    assert set(streamed.read_runs) == {None}
-    assert not any(p.by_keys for p in ranged.partitions) and all(p.in_units for p in ranged.partitions)
-    assert None not in ranged.read_runs
+    assert not any(streamed.keyed) and set(streamed.read_runs) == {None}
+    assert set(streamed.heads) == {0} and all(read is streamed.reads[0] for read in streamed.reads)
+    assert not any(ranged.keyed) and None not in ranged.read_runs
 
 
 def test_a_whole_read_is_a_partitions_own_subquery_and_of_a_piece_its_whole_subquery(

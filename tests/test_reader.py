@@ -18,7 +18,7 @@ from ddbloader._io.convert import to_block
 from ddbloader._io.reader import Alone, ReadJob
 from ddbloader._io.threads import ThreadFailure
 from ddbloader._io.unit_split import UnitPartitions
-from ddbloader._sql.plan import PartitionSpec
+from ddbloader._sql.partition import PartitionSpec
 from ddbloader._sql.read import keys_read, stream_read, whole_read
 from ddbloader.backends import DuckDBBackend
 
@@ -131,7 +131,7 @@ def test_a_streamed_read_serves_each_piece_asked_for_its_rows_of_the_subquery_ru
     with DDBDataLoader(con, SERIES_SQL, "y", input_col=["f0"], fetch_bytes=8 * 64) as loader:
         plan = loader.plan
     group = plan.groups[0]
-    read = stream_read(group, 0)
+    read = stream_read(group.partitions, 0)
     assert read.split == "rows" and read.cells == group.partitions and len(read.cells) == 10
     backend = DuckDBBackend(con)
     cursor = backend.cursor()

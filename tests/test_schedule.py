@@ -32,7 +32,8 @@ from ddbloader._epoch.shard import EvenBatches, epoch_units, shard_samples, spli
 from ddbloader._epoch.shuffle import Purpose, SourceDraws, visit_order
 from ddbloader._epoch.visits import PartitionKey, touched_partitions
 from ddbloader._pipeline.batch import batch_count
-from ddbloader._sql.plan import GroupPlan, PartitionSpec, WorkUnit
+from ddbloader._sql.partition import PartitionSpec
+from ddbloader._sql.plan import GroupPlan, WorkUnit
 from ddbloader._sql.window_pieces import WindowTile, window_layout
 
 pytestmark = pytest.mark.timeout(120)
@@ -107,7 +108,8 @@ def combed_group(index: int, rows: int, pieces: int, geometry: WindowGeometry) -
         PartitionSpec(index, position, index, 0, "", (), size, ranges=ranges)
         for position, (ranges, size) in enumerate(cut)
     )
-    return GroupPlan(index, index, specs, geometry.sample_count(rows))
+    row_maps = tuple(ranges.windows for ranges, _ in cut)
+    return GroupPlan(index, index, specs, geometry.sample_count(rows), row_maps=row_maps)
 
 
 def plan_groups(
@@ -129,15 +131,17 @@ def plan_groups(
             groups.append(combed_group(g, rows, len(group[0]), geometry))
             continue
         specs: list[PartitionSpec] = []
+        heads: list[int] = []
         for r, pieces in enumerate(group):
             sizes = [rows for rows in pieces if rows] if len(pieces) > 1 else [sum(pieces)]
             sizes = [rows for rows in sizes if rows]
             first = 0
+            heads += [len(specs)] * len(sizes)
             for piece, rows in enumerate(sizes):
                 specs.append(PartitionSpec(g, len(specs), g, r, "", (), rows, piece, len(sizes), first))
                 first += rows
         rows = sum(s.rows for s in specs)
-        groups.append(GroupPlan(g, g, tuple(specs), geometry.sample_count(rows)))
+        groups.append(GroupPlan(g, g, tuple(specs), geometry.sample_count(rows), heads=tuple(heads)))
     return tuple(groups)
 
 

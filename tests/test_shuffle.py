@@ -446,7 +446,7 @@ def test_the_mean_position_of_a_batch_does_not_drift_over_a_shuffled_epoch(
         ) as loader:
             partitions = loader.plan.groups[0].partitions
             means = [float(keys["id"].double().mean()) for _, _, keys in loader]
-        assert len(partitions) == pieces and all(p.ranges and len(p.ranges.ranges) > 1 for p in partitions)
+        assert len(partitions) == pieces and all(p.ranges and len(p.ranges.spans) > 1 for p in partitions)
         drifts.append(_spearman(means))
     bound = 4 / (np.sqrt(len(means) - 1) * np.sqrt(len(drifts)))
     assert abs(np.mean(drifts)) < bound, (drifts, bound)

@@ -517,7 +517,8 @@ def test_ranks_and_workers_share_exactly_each_groups_samples_from_its_first(
     ``[first_sample, sample_stop)`` of each, once (``even_batches="drop"`` leaves out fewer than
     one per rank), and an elastic remainder's ids never collide across groups."""
     from ddbloader._epoch.shard import split_units
-    from ddbloader._sql.plan import GroupPlan, PartitionSpec
+    from ddbloader._sql.partition import PartitionSpec
+    from ddbloader._sql.plan import GroupPlan
 
     plans = [
         GroupPlan(i, i, (PartitionSpec(i, 0, i, None, "", (), first + samples + 2),), samples, first)

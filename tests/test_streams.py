@@ -24,7 +24,9 @@ from ddbloader._io.fetch import Fetcher
 from ddbloader._io.retry import RetryPolicy
 from ddbloader._io.streams import read_batches
 from ddbloader._io.threads import Stopped
-from ddbloader._sql.plan import MIN_PIECE_ROWS, PartitionSpec, QueryPlan
+from ddbloader._sql.partition import PartitionSpec
+from ddbloader._sql.plan import MIN_PIECE_ROWS, GroupPlan, QueryPlan
+from ddbloader._sql.read import group_reads
 from ddbloader.backends import DBAPIBackend, DuckDBBackend
 
 pytestmark = pytest.mark.timeout(60)
@@ -99,10 +101,15 @@ def _plan(con: duckdb.DuckDBPyConnection, **options: Any) -> QueryPlan:
 
 @contextlib.contextmanager
 def _fetching(
-    con: duckdb.DuckDBPyConnection, backend: _CountingBackend | None = None, **options: Any
+    con: duckdb.DuckDBPyConnection,
+    backend: _CountingBackend | None = None,
+    more: tuple[GroupPlan, ...] = (),
+    **options: Any,
 ) -> Iterator[tuple[list[PartitionSpec], _CountingBackend, Fetcher, threading.Event]]:
-    """The pieces of the one streamed subquery, the backend, a fetcher over it and a stop event."""
+    """The pieces of the one streamed subquery, the backend, a fetcher over it (and the groups
+    ``more``) and a stop event."""
     plan = _plan(con)
+    plan = dataclasses.replace(plan, groups=plan.groups + more)
     backend = backend or _CountingBackend(con)
     fetcher = Fetcher(backend, plan, 1, **options)
     stop = threading.Event()
@@ -179,12 +186,15 @@ def test_a_failure_that_is_not_transient_reaches_every_waiting_piece(con: duckdb
 def test_a_parked_stream_leaves_the_only_fetch_thread_to_other_fetches(
     con: duckdb.DuckDBPyConnection,
 ) -> None:
-    with _fetching(con) as (pieces, backend, fetcher, stop):
+    # the whole subquery as one partition of a group of its own
+    spec = dataclasses.replace(_plan(con).groups[0].partitions[0], group=1, position=0, pieces=1, rows=ROWS)
+    alone = GroupPlan(1, None, (spec,), ROWS, **group_reads([spec])._asdict())
+    with _fetching(con, more=(alone,)) as (pieces, backend, fetcher, stop):
         first = fetcher.submit(pieces[0])
         assert _rids(first.wait(stop, 10)) == [float(r) for r in range(MIN_PIECE_ROWS)]
-        # the whole subquery as one partition: a fetch of its own on the pool's one thread, run
-        # while the stream waits, parked, for its next piece
-        whole = fetcher.submit(dataclasses.replace(pieces[0], position=10, pieces=1, rows=ROWS))
+        # the whole partition: a fetch of its own on the pool's one thread, run while the stream
+        # waits, parked, for its next piece
+        whole = fetcher.submit(spec)
         assert _rids(whole.wait(stop, 10)) == [float(r) for r in range(ROWS)]
         assert backend.open == 2  # the parked stream's cursor and the thread's
         rest = [fetcher.submit(p) for p in pieces[1:]]

@@ -27,8 +27,9 @@ from ddbloader._epoch.units import FIRST_UNIT_SHARE, MAX_VALUES, fetch_units
 from ddbloader._epoch.visits import partition_visits
 from ddbloader._io.convert import to_block
 from ddbloader._io.unit_split import split_by_key, unit_blocks
-from ddbloader._sql.plan import PIECES_PER_QUERY, PartitionSpec
-from ddbloader._sql.read import Read, unit_sql
+from ddbloader._sql.partition import PartitionSpec, Read
+from ddbloader._sql.plan import PIECES_PER_QUERY
+from ddbloader._sql.read import unit_sql
 from ddbloader.backends import DuckDBBackend
 
 UTC = dt.timezone.utc
@@ -138,7 +139,8 @@ def test_split_imports_no_pandas() -> None:
     script = textwrap.dedent(
         """
         import sys, duckdb
-        from ddbloader._sql.plan import PIECES_PER_QUERY, PartitionSpec
+        from ddbloader._sql.plan import PIECES_PER_QUERY
+        from ddbloader._sql.partition import PartitionSpec
         from ddbloader._io.unit_split import split_by_key
         table = duckdb.sql(
             "SELECT i AS v, 'g' || (i % 2) AS _ddb_group, DATE '2024-01-01' + (i % 3)::INT "
@@ -349,20 +351,16 @@ def test_the_pieces_of_a_streamed_subquery_are_visited_together_in_order_and_joi
     with made as loader:
         plan, config = loader.plan, loader.config
         group = plan.groups[0]
-        assert [p.pieces for p in group.partitions] == [4] * 4 + [1, 1] + [3] * 3 + [1, 1]
+        assert [group.heads.count(h) for h in group.heads] == [4] * 4 + [1, 1] + [3] * 3 + [1, 1]
         orders = set()
         for epoch in range(6):
             work = epoch_units(plan, config, epoch)
             visits = partition_visits(work[0], config, plan.geometry, epoch)
             assert sorted(visits) == list(range(len(group.partitions)))
-            heads = [group.partitions[p].head for p in visits]
+            heads = [group.heads[p] for p in visits]
             runs = [h for n, h in enumerate(heads) if n == 0 or h != heads[n - 1]]
             assert len(runs) == len(set(runs)), f"the pieces of a subquery are split up: {visits}"
-            assert all(
-                group.partitions[p].piece == group.partitions[q].piece + 1
-                for q, p in itertools.pairwise(visits)
-                if group.partitions[p].head == group.partitions[q].head
-            )
+            assert all(p == q + 1 for q, p in itertools.pairwise(visits) if group.heads[p] == group.heads[q])
             orders.add(tuple(runs))
             units = list(fetch_units(plan, work, config, epoch, config.fetch_bytes))
             assert units and not any(c.streamed for u in units for c in u.cells)
@@ -421,7 +419,7 @@ def test_read_runs_end_where_a_subquery_ends_and_units_never_cross_them(
         plan, config = loader.plan, loader.config
         group = plan.groups[0]
         assert group.read_runs == (0, 0, 0, 3, 3, 3, 6, 6, 6)
-        assert not any(p.by_keys for p in group.partitions)
+        assert not any(group.keyed)
         assert not group.read_together(2, 3) and group.read_together(3, 4) and not group.read_together(3, 5)
         for epoch in range(3):
             units = list(

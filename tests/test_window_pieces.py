@@ -50,7 +50,7 @@ def _selects(ranges: KeyRanges, key: int, descending: bool) -> bool:
 
     return any(
         (lo is None or not before(key, lo[0])) and (hi is None or before(key, hi[0]))
-        for lo, hi in ranges.ranges
+        for lo, hi in ranges.spans
     )
 
 

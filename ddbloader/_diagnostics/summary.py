@@ -9,6 +9,7 @@ from .._core.config import LoaderConfig
 from .._core.display import human_bytes
 from .._epoch.shard import Sharding
 from .._sql.plan import QueryPlan
+from .._sql.read import piece_notes
 
 __all__ = ["plan_rows"]
 
@@ -23,9 +24,9 @@ def _split(plan: QueryPlan, config: LoaderConfig) -> str:
     ``fetch_bytes`` and the pieces they are streamed in, and the range pieces (each a partition),
     when there are any."""
     groups = len(plan.groups)
-    per_group = sorted({sum(p.piece == 0 for p in g.partitions) for g in plan.groups}) or [0]
-    subqueries = sum(p.piece == 0 for g in plan.groups for p in g.partitions)
-    notes = plan.piece_notes()
+    per_group = sorted({g.subqueries for g in plan.groups}) or [0]
+    subqueries = sum(g.subqueries for g in plan.groups)
+    notes = piece_notes(plan)
     pieces = f" ({', '.join(notes)})" if notes else ""
     spread = str(per_group[0]) if len(per_group) == 1 else f"{per_group[0]}–{per_group[-1]}"
     split = (

@@ -2,7 +2,7 @@
 
 One query per (group, repartition) partition makes an epoch cost one round trip, and on an
 engine that cannot prune on the key one table scan, per partition. A fetch unit instead fetches
-many partitions with one query, a :class:`~ddbloader._sql.read.Read` rendered in ``_sql``
+many partitions with one query, a :class:`~ddbloader._sql.partition.Read` rendered in ``_sql``
 (:meth:`~ddbloader._sql.query.UserQuery.filtered_many`: the key values bound as an ``IN`` list,
 the keys selected as extra columns) and
 :func:`~ddbloader._io.unit_split.unit_blocks` splits the Arrow result by key, vectorised,
@@ -25,8 +25,9 @@ from typing import Any
 
 from .._core.config import LoaderConfig
 from .._core.window import WindowGeometry
-from .._sql.plan import PIECES_PER_QUERY, GroupPlan, PartitionSpec, QueryPlan, WorkUnit
-from .._sql.read import Read, keys_read, run_read
+from .._sql.partition import PartitionSpec, Read
+from .._sql.plan import PIECES_PER_QUERY, GroupPlan, QueryPlan, WorkUnit
+from .._sql.read import keys_read, run_read
 from .schedule import DDB_POOL
 from .visits import PartitionKey, partition_visits, touched_partitions
 
@@ -73,7 +74,7 @@ def fetch_units(
     :attr:`~ddbloader._sql.plan.GroupPlan.read_runs`) visited one after the other join a unit of
     their own, up to :data:`~ddbloader._sql.plan.PIECES_PER_QUERY` of them (the visits keep such
     runs together); any other partition that no query listing key values reads (see
-    :attr:`~ddbloader._sql.plan.PartitionSpec.by_keys`: read by a stream of its own, see
+    :attr:`~ddbloader._sql.plan.GroupPlan.keyed`: read by a stream of its own, see
     :mod:`ddbloader._io.streams`) joins no unit. A partition asked for twice (a padded shard) is
     in the first unit only; a unit of one partition is left out (the partition's own subquery,
     or its stream, fetches it). No units at all when ``budget <= 0``, when the plan has neither
@@ -205,7 +206,7 @@ class _Cutter:
                 continue
             self.add_together(group, together)
             together = []
-            if not partition.by_keys:  # read by its own streaming query
+            if not group.keyed[position]:  # read by its own streaming query
                 self.add_run(group, run)
                 run, run_bytes = [], 0
                 continue

@@ -66,15 +66,15 @@ def visit_weights(unit: WorkUnit, geometry: WindowGeometry) -> list[int] | None:
     """The rows of each block a shuffled epoch visits in a random order to serve ``unit``: its
     samples when it touches one partition, else each touched partition's rows. None where it
     touches a partition that no query listing key values reads (see
-    :attr:`~ddbloader._sql.plan.PartitionSpec.by_keys`: a piece of a subquery read in pieces),
-    whose visits are no such blocks."""
+    :attr:`~ddbloader._sql.plan.GroupPlan.keyed`: a piece of a subquery read in pieces), whose
+    visits are no such blocks."""
     touched = touched_partitions(unit, geometry)
     if len(touched) == 1:
         return [unit.samples]
-    partitions = [unit.group.partitions[position] for position in touched]
-    if not all(p.by_keys for p in partitions):
+    group = unit.group
+    if not all(group.keyed[position] for position in touched):
         return None
-    return [p.rows for p in partitions]
+    return [group.partitions[position].rows for position in touched]
 
 
 def partition_visits(
@@ -92,13 +92,12 @@ def partition_visits(
     if len(needed) < 2 or not config.shuffle:
         return needed
     group = unit.group
-    partitions = group.partitions
+    heads = group.heads
     runs: list[list[int]] = []
     for position in needed:
-        here = partitions[position]
         last = runs[-1][-1] if runs else None
         if last is not None and (
-            (here.piece and partitions[last].head == here.head)
+            (heads[last] == heads[position])
             or (len(runs[-1]) < PIECES_PER_QUERY and group.read_together(last, position))
         ):
             runs[-1].append(position)

@@ -13,7 +13,7 @@ import threading
 from collections.abc import Callable, Sequence
 
 from .._epoch.visits import PartitionKey
-from .._sql.plan import PartitionSpec
+from .._sql.partition import PartitionSpec
 from .block import Block
 from .source import PartitionSource
 from .threads import Pending

@@ -18,8 +18,9 @@ from collections.abc import Callable, Iterable, Sequence
 
 from .._core.engine import Backend
 from .._epoch.visits import PartitionKey
-from .._sql.plan import PartitionSpec, QueryPlan
-from .._sql.read import Read, whole_read
+from .._sql.partition import PartitionSpec, Read
+from .._sql.plan import QueryPlan
+from .._sql.read import whole_read
 from .block import Block
 from .reader import Alone, ReadJob, Waiters
 from .retry import Cursors, CursorSlot, RetryPolicy, Tasks, fetch_worker
@@ -50,6 +51,7 @@ class Fetcher:
     ) -> None:
         self._backend = backend
         self._layout = plan.layout
+        self._groups = plan.groups
         self._units = Coalescer(units)
         self._tasks = Tasks(threads)
         self._cursors = Cursors(threading.Event())
@@ -79,7 +81,9 @@ class Fetcher:
         a partition no key-list query reads (a piece of a streamed subquery, a range piece no
         unit serves) comes from its subquery's streaming query.
         """
-        if not spec.in_units:  # do not cut the units to find out that none holds it
+        group = self._groups[spec.group]
+        keyed = group.keyed[spec.position]
+        if not keyed and group.read_runs[spec.position] is None:  # no unit holds it: do not look
             return self._streams.claim(spec)
         pending, start = self._units.claim(spec)
         for index in start:
@@ -87,7 +91,7 @@ class Fetcher:
             self._read(read, self._units.waiters(index), f"fetch unit {index} ({len(read.cells)} partitions)")
         if pending is not None:
             return pending
-        if not spec.by_keys:
+        if not keyed:
             return self._streams.claim(spec)
         alone = Alone(spec)
         self._read(

@@ -1,4 +1,4 @@
-"""The reader: one fetch-pool job runs one :class:`~ddbloader._sql.read.Read` and hands each
+"""The reader: one fetch-pool job runs one :class:`~ddbloader._sql.partition.Read` and hands each
 wanted partition's block to its waiters.
 
 A whole read (a partition's own subquery, :func:`~ddbloader._sql.read.whole_read`) is the
@@ -36,8 +36,8 @@ import pyarrow as pa
 from .._core.engine import Backend, Cursor, redact_uri
 from .._sql.fingerprint import HashSum, content_mismatch, strip_hash
 from .._sql.layout import ColumnLayout
-from .._sql.plan import PartitionSpec
-from .._sql.read import Read, whole_read
+from .._sql.partition import PartitionSpec, Read
+from .._sql.read import whole_read
 from .block import Block
 from .convert import check_result_schema, to_block
 from .retry import CursorSlot, is_transient
@@ -110,7 +110,7 @@ def fetch_partition(cursor: Cursor, spec: PartitionSpec, layout: ColumnLayout) -
     if fingerprint is not None:  # verify=True: the hash column goes before anything else sees the rows
         table, content = strip_hash(table)
     check_result_schema(table.schema, layout, spec.describe)
-    block = to_block(spec.in_order(table), layout)
+    block = to_block(read.in_order(spec, table), layout)
     if block.rows != spec.rows:
         raise ValueError(
             f"{spec.describe()} returned {block.rows} rows, but planning counted {spec.rows}: the data "
@@ -266,7 +266,7 @@ class ReadJob:
         if table is None or table.num_rows != spec.rows:
             raise _changed(spec, first, self._at)
         check_result_schema(table.schema, self.layout, spec.describe)
-        block = to_block(spec.in_order(table), self.layout)
+        block = to_block(read.in_order(spec, table), self.layout)
         if spec.position == read.cells[-1].position:
             if (extra := rows.take(1)) is not None and extra.num_rows:
                 raise _changed(spec, first, self._at + extra.num_rows)

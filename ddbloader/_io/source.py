@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from .._epoch.visits import PartitionKey
-from .._sql.plan import PartitionSpec
+from .._sql.partition import PartitionSpec
 from .block import Block
 from .threads import Pending
 

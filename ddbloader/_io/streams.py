@@ -3,7 +3,7 @@
 Planning cuts such a subquery into pieces (see :func:`~ddbloader._sql.plan.pieces`): consecutive
 partitions of its group, each within the budget, which the manager loads like any others, so
 the kept edge rows stitch windows across their boundaries and every sample comes out exactly
-once. Its read (:func:`~ddbloader._sql.read.stream_read`, split by rows) is run by the reader
+once. Its read (planned as :func:`~ddbloader._sql.read.stream_read`, split by rows) is run by the reader
 (:class:`~ddbloader._io.reader.ReadJob`) like any other; this module holds what a streamed read
 adds: the pieces asked for (a :class:`Stream`, the read's waiters), when its job runs, and one
 live stream per subquery (:class:`Streams`). Its rows arrive through the cursor's reader
@@ -36,8 +36,8 @@ from dataclasses import dataclass
 
 from .._core.engine import Backend
 from .._sql.layout import ColumnLayout
-from .._sql.plan import GroupPlan, PartitionSpec
-from .._sql.read import stream_read
+from .._sql.partition import PartitionSpec
+from .._sql.plan import GroupPlan
 from .block import Block
 from .reader import ReadJob, read_batches
 from .retry import CursorSlot, Tasks, pool_thread
@@ -64,7 +64,8 @@ class Reading:
 
 class Stream:
     """The pieces of one streamed read asked for, in order, and when its job runs: the read's
-    waiters (see :class:`~ddbloader._io.reader.Claims`). Thread-safe.
+    waiters (see :class:`~ddbloader._io.reader.Claims`). Thread-safe. ``key`` is the
+    ``(group, position)`` of the read's first piece.
 
     ``claim`` and ``close_after_claims`` (the assembler) and the job (a pool thread) meet under
     one condition: pieces asked for wait in ``_claims``, by position, until their rows arrive.
@@ -73,9 +74,11 @@ class Stream:
     its result and cursor are closed once it ended and no thread runs it.
     """
 
-    def __init__(self, head: PartitionSpec, slot: CursorSlot, reading: Reading) -> None:
-        read = stream_read(reading.groups[head.group], head.head)
-        name = f"group {head.group}'s partition {head.head}, streamed in {len(read.cells)} pieces"
+    def __init__(self, key: tuple[int, int], slot: CursorSlot, reading: Reading) -> None:
+        group, head = key
+        read = reading.groups[group].reads[head]
+        assert read is not None, "a partition read by its own subquery is not streamed"
+        name = f"group {group}'s partition {head}, streamed in {len(read.cells)} pieces"
         self.job = ReadJob(read, self, name, reading.layout, reading.backend, reading.stop, slot=slot)
         self._last = read.cells[-1].position
         self._tasks = reading.tasks
@@ -213,16 +216,17 @@ class Streams:
     def claim(self, spec: PartitionSpec) -> Pending[Block]:
         """Piece ``spec`` from its subquery's live stream if that has not passed it, else from a
         new stream."""
-        key = (spec.group, spec.head)
+        head = self._reading.groups[spec.group].heads[spec.position]
+        key = (spec.group, head)
         with self._lock:
-            self._heads[spec.group, spec.position] = spec.head
+            self._heads[spec.group, spec.position] = head
             stream = self._current.get(key)
             pending = stream.claim(spec) if stream is not None else None
             if pending is not None:
                 return pending
             if stream is not None:
                 stream.close_after_claims()
-            stream = Stream(spec, self._slot(), self._reading)
+            stream = Stream(key, self._slot(), self._reading)
             pending = stream.claim(spec)
             assert pending is not None
             self._current[key] = stream

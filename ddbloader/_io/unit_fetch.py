@@ -14,8 +14,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from .._epoch.visits import PartitionKey
-from .._sql.plan import PartitionSpec
-from .._sql.read import Read
+from .._sql.partition import PartitionSpec, Read
 from .block import Block
 from .threads import Pending, ThreadFailure
 from .unit_split import UnitPartitions

@@ -20,8 +20,7 @@ import pyarrow.compute as pc
 from .._sql.arrow_types import arrow_values
 from .._sql.fingerprint import content_mismatch, strip_hash
 from .._sql.layout import ColumnLayout
-from .._sql.plan import PartitionSpec
-from .._sql.read import Read
+from .._sql.partition import PartitionSpec, Read
 from .block import Block
 from .convert import to_block
 
@@ -173,12 +172,13 @@ def _grouped_by_cell(
     return data, np.cumsum(counts).tolist()
 
 
-def _in_order(data: pa.Table, bounds: Sequence[int], cells: Sequence[PartitionSpec]) -> pa.Table:
-    """``data`` with each cell's rows (``[bounds[i], bounds[i + 1])``) put in the query's order by
-    :meth:`~ddbloader._sql.pieces.KeyRanges.in_order`, as for a piece read alone; ``data`` itself
-    when every cell's rows came in order (one pass over the key each)."""
+def _in_order(data: pa.Table, bounds: Sequence[int], read: Read) -> pa.Table:
+    """``data`` with each of ``read``'s cells' rows (``[bounds[i], bounds[i + 1])``) put in the
+    query's order by :meth:`~ddbloader._sql.partition.Read.in_order`, as for a piece read alone;
+    ``data`` itself when every cell's rows came in order (one pass over the key each)."""
+    cells = read.cells
     parts = [data.slice(bounds[i], bounds[i + 1] - bounds[i]) for i in range(len(cells))]
-    ordered = [c.in_order(part) for c, part in zip(cells, parts, strict=True)]
+    ordered = [read.in_order(c, part) for c, part in zip(cells, parts, strict=True)]
     if all(a is b for a, b in zip(ordered, parts, strict=True)):
         return data
     return pa.concat_tables([data.slice(0, bounds[0]), *ordered])
@@ -239,7 +239,7 @@ def unit_blocks(table: pa.Table, unit: Read, layout: ColumnLayout) -> UnitPartit
         return None
     data, bounds = grouped
     if unit.split == "cells":
-        data = _in_order(data, bounds, unit.cells)
+        data = _in_order(data, bounds, unit)
     if layout.transform is None and len(unit.wanted) == len(unit.cells):
         outside = bounds[0]
         whole = to_block(data.slice(outside), layout)

@@ -7,7 +7,8 @@ this module lays the partitions end to end.
 
 from __future__ import annotations
 
-from .plan import GroupPlan, PartitionSpec
+from .partition import PartitionSpec
+from .plan import GroupPlan
 from .read import same_ranked_subquery, served_runs
 
 __all__ = ["order_runs"]

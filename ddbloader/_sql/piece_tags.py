@@ -52,7 +52,7 @@ def tag_regions(pieces: Sequence[KeyRanges]) -> TagRegions:
     their point; no region is tagged twice, and the points increase strictly.
     """
     spans = sorted(
-        ((_value(low), _value(high), tag) for tag, piece in enumerate(pieces) for low, high in piece.ranges),
+        ((_value(low), _value(high), tag) for tag, piece in enumerate(pieces) for low, high in piece.spans),
         key=lambda span: (span[0] is not None, _Directed(span[0], _descending(pieces))),
     )
     points: list[Any] = []

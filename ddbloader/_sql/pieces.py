@@ -78,15 +78,15 @@ Range = tuple[Point | None, Point | None]
 
 @dataclass(frozen=True)
 class KeyRanges:
-    """The rows of one range piece: those whose ORDER BY tuple lies in one of ``ranges``.
+    """The rows of one range piece: those whose ORDER BY tuple lies in one of ``spans``.
 
     Ranges compare rows lexicographically by the whole tuple of ORDER BY terms, each term by its
     direction and NULL placement, as the query orders them (see :func:`predicate`).
 
-    Invariants: ``ranges`` disjoint, in the query's order, and never adjacent.
+    Invariants: ``spans`` disjoint, in the query's order, and never adjacent.
     """
 
-    ranges: tuple[Range, ...]
+    spans: tuple[Range, ...]
     #: Per term, whether the subquery held a NULL there when it was cut: the predicate tests for
     #: NULL only where one may be (a row added later shows at the fetch, by its count).
     nullable: tuple[bool, ...]
@@ -124,7 +124,7 @@ class KeyRanges:
     def points(self) -> tuple[Point, ...]:
         """The ranges' ends in the query's order, without the unbounded ones (strictly in order:
         ranges are disjoint and never adjacent, adjacent tiles being merged)."""
-        return tuple(point for low, high in self.ranges for point in (low, high) if point is not None)
+        return tuple(point for low, high in self.spans for point in (low, high) if point is not None)
 
     def bounds(self) -> tuple[Any, ...]:
         """The bound values, in the order :meth:`predicate` numbers their parameters: the
@@ -132,7 +132,7 @@ class KeyRanges:
         non-NULL values in term order."""
         low, high = self._enclosing()
         points = [point for point in (low, high) if point is not None]
-        if len(self.ranges) > 1:
+        if len(self.spans) > 1:
             points.extend(self.points())
         return tuple(value for point in points for value in point if value is not None)
 
@@ -151,10 +151,10 @@ class KeyRanges:
             if point is not None:
                 sides.append(compare(terms, self.nullable, point, number, after=after))
                 number += bound_count(point)
-        if len(self.ranges) > 1:
+        if len(self.spans) > 1:
             # region r: r of the points are at or before the row; the piece holds the odd
             # regions (the even ones when the first range is unbounded below, whose low is no point)
-            odd = 1 if self.ranges[0][0] is not None else 0
+            odd = 1 if self.spans[0][0] is not None else 0
             sides.append(self._search(terms, number, 0, len(self.points()), odd))
         if not sides:
             return exp.true()
@@ -171,19 +171,19 @@ class KeyRanges:
         whether the piece's query is ordered by the engine: equal shapes, equal SQL."""
         nulls = tuple(
             None if point is None else tuple(value is None for value in point)
-            for span in self.ranges
+            for span in self.spans
             for point in span
         )
         return (nulls, self.nullable, self.sort is None)
 
     def describe(self) -> str:
         """The ranges for messages: ``[a, b) ∪ [c, d)``."""
-        shown = [f"[{_show(low, '-inf')}, {_show(high, '+inf')})" for low, high in self.ranges]
+        shown = [f"[{_show(low, '-inf')}, {_show(high, '+inf')})" for low, high in self.spans]
         more = f" ∪ ... ({len(shown)} ranges)" if len(shown) > 3 else ""
         return " ∪ ".join(shown[:3]) + more
 
     def _enclosing(self) -> Range:
-        return (self.ranges[0][0], self.ranges[-1][1]) if self.ranges else (None, None)
+        return (self.spans[0][0], self.spans[-1][1]) if self.spans else (None, None)
 
 
 def _show(point: Point | None, unbounded: str) -> str:

@@ -13,25 +13,20 @@ import functools
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from .._core.window import WindowGeometry
-from .fingerprint import Fingerprint
 from .layout import ColumnLayout
-from .pieces import KeyRanges
+from .partition import PartitionSpec, Read
 from .query import Query
 from .window_rows import WindowRows
-
-if TYPE_CHECKING:
-    import pyarrow as pa
 
 __all__ = [
     "MIN_PIECE_ROWS",
     "PIECES_PER_QUERY",
     "GroupPlan",
-    "PartitionSpec",
     "QueryPlan",
     "WorkUnit",
     "series_rows",
@@ -51,119 +46,6 @@ MIN_PIECE_ROWS = 64
 PIECES_PER_QUERY = 2
 
 
-@dataclass(frozen=True)
-class PartitionSpec:
-    """One subquery: the rows of one group in one repartition, in the query's order.
-
-    A subquery whose planned bytes exceed ``fetch_bytes`` is streamed: it becomes ``pieces``
-    consecutive partitions of its group, piece ``piece`` holding its result's rows
-    ``[first_row, first_row + rows)``; all pieces share ``sql`` and ``params``, and are read by
-    one query (see :mod:`ddbloader._io.streams`). Invariants: ``0 <= piece < pieces``; the pieces of
-    one subquery sit at positions ``position - piece`` to ``position - piece + pieces - 1``.
-
-    With shuffle, such a subquery is cut instead into range pieces (see
-    :mod:`ddbloader._sql.pieces`): each a partition of its own, ``sql`` the subquery's rows in
-    ``ranges`` of its order key, ``params`` the key values then the ranges' bounds; one larger
-    than ``fetch_bytes`` (equal keys) is itself read in pieces as above.
-
-    ``fingerprint`` (``verify=True``): what the subquery's (or the range piece's) rows hash to
-    (see :mod:`ddbloader._sql.fingerprint`); its SQL is the one fetches run, ``sql`` the plain one.
-    """
-
-    group: int
-    position: int
-    group_value: Any
-    repartition_value: Any
-    sql: str
-    params: tuple[Any, ...]
-    rows: int
-    piece: int = 0
-    pieces: int = 1
-    first_row: int = 0
-    #: A range piece's key ranges (see :mod:`ddbloader._sql.pieces`): ``sql`` reads only them.
-    ranges: KeyRanges | None = None
-    fingerprint: Fingerprint | None = None
-
-    # made once per plan: at thousands of groups, a tuple per partition and epoch cost ~5 ms an epoch
-    @functools.cached_property
-    def key(self) -> tuple[int, int]:
-        """``(group, position)``: this partition's identity within its plan."""
-        return self.group, self.position
-
-    @property
-    def windows(self) -> WindowRows | None:
-        """A combed piece of windows: where its rows lie in the series (else None)."""
-        return None if self.ranges is None else self.ranges.windows
-
-    @property
-    def streamed(self) -> bool:
-        """Whether this partition is read by a streaming query of its own, never by a fetch unit:
-        a piece of a subquery read in pieces, or a range piece (a subquery of one piece)."""
-        return self.pieces > 1 or self.ranges is not None
-
-    @property
-    def tagged(self) -> bool:
-        """Whether a fetch unit may read this range piece together with others of its subquery
-        (see :mod:`ddbloader._sql.piece_tags`): a combed piece of rows (not of windows) read whole,
-        whose reader orders its rows. Else (and when no unit holds it) it is read by a streaming
-        query of its own."""
-        ranges = self.ranges
-        return (
-            self.pieces == 1
-            and ranges is not None
-            and ranges.band is not None
-            and ranges.sort is not None
-            and ranges.windows is None
-        )
-
-    @property
-    def by_keys(self) -> bool:
-        """Whether a query that lists key values (a fetch unit's, see
-        :meth:`~ddbloader._sql.query.UserQuery.filtered_many`) may read this partition among
-        others: a whole subquery. Else it is read by a query of its own, or by one that reads its
-        read run (see :attr:`GroupPlan.read_runs`)."""
-        return not self.streamed
-
-    @property
-    def in_units(self) -> bool:
-        """Whether a fetch unit's query may read this partition: by its key values (see
-        :attr:`by_keys`) or with its read run (see :attr:`GroupPlan.read_runs`). Else only its
-        own streaming query reads it."""
-        return not self.streamed or self.tagged
-
-    def in_order(self, table: pa.Table) -> pa.Table:
-        """This partition's rows ``table`` in the query's order: a combed piece's query may leave
-        its order to the reader (see :meth:`~ddbloader._sql.pieces.KeyRanges.in_order`); any
-        other's result is in order already."""
-        return table if self.ranges is None else self.ranges.in_order(table)
-
-    @property
-    def head(self) -> int:
-        """The position of the first piece of this partition's subquery (its own if not streamed)."""
-        return self.position - self.piece
-
-    @property
-    def key_params(self) -> tuple[Any, ...]:
-        """The key values among :attr:`params` (a range piece's bounds follow them)."""
-        if self.ranges is None:
-            return self.params
-        return self.params[: len(self.params) - len(self.ranges.bounds())]
-
-    def describe(self) -> str:
-        """Name the subquery for messages: its values, its SQL and its parameters."""
-        rows = (
-            f"rows {self.first_row}-{self.first_row + self.rows - 1} (piece {self.piece + 1} of "
-            f"{self.pieces}) of "
-            if self.streamed
-            else ""
-        )
-        ranges = f"order key in {self.ranges.describe()}: " if self.ranges is not None else ""
-        return (
-            f"partition {self.position} of group {self.group} "
-            f"({rows}{ranges}subquery {self.sql!r} with parameters {list(self.params)!r})"
-        )
-
-
 def pieces(rows: int, row_bytes: int, budget: int) -> list[tuple[int, int]]:
     """The pieces of a subquery of ``rows`` rows of ``row_bytes`` bytes as ``(first_row, rows)``.
 
@@ -180,21 +62,22 @@ def pieces(rows: int, row_bytes: int, budget: int) -> list[tuple[int, int]]:
     return list(zip(firsts, sizes, strict=True))
 
 
-def series_rows(partitions: Sequence[PartitionSpec]) -> int:
-    """The rows of a group whose partitions are ``partitions`` (a combed windowed piece counts
-    its stripes: its context rows are another piece's)."""
-    return sum(p.rows if p.windows is None else p.windows.stripe_rows for p in partitions)
-
-
-def _same_read(a: PartitionSpec, b: PartitionSpec) -> bool:
-    """Whether tagged range pieces ``a`` and ``b`` cut one subquery (its key values) in one band."""
-    assert a.ranges is not None and b.ranges is not None
-    return a.ranges.band == b.ranges.band and a.key_params == b.key_params
+def series_rows(partitions: Sequence[PartitionSpec], row_maps: Sequence[WindowRows | None]) -> int:
+    """The rows of a group whose partitions are ``partitions`` with ``row_maps`` (see
+    :attr:`GroupPlan.row_maps`: a combed windowed piece counts its stripes, its context rows
+    being another piece's)."""
+    return sum(
+        p.rows if rows is None else rows.stripe_rows for p, rows in zip(partitions, row_maps, strict=True)
+    )
 
 
 @dataclass(frozen=True)
 class GroupPlan:
     """One time series: its non-empty partitions in repartition order.
+
+    How each partition is read is stated by the per-partition facts the planner sets (see
+    :func:`ddbloader._sql.read.group_reads`), so the schedule reads counts and positions, never
+    how a query cuts or orders its rows.
 
     Its samples are ``first_sample`` to ``sample_stop - 1`` of those its rows hold (sample ``i``
     starts at row ``i * stride``); ``samples`` counts them. ``first_sample`` is 0 but where a
@@ -207,6 +90,38 @@ class GroupPlan:
     partitions: tuple[PartitionSpec, ...]
     samples: int
     first_sample: int = 0
+    #: Per partition (by position): the query that yields it by itself where that is not its own
+    #: subquery (a streaming query, one object for the partitions it yields; see
+    #: :mod:`ddbloader._sql.read`); None where it is (see :attr:`keyed`): that read,
+    #: :func:`~ddbloader._sql.read.whole_read`, is made when it runs, not kept per partition.
+    reads: tuple[Read | None, ...] = ()
+    #: Per partition: where its rows lie in the series when they are not the rows
+    #: after the previous partition's (a combed piece of windows, see
+    #: :mod:`ddbloader._sql.window_pieces`: it serves the windows starting in its stripes, with
+    #: every row they read, so it needs no neighbour's rows); None where they are.
+    row_maps: tuple[WindowRows | None, ...] = ()
+    #: Per partition: the position of the first partition its own query yields (one query may
+    #: yield consecutive partitions, its rows cut among them in order); its own where it yields
+    #: only this one.
+    heads: tuple[int, ...] = ()
+    #: Per partition: whether its own subquery reads it alone, and a query that lists key values
+    #: (a fetch unit's, see :meth:`~ddbloader._sql.query.UserQuery.filtered_many`) among others.
+    keyed: tuple[bool, ...] = ()
+    #: Per partition: the position of the first partition of its read run, the consecutive
+    #: partitions one query may read together, :data:`PIECES_PER_QUERY` at a time (see
+    #: :func:`ddbloader._sql.read.run_read`); None where no query reads it with its neighbours.
+    read_runs: tuple[int | None, ...] = ()
+
+    def __post_init__(self) -> None:
+        # The facts not given are those of partitions each read alone by its own subquery.
+        count = len(self.partitions)
+        for name in ("reads", "row_maps", "heads", "keyed", "read_runs"):
+            given = getattr(self, name)
+            if not given:
+                default = {"heads": range(count), "keyed": (True,) * count}.get(name, (None,) * count)
+                object.__setattr__(self, name, tuple(default))
+            elif len(given) != count:
+                raise ValueError(f"{name} has {len(given)} entries for {count} partitions")
 
     @property
     def sample_stop(self) -> int:
@@ -215,15 +130,7 @@ class GroupPlan:
 
     @functools.cached_property  # read per group and epoch, thousands of times with small groups
     def rows(self) -> int:
-        return series_rows(self.partitions)
-
-    @functools.cached_property
-    def row_maps(self) -> tuple[WindowRows | None, ...]:
-        """Per partition (by position): where its rows lie in the series when they are not the
-        rows after the previous partition's (a combed piece of windows, see
-        :mod:`ddbloader._sql.window_pieces`: it serves the windows starting in its stripes, with
-        every row they read, so it needs no neighbour's rows); None where they are."""
-        return tuple(p.windows for p in self.partitions)
+        return series_rows(self.partitions, self.row_maps)
 
     @functools.cached_property
     def combed_windows(self) -> bool:
@@ -231,22 +138,10 @@ class GroupPlan:
         return any(rows is not None for rows in self.row_maps)
 
     @functools.cached_property
-    def read_runs(self) -> tuple[int | None, ...]:
-        """Per partition (by position): the position of the first partition of its read run,
-        the consecutive partitions one query may read together, :data:`PIECES_PER_QUERY` at a
-        time (tagged range pieces of one subquery and band, see
-        :mod:`ddbloader._sql.piece_tags`); None where no query reads it with its neighbours."""
-        runs: list[int | None] = []
-        previous: PartitionSpec | None = None
-        for position, partition in enumerate(self.partitions):
-            if not partition.tagged:
-                runs.append(None)
-            elif previous is not None and runs[-1] is not None and _same_read(previous, partition):
-                runs.append(runs[-1])
-            else:
-                runs.append(position)
-            previous = partition
-        return tuple(runs)
+    def subqueries(self) -> int:
+        """How many queries read this group's partitions each by itself: one per partition but
+        where several are pieces of one (see :attr:`heads`)."""
+        return sum(head == position for position, head in enumerate(self.heads))
 
     def read_together(self, a: int, b: int) -> bool:
         """Whether one query may read the partition at position ``b`` right after the one at ``a``:
@@ -361,18 +256,6 @@ class QueryPlan:
     def largest_partition_rows(self) -> int:
         """The most rows one partition holds (an arena's regions are sized from it)."""
         return max((p.rows for g in self.groups for p in g.partitions), default=0)
-
-    def piece_notes(self) -> list[str]:
-        """How the subqueries larger than ``fetch_bytes`` are read, for messages: ``'2 streamed
-        in 9 pieces'``, ``'40 range pieces of the order key'``; empty when none is."""
-        every = [p for g in self.groups for p in g.partitions]
-        streamed = [p for p in every if p.streamed and p.ranges is None]
-        ranged = sum(p.ranges is not None and p.piece == 0 for p in every)
-        heads = sum(p.piece == 0 for p in streamed)
-        notes = [f"{heads:,} streamed in {len(streamed):,} pieces"] if streamed else []
-        if ranged:
-            notes.append(f"{ranged:,} range piece{'' if ranged == 1 else 's'} of the order key")
-        return notes
 
     # The SQL of reads (see :mod:`ddbloader._sql.read`), kept per shape: every epoch cuts reads of
     # the same few shapes, and rendering one costs 5-20 ms.

@@ -34,9 +34,11 @@ from .cells import (
 from .columns import nullable_candidates, resolve_layout, resolve_layout_on_rows
 from .fingerprint import Fingerprint, row_hash
 from .key_values import PlanKey
-from .plan import GroupPlan, PartitionSpec, QueryPlan, pieces, series_rows
+from .partition import PartitionSpec
+from .plan import GroupPlan, QueryPlan, pieces, series_rows
 from .query import Query, UserQuery
 from .ranges import range_pieces
+from .read import group_reads
 from .splits import BEFORE_ALIAS, first_sample, plan_split
 
 __all__ = ["build_plan"]
@@ -213,7 +215,8 @@ def build_plan(backend: Backend, sql: str, config: LoaderConfig, progress: bool 
                 fingerprint,
             ) in enumerate(cut)
         )
-        total = series_rows(partitions)
+        reads = group_reads(partitions)
+        total = series_rows(partitions, reads.row_maps)
         first = _first_sample(befores[index] if befores else [], geometry)
         groups.append(
             GroupPlan(
@@ -222,6 +225,7 @@ def build_plan(backend: Backend, sql: str, config: LoaderConfig, progress: bool 
                 partitions,
                 max(0, geometry.sample_count(total) - first),
                 first,
+                **reads._asdict(),
             )
         )
     if not any(g.samples for g in groups):

@@ -3,8 +3,8 @@
 A :class:`Read` is rendered here. :func:`whole_read` is a partition's own subquery;
 :func:`stream_read` a streamed subquery's, split among its pieces by their row counts. The others come
 from a choice of partitions made by the schedule (:func:`ddbloader._epoch.units.fetch_units`
-picks them from counts, positions and the planned facts
-:attr:`~ddbloader._sql.plan.PartitionSpec.by_keys` and
+picks them from counts, positions and the facts :func:`group_reads` plans, such as
+:attr:`~ddbloader._sql.plan.GroupPlan.keyed` and
 :attr:`~ddbloader._sql.plan.GroupPlan.read_runs`): :func:`keys_read` for partitions read by their
 key values, :func:`run_read` for a read run. :class:`ddbloader._io.reader.ReadJob` runs it and
 splits its result (:func:`ddbloader._io.unit_split.unit_blocks`, or by rows as they arrive).
@@ -20,19 +20,21 @@ from __future__ import annotations
 import functools
 import itertools
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, NamedTuple
 
 import numpy as np
 
+from .partition import PartitionSpec, Read
 from .piece_tags import tag_regions, tagged_sql
-from .plan import GroupPlan, PartitionSpec, QueryPlan
+from .plan import QueryPlan
 from .query import UserQuery
+from .window_rows import WindowRows
 
 __all__ = [
-    "Read",
-    "Split",
+    "GroupReads",
+    "group_reads",
     "keys_read",
+    "piece_notes",
     "read_shape",
     "run_read",
     "same_ranked_subquery",
@@ -47,69 +49,62 @@ __all__ = [
 #: at once.
 UNIT_SQL_SHAPES = 256
 
-#: How a read's result is split among its cells: ``"whole"``, all of it is its one cell's rows;
-#: ``"rows"``, its rows in order are its cells' one after another, cut by their planned counts
-#: (read as a stream, each cell as it is asked for); ``"keys"``, by its last columns, each row's
-#: key values; ``"cells"``, by its last column, each row's cell index.
-Split = Literal["whole", "rows", "keys", "cells"]
+
+class GroupReads(NamedTuple):
+    """How a group's partitions are read, per partition (by position): the facts
+    :class:`~ddbloader._sql.plan.GroupPlan` holds (see its fields)."""
+
+    reads: tuple[Read | None, ...]
+    row_maps: tuple[WindowRows | None, ...]
+    heads: tuple[int, ...]
+    keyed: tuple[bool, ...]
+    read_runs: tuple[int | None, ...]
 
 
-@dataclass(frozen=True)
-class Read:
-    """Partitions fetched by one query.
+def group_reads(partitions: Sequence[PartitionSpec]) -> GroupReads:
+    """The read facts of a group whose partitions (in plan order) are ``partitions``: a whole
+    subquery is read by its own query (:func:`whole_read`, made when it runs) or by key values
+    with others; a range piece and the pieces of a subquery read in pieces by their subquery's
+    streaming query (:func:`stream_read`, one object for all its pieces); tagged range pieces of
+    one subquery and band (see :mod:`ddbloader._sql.piece_tags`) form read runs."""
+    if not any(p.streamed for p in partitions):
+        return _alone(len(partitions))
+    streamed: list[Read | None] = []
+    runs: list[int | None] = []
+    for position, partition in enumerate(partitions):
+        if not partition.streamed:
+            streamed.append(None)
+        else:
+            streamed.append(stream_read(partitions, position) if partition.piece == 0 else streamed[-1])
+        previous = partitions[position - 1] if position else None
+        if not partition.tagged:
+            runs.append(None)
+        elif previous is not None and runs[-1] is not None and _same_run(previous, partition):
+            runs.append(runs[-1])
+        else:
+            runs.append(position)
+    return GroupReads(
+        tuple(streamed),
+        tuple(p.windows for p in partitions),
+        tuple(position if read is None else read.cells[0].position for position, read in enumerate(streamed)),
+        tuple(not p.streamed for p in partitions),
+        tuple(runs),
+    )
 
-    ``cells`` are every partition whose rows the query returns, in plan order; ``wanted`` are the
-    keys (``(group, position)``) of those the epoch asks for (the others belong to another
-    worker's share of a group and are dropped on arrival). The result is split among ``cells`` as
-    ``split`` says (see :data:`Split`): by its last :attr:`key_columns` columns, each row's key
-    values, or the index of its cell (a read run's query, see :func:`run_read`, whose cells' rows
-    the client puts in order, see :meth:`~ddbloader._sql.plan.PartitionSpec.in_order`).
 
-    With ``verify=True`` (:attr:`hashed`) the rows' own columns are followed by their hash (before
-    the key columns), and each cell's hash sum is checked against its planned
-    :attr:`~ddbloader._sql.plan.PartitionSpec.fingerprint`.
+# Shared by every group of as many partitions each read alone (the common case: at thousands of
+# small groups, tuples of their own would be as many more objects for the collector to sweep).
+@functools.lru_cache(maxsize=256)
+def _alone(count: int) -> GroupReads:
+    """The read facts of ``count`` partitions each read by its own subquery."""
+    nones = (None,) * count
+    return GroupReads(nones, nones, tuple(range(count)), (True,) * count, nones)
 
-    Invariants: ``wanted`` ⊆ keys of ``cells``; every cell's key values are among ``params``; a
-    ``"whole"`` read has one cell; a ``"rows"`` read's cells are consecutive partitions of one
-    group, all wanted.
-    """
 
-    sql: str
-    params: tuple[Any, ...]
-    cells: tuple[PartitionSpec, ...]
-    wanted: frozenset[tuple[int, int]]
-    split: Split = "keys"
-
-    @property
-    def key_columns(self) -> int:
-        """The columns after the rows' own (and the row hash) that tell a row's cell."""
-        return {"whole": 0, "rows": 0, "keys": len(self.cells[0].params), "cells": 1}[self.split]
-
-    @property
-    def hashed(self) -> bool:
-        """Whether the result carries the row hash column (``verify=True``)."""
-        return self.cells[0].fingerprint is not None
-
-    @property
-    def rows(self) -> int:
-        return sum(c.rows for c in self.cells)
-
-    @functools.cached_property
-    def first_rows(self) -> dict[int, int]:
-        """A ``"rows"`` read's cells by position: the first row of each in the result."""
-        firsts = itertools.accumulate((c.rows for c in self.cells[:-1]), initial=0)
-        return {c.position: first for c, first in zip(self.cells, firsts, strict=True)}
-
-    def describe(self) -> str:
-        """Name the read for messages: its partitions and its SQL."""
-        if self.split == "whole":
-            return self.cells[0].describe()
-        groups = sorted({c.group for c in self.cells})
-        shown = f"{groups[:5]}{'...' if len(groups) > 5 else ''}"
-        return (
-            f"{len(self.cells)} partitions of group(s) {shown} in one query "
-            f"({self.sql!r} with {len(self.params)} parameters)"
-        )
+def _same_run(a: PartitionSpec, b: PartitionSpec) -> bool:
+    """Whether tagged range pieces ``a`` and ``b`` cut one subquery (its key values) in one band."""
+    assert a.ranges is not None and b.ranges is not None
+    return a.ranges.band == b.ranges.band and a.key_params == b.key_params
 
 
 def whole_read(spec: PartitionSpec) -> Read:
@@ -118,12 +113,12 @@ def whole_read(spec: PartitionSpec) -> Read:
     return Read(sql, spec.params, (spec,), frozenset([spec.key]), split="whole")
 
 
-def stream_read(group: GroupPlan, head: int) -> Read:
-    """The read of the streamed subquery whose first piece is ``group``'s partition ``head``: its
-    whole subquery (with ``verify=True``, the fingerprinting one, whose hash covers every piece),
-    split by rows among its pieces."""
-    first = group.partitions[head]
-    cells = group.partitions[head : head + first.pieces]
+def stream_read(partitions: Sequence[PartitionSpec], head: int) -> Read:
+    """The read of the streamed subquery whose first piece is ``partitions[head]`` (a group's
+    partitions): its whole subquery (with ``verify=True``, the fingerprinting one, whose hash
+    covers every piece), split by rows among its pieces."""
+    first = partitions[head]
+    cells = tuple(partitions[head : head + first.pieces])
     sql = first.sql if first.fingerprint is None else first.fingerprint.sql
     return Read(sql, first.params, cells, frozenset(c.key for c in cells), split="rows")
 
@@ -190,6 +185,19 @@ def _kept(plan: QueryPlan, shape: tuple[Any, ...], render: Callable[[], str | No
             sqls.clear()
         sqls[shape] = render()
     return sqls[shape]
+
+
+def piece_notes(plan: QueryPlan) -> list[str]:
+    """How ``plan``'s subqueries larger than ``fetch_bytes`` are read, for messages: ``'2
+    streamed in 9 pieces'``, ``'40 range pieces of the order key'``; empty when none is."""
+    every = [p for g in plan.groups for p in g.partitions]
+    streamed = [p for p in every if p.streamed and p.ranges is None]
+    ranged = sum(p.ranges is not None and p.piece == 0 for p in every)
+    heads = sum(p.piece == 0 for p in streamed)
+    notes = [f"{heads:,} streamed in {len(streamed):,} pieces"] if streamed else []
+    if ranged:
+        notes.append(f"{ranged:,} range piece{'' if ranged == 1 else 's'} of the order key")
+    return notes
 
 
 def read_shape(spec: PartitionSpec) -> tuple[Any, ...]:
