@@ -355,7 +355,7 @@ def assert_units_split_as_read_alone(loader: DDBDataLoader, units: Sequence[Any]
             split = unit_blocks(cursor.fetch(unit.sql, unit.params), unit, loader.plan.layout)
             assert split is not None and split.specs == unit.cells
             for n, spec in enumerate(split.specs):
-                alone = fetch_partition(cursor, spec, loader.plan.layout)
+                alone = fetch_partition(cursor, unit.read_alone(spec), loader.plan.layout)
                 got = split.block(n)
                 assert got.keys is not None and alone.keys is not None
                 assert got.keys["id"].tolist() == alone.keys["id"].tolist()

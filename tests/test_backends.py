@@ -30,6 +30,7 @@ import servers
 import torch
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
+from planned import views
 from resume_check import assert_resumes_exactly
 
 from ddbloader import DDBDataLoader
@@ -617,7 +618,7 @@ def test_streamed_partitions_cover_every_window_once_and_resume_exactly(
         assert [len(g.partitions) for g in loader.plan.groups] == [3 + 1 + 2, 5]
         # the 450-row group is one subquery with a distinct key: its pieces are combed windows
         assert [g.combed_windows for g in loader.plan.groups] == [False, shuffle]
-        ranged = [p.ranges is not None for g in loader.plan.groups for p in g.partitions]
+        ranged = [p.ranges is not None for p in views(loader.plan)]
         got = list(loader)
         stats = loader.stats()
     # with shuffle, range pieces by pos, each read by its own query (the combed windows of the
@@ -661,7 +662,7 @@ def test_combed_range_pieces_serve_every_row_once(engine: Engine) -> None:
         "fetch_bytes": 100 * 16,
     }
     with DDBDataLoader(engine.source(), SERIES_SQL, **options) as loader:
-        pieces = [p.ranges for g in loader.plan.groups for p in g.partitions]
+        pieces = [p.ranges for p in views(loader.plan)]
         got = list(loader)
     assert all(r is not None for r in pieces) and any(len(r.spans) > 1 for r in pieces if r is not None)
     rows = sorted(int(v) for x, _ in got for v in x[:, 0].tolist())

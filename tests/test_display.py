@@ -15,6 +15,7 @@ import duckdb
 import pytest
 import torch
 from conftest import SERIES_SQL, FaultyBackend, make_series, series_loader
+from planned import views
 
 from ddbloader import DDBDataLoader
 from ddbloader._core.display import compact_traceback, human_bytes, readable_in_notebooks
@@ -83,7 +84,7 @@ def test_repr_counts_range_pieces_apart_from_streamed_ones(con: duckdb.DuckDBPyC
     make_series(con, [[300, 5], [10]])
     options: dict[str, Any] = {"group_col": "gid", "repartition_col": "part", "fetch_bytes": 1600}
     with DDBDataLoader(con, SERIES_SQL, "y", input_col=["f0"], shuffle=True, seed=0, **options) as loader:
-        ranged = sum(p.ranges is not None for g in loader.plan.groups for p in g.partitions)
+        ranged = sum(p.ranges is not None for p in views(loader.plan))
         partitions = sum(len(g.partitions) for g in loader.plan.groups)
         expected = f"= {partitions} partitions ({ranged} range pieces of the order key)"
         assert ranged > 1 and expected in repr(loader) and "streamed" not in repr(loader)

@@ -30,6 +30,7 @@ from conftest import SERIES_SQL, examples, make_series
 from elastic_worker import ARGS as ELASTIC_RUN
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from planned import views
 from servers import free_port
 from test_schedule import Epoch, epochs
 from torch.utils.data import DataLoader
@@ -302,7 +303,7 @@ def check_elastic(
     plan = whole_loader.plan
     assert len(set(whole)) == len(whole) == plan.samples
     # big partitions are read in pieces: range pieces with shuffle, consecutive ones without
-    pieces = [p for g in plan.groups for p in g.partitions if p.pieces > 1 or p.ranges is not None]
+    pieces = [p for p in views(plan) if p.streamed]
     assert pieces, "partitions read in pieces"
     consumed: list[int] = []
     states = []

@@ -25,6 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 from conftest import ENGINES, SERIES_SQL, FaultyBackend, make_series, table_engine, wait_until
+from planned import Planned, views
 from test_backends import ClickHouseEngine, SparkEngine
 
 from ddbloader import DDBDataLoader
@@ -184,7 +185,9 @@ def _planned(plan: QueryPlan, spec: PartitionSpec) -> QueryPlan:
     """``plan`` with ``spec`` in place of the partition of its key, its group's reads planned again."""
     group = plan.groups[spec.group]
     partitions = tuple(spec if p.key == spec.key else p for p in group.partitions)
-    changed = dataclasses.replace(group, partitions=partitions, **group_reads(partitions)._asdict())
+    assert not any(group.reads), "a group of partitions each read by its own subquery"
+    cuts = [None] * len(partitions)
+    changed = dataclasses.replace(group, partitions=partitions, **group_reads(partitions, cuts)._asdict())
     return dataclasses.replace(plan, groups=tuple(changed if g is group else g for g in plan.groups))
 
 
@@ -608,7 +611,7 @@ def _read_table() -> pa.Table:
 READ_KINDS: dict[str, tuple[dict[str, Any], Callable[[QueryPlan, list[Any]], bool]]] = {
     "partition": (
         {"group_col": "sym", "fetch_bytes": 0},
-        lambda plan, units: not units and not any(p.streamed for p in _specs(plan)),
+        lambda plan, units: not units and not any(p.streamed for p in views(plan)),
     ),
     "fetch unit": (
         {"group_col": "sym", "repartition_col": "day", "fetch_bytes": 2**20},
@@ -616,11 +619,11 @@ READ_KINDS: dict[str, tuple[dict[str, Any], Callable[[QueryPlan, list[Any]], boo
     ),
     "streamed pieces": (
         {"fetch_bytes": READ_BUDGET},
-        lambda plan, units: any(p.pieces > 1 and p.ranges is None for p in _specs(plan)),
+        lambda plan, units: any(p.pieces > 1 and p.ranges is None for p in views(plan)),
     ),
     "contiguous range pieces": (
         {"shuffle": True, "window_size": 3, "group_col": "sym", "repartition_col": "day", "fetch_bytes": 320},
-        lambda plan, units: any(p.ranges is not None and p.ranges.band is None for p in _specs(plan)),
+        lambda plan, units: any(p.ranges is not None and p.ranges.band is None for p in views(plan)),
     ),
     "combed pieces, read two to a query": (
         {"shuffle": True, "fetch_bytes": READ_BUDGET},
@@ -632,11 +635,11 @@ READ_KINDS: dict[str, tuple[dict[str, Any], Callable[[QueryPlan, list[Any]], boo
             "fetch_bytes": READ_BUDGET,
             "sql": "SELECT id, sym, day, f, y FROM t ORDER BY sym, id",
         },
-        lambda plan, units: all(p.ranges is not None and p.ranges.sort is None for p in _specs(plan)),
+        lambda plan, units: all(p.ranges is not None and p.ranges.sort is None for p in views(plan)),
     ),
     "combed pieces of windows": (
         {"shuffle": True, "window_size": 3, "fetch_bytes": READ_BUDGET},
-        lambda plan, units: all(p.windows is not None for p in _specs(plan)),
+        lambda plan, units: all(p.windows is not None for p in views(plan)),
     ),
 }
 
@@ -673,7 +676,7 @@ def read_engine(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]
         clickhouse.close()
 
 
-def _planned_ids(spec: PartitionSpec, whole: pa.Table, keyed: list[str]) -> list[int]:
+def _planned_ids(spec: Planned, whole: pa.Table, keyed: list[str]) -> list[int]:
     """The ids the partition ``spec`` holds by its plan, cut from the query run whole: its key
     values' rows in the query's order, then its rows of them (a range piece: its runs; a piece
     read in parts: its rows of those)."""
@@ -714,11 +717,11 @@ def test_every_read_kind_yields_exactly_its_planned_partitions_rows(read_engine:
         fetcher = Fetcher(loader._backend, plan, 2, units=units)
         stop = threading.Event()
         try:
-            for spec in _specs(plan):
-                block = fetcher.submit(spec).wait(stop, 30)
+            for spec in views(plan):
+                block = fetcher.submit(spec.spec).wait(stop, 30)
                 assert block.keys is not None
-                assert block.keys["id"].tolist() == _planned_ids(spec, whole, keyed), spec.describe()
+                assert block.keys["id"].tolist() == _planned_ids(spec, whole, keyed), spec.describe(spec.read)
         finally:
             fetcher.close()
-    served = sum(len(_planned_ids(spec, whole, keyed)) for spec in _specs(plan))
+    served = sum(len(_planned_ids(spec, whole, keyed)) for spec in views(plan))
     assert served >= READ_ROWS  # combed windows' context rows are read twice

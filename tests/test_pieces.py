@@ -24,6 +24,7 @@ import pytest
 from conftest import ENGINES, TableEngine, assert_units_split_as_read_alone, examples, table_engine
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from planned import views
 from resume_check import assert_resumes_exactly
 from sqlglot import exp
 
@@ -247,7 +248,7 @@ def test_windows_across_range_pieces_are_the_whole_querys_each_once(engine: Tabl
         "fetch_bytes": FETCH_BYTES,
     }
     with DDBDataLoader(engine.source, sql, "y", **options) as loader:
-        partitions = loader.plan.groups[0].partitions
+        partitions = views(loader.plan.groups[0])
         got = list(loader)
     assert len(partitions) > 5 and all(p.ranges is not None for p in partitions)
     # the whole tuple (k, id) is distinct, NULLs of k and all: the pieces are combed
@@ -271,7 +272,7 @@ def test_rows_of_combed_pieces_are_the_whole_querys_each_once(engine: TableEngin
     sql = "SELECT id, k, f, y FROM t ORDER BY k, id"
     options: dict[str, Any] = {"input_col": ["f"], "batch_size": 64, "shuffle": True, "seed": 2}
     with DDBDataLoader(engine.source, sql, "y", fetch_bytes=FETCH_BYTES, **options) as loader:
-        partitions = loader.plan.groups[0].partitions
+        partitions = views(loader.plan.groups[0])
         got = sorted(int(v) for x, _ in loader for v in x[:, 0].tolist())
     assert len(partitions) > 5 and any(len(p.ranges.spans) > 1 for p in partitions if p.ranges)
     assert got == list(range(ROWS))
@@ -303,7 +304,7 @@ def test_combed_pieces_the_reader_orders_hold_the_querys_rows_in_order(
         column = "Nu"  # DuckDB and SQLite keep an unquoted alias's case; PostgreSQL folds it
     options: dict[str, Any] = {"input_col": ["f"], "batch_size": 64, "shuffle": True, "seed": 2}
     with DDBDataLoader(engine.source, sql, "y", fetch_bytes=FETCH_BYTES, **options) as loader:
-        partitions = loader.plan.groups[0].partitions
+        partitions = views(loader.plan.groups[0])
         got = sorted(int(v) for x, _ in loader for v in x[:, 0].tolist())
         assert loader._backend is not None
         cursor = loader._backend.cursor()
@@ -325,7 +326,7 @@ def test_a_key_holding_null_is_ordered_by_the_engine(engine: TableEngine, order:
     sql = f"SELECT id, k, f, y FROM t ORDER BY {order}"
     options: dict[str, Any] = {"input_col": ["f"], "batch_size": 64, "shuffle": True, "seed": 2}
     with DDBDataLoader(engine.source, sql, "y", fetch_bytes=FETCH_BYTES, **options) as loader:
-        ranged = [p for p in loader.plan.groups[0].partitions if p.ranges]
+        ranged = [p for p in views(loader.plan.groups[0]) if p.ranges]
         got = sorted(int(v) for x, _ in loader for v in x[:, 0].tolist())
     assert got == list(range(ROWS))
     assert len(ranged) > 5 and all(p.ranges and p.ranges.sort is None and "ORDER BY" in p.sql for p in ranged)
@@ -339,7 +340,7 @@ def test_the_engine_orders_combed_pieces_unless_one_integer_column_does(
     con.execute("CREATE TABLE t AS SELECT * FROM _incoming")
     sql = f"SELECT id, k, f, y, CAST(id AS TEXT) AS s FROM t ORDER BY {order}"
     loader = DDBDataLoader(con, sql, "y", input_col=["f"], shuffle=True, fetch_bytes=FETCH_BYTES)
-    ranged = [p for p in loader.plan.groups[0].partitions if p.ranges is not None]
+    ranged = [p for p in views(loader.plan.groups[0]) if p.ranges is not None]
     assert len(ranged) > 5
     assert all(p.ranges is not None and p.ranges.sort is None and "ORDER BY" in p.sql for p in ranged)
 
@@ -358,7 +359,7 @@ def test_an_unquoted_order_by_name_folds_as_the_engine_folds_it(engine: TableEng
     assert sorted(position[w[0]] for w in windows) == list(range(ROWS - 3))
     assert all(w == whole[position[w[0]] : position[w[0]] + 3] for w in windows)
     with DDBDataLoader(engine.source, sql, "y", fetch_bytes=FETCH_BYTES, **options) as loader:
-        sorts = {p.ranges.sort for p in loader.plan.groups[0].partitions if p.ranges}
+        sorts = {p.ranges.sort for p in views(loader.plan.groups[0]) if p.ranges}
     assert sorts == {(5, False)}  # the column u, the sixth
 
 
@@ -386,7 +387,7 @@ def test_combed_pieces_the_reader_orders_over_extreme_and_zoned_keys(con: duckdb
             with DDBDataLoader(
                 con, sql, "y", input_col=["f"], shuffle=True, seed=1, fetch_bytes=2048, key_col=["id"]
             ) as loader:
-                partitions = loader.plan.groups[0].partitions
+                partitions = views(loader.plan.groups[0])
                 got = sorted(int(i) for _, _, k in loader for i in k["id"].tolist())
                 cursor = loader._backend.cursor()  # type: ignore[union-attr]
                 read = [(p, p.ranges.in_order(cursor.fetch(p.sql, p.params))) for p in partitions if p.ranges]
@@ -415,7 +416,7 @@ def test_the_reader_orders_each_subquery_by_the_term_after_its_keys(con: duckdb.
             con, sql, "y", group_col="g", repartition_col="r", fetch_bytes=2048, **options
         ) as loader:
             got = sorted(int(i) for _, _, k in loader for i in k["id"].tolist())
-            read = [p for group in loader.plan.groups for p in group.partitions if p.ranges]
+            read = [p for p in views(loader.plan) if p.ranges]
             cursor = loader._backend.cursor()  # type: ignore[union-attr]
             tables = [(p, p.ranges.in_order(cursor.fetch(p.sql, p.params))) for p in read if p.ranges]
             cursor.close()
@@ -436,7 +437,7 @@ def test_reader_ordered_pieces_resume_exactly_and_verify(con: duckdb.DuckDBPyCon
     sql = "SELECT id, k, f, y, u FROM t ORDER BY u DESC"
     options: dict[str, Any] = {"input_col": ["f"], "batch_size": 16, "shuffle": True, "seed": 4}
     with DDBDataLoader(con, sql, "y", fetch_bytes=FETCH_BYTES, verify=True, **options) as verified:
-        assert all(p.ranges and p.ranges.sort == (4, True) for p in verified.plan.groups[0].partitions)
+        assert all(p.ranges and p.ranges.sort == (4, True) for p in views(verified.plan.groups[0]))
         assert sorted(int(v) for x, _ in verified for v in x[:, 0].tolist()) == list(range(ROWS))
     assert_resumes_exactly(lambda: DDBDataLoader(con, sql, "y", fetch_bytes=FETCH_BYTES, **options), epochs=2)
 
@@ -455,7 +456,7 @@ def test_neighbouring_combed_pieces_share_a_query_split_exactly_as_read_alone(
     options: dict[str, Any] = {"input_col": ["f"], "batch_size": 64, "shuffle": True, "seed": 2}
     with DDBDataLoader(engine.source, sql, "y", fetch_bytes=FETCH_BYTES, key_col=["id"], **options) as loader:
         plan, config = loader.plan, loader.config
-        partitions = plan.groups[0].partitions
+        partitions = views(plan.groups[0])
         assert len(partitions) > 5 and all(p.tagged for p in partitions)
         for epoch in range(2):
             units = list(
@@ -482,7 +483,7 @@ def test_a_tagged_piece_whose_rows_changed_is_refused_naming_it(con: duckdb.Duck
     sql = "SELECT id, k, f, y, u FROM t ORDER BY u"
     options: dict[str, Any] = {"input_col": ["f"], "batch_size": 16, "shuffle": True, "seed": 3}
     with DDBDataLoader(con, sql, "y", fetch_bytes=FETCH_BYTES, **options) as loader:
-        assert all(p.tagged for p in loader.plan.groups[0].partitions)
+        assert all(p.tagged for p in views(loader.plan.groups[0]))
         con.execute("INSERT INTO t VALUES (900, 1, 900.0, 900.5, 450)")
         with pytest.raises(ValueError, match=r"order key in .* returned \d+ rows, but planning") as info:
             for _ in loader:
@@ -594,8 +595,8 @@ def test_no_order_by_falls_back_with_a_warning_naming_the_fixes(con: duckdb.Duck
         )
     texts = [str(w.message) for w in caught if "cannot be cut into pieces" in str(w.message)]
     assert len(texts) == 1 and "no ORDER BY" in texts[0] and "fetch_bytes=0" in texts[0]
-    assert all(p.ranges is None for p in loader.plan.groups[0].partitions)
-    assert loader.plan.groups[0].partitions[0].pieces > 1  # streamed front to back, as before
+    assert all(p.ranges is None for p in views(loader.plan.groups[0]))
+    assert views(loader.plan.groups[0])[0].pieces > 1  # streamed front to back, as before
     loader.close()
 
 
@@ -604,7 +605,7 @@ def test_without_shuffle_nothing_is_cut_by_ranges(con: duckdb.DuckDBPyConnection
     with DDBDataLoader(
         con, "SELECT * FROM big ORDER BY id", "y", input_col=["f"], fetch_bytes=50_000
     ) as loader:
-        assert all(p.ranges is None for p in loader.plan.groups[0].partitions)
+        assert all(p.ranges is None for p in views(loader.plan.groups[0]))
 
 
 def _update(engine: TableEngine, sql: str) -> None:
@@ -639,7 +640,7 @@ def test_verify_checks_each_range_piece(engine: TableEngine, window_size: int | 
             engine.source, sql, "y", fetch_bytes=FETCH_BYTES, window_size=window_size, **options
         ) as plain,
     ):
-        pieces = [p for p in verified.plan.groups[0].partitions if p.ranges is not None]
+        pieces = [p for p in views(verified.plan.groups[0]) if p.ranges is not None]
         assert len(pieces) > 5 and all(p.fingerprint is not None for p in pieces)
         tagged = order == "u" and window_size is None
         assert all(p.tagged for p in pieces) == tagged
@@ -687,7 +688,7 @@ def test_a_key_without_a_python_value_falls_back_with_the_reason(con: duckdb.Duc
             con, "SELECT * FROM t ORDER BY tk, id", "y", input_col=["y"], shuffle=True, fetch_bytes=2000
         )
     with loader:
-        assert all(p.ranges is None for p in loader.plan.groups[0].partitions)
+        assert all(p.ranges is None for p in views(loader.plan.groups[0]))
         assert sum(len(x) for x, _ in loader) == 3000
 
 
@@ -703,7 +704,7 @@ def test_the_plan_fingerprint_of_zoned_keys_is_the_same_in_every_time_zone(
     for zone in ("UTC", "Europe/Paris"):
         con.execute(f"SET TimeZone = '{zone}'")
         with DDBDataLoader(con, "SELECT * FROM t ORDER BY tk, id", "y", **options) as loader:
-            assert any(p.ranges is not None for p in loader.plan.groups[0].partitions)
+            assert any(p.ranges is not None for p in views(loader.plan.groups[0]))
             states.append(loader.state_dict())
     with DDBDataLoader(con, "SELECT * FROM t ORDER BY tk, id", "y", **options) as loader:
         loader.load_state_dict(states[0])  # saved under UTC, resumed under Paris
@@ -726,7 +727,7 @@ def test_a_subquery_ordered_by_a_term_it_does_not_select_is_cut_by_that_term(
         warnings.simplefilter("error")  # no "cannot be cut into pieces"
         loader = DDBDataLoader(con, sql, "y", input_col=["id"], group_col="g", shuffle=True, fetch_bytes=320)
     with loader:
-        partitions = [p for group in loader.plan.groups for p in group.partitions]
+        partitions = views(loader.plan)
         got = sorted(int(v) for x, _ in loader for v in x[:, 0].tolist())
         cursor = loader._backend.cursor()  # type: ignore[union-attr]
         tables = [(p, cursor.fetch(p.sql, p.params)) for p in partitions]

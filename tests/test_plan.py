@@ -18,6 +18,7 @@ from typing import Any
 
 import duckdb
 import pytest
+from planned import views
 
 from ddbloader import DDBDataLoader
 from ddbloader._pipeline.batch import batch_count
@@ -541,7 +542,7 @@ def test_a_subquery_over_fetch_bytes_becomes_consecutive_pieces_of_its_group(
     sql = "SELECT gid, part, pos, rid, f0, f1, y FROM wide ORDER BY gid, part, pos"
     options: dict[str, Any] = {"input_col": ["f0"], "repartition_col": "part"}
     with DDBDataLoader(db, sql, "y", fetch_bytes=12 * 16, **options) as loader:
-        partitions = loader.plan.groups[0].partitions
+        partitions = views(loader.plan.groups[0])
         rows = [float(r) for x, _ in loader for r in x[:, 0].tolist()]
     assert [(p.repartition_value, p.piece, p.pieces, p.first_row, p.rows) for p in partitions] == [
         (0, 0, 4, 0, 50),

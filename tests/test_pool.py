@@ -22,6 +22,7 @@ import torch
 from conftest import SERIES_SQL, FaultyBackend, make_series, wait_until
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
+from planned import views
 
 from ddbloader import DDBDataLoader
 from ddbloader._core.config import LoaderConfig
@@ -218,12 +219,12 @@ def _series_rids(con: duckdb.DuckDBPyConnection, group: GroupPlan) -> np.ndarray
         .to_arrow_table()
         .column("rid")
         .to_numpy()[p.first_row : p.first_row + p.rows]
-        for p in group.partitions
+        for p in views(group)
     ]
     if not group.combed_windows:
         return np.concatenate(blocks or [np.empty(0, np.int64)])
     series = np.full(group.rows, -1, np.int64)
-    for partition, block in zip(group.partitions, blocks, strict=True):
+    for partition, block in zip(views(group), blocks, strict=True):
         assert partition.windows is not None
         rows = np.concatenate([np.arange(first, first + n) for first, n in partition.windows.runs])
         series[rows] = block

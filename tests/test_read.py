@@ -7,10 +7,12 @@ from typing import Any
 
 import duckdb
 from conftest import make_series
+from planned import views
 
 from ddbloader import DDBDataLoader
 from ddbloader._io.unit_split import split_by_key
-from ddbloader._sql.read import keys_read, run_read, whole_read
+from ddbloader._sql.partition import whole_read
+from ddbloader._sql.read import keys_read, run_read
 from ddbloader.backends import DuckDBBackend
 
 
@@ -61,7 +63,9 @@ def test_a_run_read_wants_every_partition_of_its_run_and_splits_by_a_cell_index(
     parts = split_by_key(cursor.fetch(read.sql, read.params), cells, cell_index=True)
     assert parts is not None
     for part, cell in zip(parts, cells, strict=True):
-        alone = cursor.fetch(cell.sql, cell.params)
+        own = read.read_alone(cell)
+        assert own is group.reads[cell.position] and own.cells == (cell,)
+        alone = cursor.fetch(own.sql, own.params)
         assert sorted(part.column("id").to_pylist()) == sorted(alone.column("id").to_pylist())
         assert read.in_order(cell, part).to_pylist() == alone.to_pylist()
 
@@ -99,7 +103,7 @@ def test_a_whole_read_is_a_partitions_own_subquery_and_of_a_piece_its_whole_subq
         with DDBDataLoader(con, "SELECT * FROM big ORDER BY id", "y", verify=verify, **options) as loader:
             plan = loader.plan
         pieces = plan.groups[0].partitions
-        assert len(pieces) > 1 and all(p.pieces == len(pieces) for p in pieces)
+        assert len(pieces) > 1 and all(p.pieces == len(pieces) for p in views(plan.groups[0]))
         reads = [whole_read(p) for p in pieces]
         assert {(r.sql, r.params) for r in reads} == {(reads[0].sql, pieces[0].params)}
         assert all(r.split == "whole" and r.key_columns == 0 and r.hashed == verify for r in reads)

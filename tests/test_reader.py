@@ -18,8 +18,8 @@ from ddbloader._io.convert import to_block
 from ddbloader._io.reader import Alone, ReadJob
 from ddbloader._io.threads import ThreadFailure
 from ddbloader._io.unit_split import UnitPartitions
-from ddbloader._sql.partition import PartitionSpec
-from ddbloader._sql.read import keys_read, stream_read, whole_read
+from ddbloader._sql.partition import PartitionSpec, whole_read
+from ddbloader._sql.read import keys_read
 from ddbloader.backends import DuckDBBackend
 
 SQL = "SELECT gid, part, pos, f0, y FROM series ORDER BY pos DESC, rid"
@@ -131,8 +131,10 @@ def test_a_streamed_read_serves_each_piece_asked_for_its_rows_of_the_subquery_ru
     with DDBDataLoader(con, SERIES_SQL, "y", input_col=["f0"], fetch_bytes=8 * 64) as loader:
         plan = loader.plan
     group = plan.groups[0]
-    read = stream_read(group.partitions, 0)
-    assert read.split == "rows" and read.cells == group.partitions and len(read.cells) == 10
+    read = group.reads[0]
+    assert (
+        read is not None and read.split == "rows" and read.cells == group.partitions and len(read.cells) == 10
+    )
     backend = DuckDBBackend(con)
     cursor = backend.cursor()
     whole = to_block(cursor.fetch(read.sql, read.params), plan.layout)

@@ -105,8 +105,7 @@ def combed_group(index: int, rows: int, pieces: int, geometry: WindowGeometry) -
     ]
     cut = window_layout(tiles, (False,), pieces, 64, geometry.span, geometry.stride)
     specs = tuple(
-        PartitionSpec(index, position, index, 0, "", (), size, ranges=ranges)
-        for position, (ranges, size) in enumerate(cut)
+        PartitionSpec(index, position, index, 0, "", (), size) for position, (_, size) in enumerate(cut)
     )
     row_maps = tuple(ranges.windows for ranges, _ in cut)
     return GroupPlan(index, index, specs, geometry.sample_count(rows), row_maps=row_maps)
@@ -135,11 +134,8 @@ def plan_groups(
         for r, pieces in enumerate(group):
             sizes = [rows for rows in pieces if rows] if len(pieces) > 1 else [sum(pieces)]
             sizes = [rows for rows in sizes if rows]
-            first = 0
             heads += [len(specs)] * len(sizes)
-            for piece, rows in enumerate(sizes):
-                specs.append(PartitionSpec(g, len(specs), g, r, "", (), rows, piece, len(sizes), first))
-                first += rows
+            specs += [PartitionSpec(g, len(specs) + n, g, r, "", (), rows) for n, rows in enumerate(sizes)]
         rows = sum(s.rows for s in specs)
         groups.append(GroupPlan(g, g, tuple(specs), geometry.sample_count(rows), heads=tuple(heads)))
     return tuple(groups)

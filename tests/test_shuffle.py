@@ -18,6 +18,7 @@ import torch
 from conftest import SERIES_SQL, FaultyBackend, make_series
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
+from planned import views
 
 from ddbloader import DDBDataLoader
 from ddbloader._epoch.shuffle import Purpose, SampleOrders, SourceDraws, generator, visit_order
@@ -444,7 +445,7 @@ def test_the_mean_position_of_a_batch_does_not_drift_over_a_shuffled_epoch(
             fetch_bytes=rows // pieces * 8,  # float32 f and y: 8 bytes a row
             key_col=["id"],
         ) as loader:
-            partitions = loader.plan.groups[0].partitions
+            partitions = views(loader.plan.groups[0])
             means = [float(keys["id"].double().mean()) for _, _, keys in loader]
         assert len(partitions) == pieces and all(p.ranges and len(p.ranges.spans) > 1 for p in partitions)
         drifts.append(_spearman(means))

@@ -18,6 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 from conftest import SERIES_SQL, live_threads, make_series, wait_until
+from planned import views
 
 from ddbloader import DDBDataLoader
 from ddbloader._io.fetch import Fetcher
@@ -125,11 +126,11 @@ def _rids(block: Any) -> list[float]:
 
 
 def test_a_partition_larger_than_fetch_bytes_is_planned_as_pieces(con: duckdb.DuckDBPyConnection) -> None:
-    pieces = _plan(con).groups[0].partitions
+    pieces = views(_plan(con).groups[0])
     assert [(p.position, p.piece, p.pieces, p.first_row, p.rows) for p in pieces] == [
         (n, n, 10, n * MIN_PIECE_ROWS, MIN_PIECE_ROWS) for n in range(10)
     ]
-    assert "piece 3 of 10" in pieces[2].describe()
+    assert "piece 3 of 10" in pieces[2].describe(pieces[2].read)
 
 
 def test_pieces_arrive_as_asked_for_without_reading_ahead(con: duckdb.DuckDBPyConnection) -> None:
@@ -187,8 +188,8 @@ def test_a_parked_stream_leaves_the_only_fetch_thread_to_other_fetches(
     con: duckdb.DuckDBPyConnection,
 ) -> None:
     # the whole subquery as one partition of a group of its own
-    spec = dataclasses.replace(_plan(con).groups[0].partitions[0], group=1, position=0, pieces=1, rows=ROWS)
-    alone = GroupPlan(1, None, (spec,), ROWS, **group_reads([spec])._asdict())
+    spec = dataclasses.replace(_plan(con).groups[0].partitions[0], group=1, position=0, rows=ROWS)
+    alone = GroupPlan(1, None, (spec,), ROWS, **group_reads([spec], [None])._asdict())
     with _fetching(con, more=(alone,)) as (pieces, backend, fetcher, stop):
         first = fetcher.submit(pieces[0])
         assert _rids(first.wait(stop, 10)) == [float(r) for r in range(MIN_PIECE_ROWS)]
@@ -348,7 +349,7 @@ def test_a_parked_stream_resumes_on_the_thread_that_opened_its_sqlite_connection
         batch_size=100,
         fetch_threads=4,
     ) as loader:
-        assert all(p.pieces == 10 for g in loader.plan.groups for p in g.partitions)
+        assert all(p.pieces == 10 for p in views(loader.plan))
         got = [float(v) for _, y in loader for v in y.flatten().tolist()]
     assert sorted(got) == [2.0 * i for i in range(4 * ROWS)]
     assert live_threads() == []

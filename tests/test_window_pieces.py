@@ -21,6 +21,7 @@ import pytest
 from conftest import ENGINES, TableEngine, examples, table_engine
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from planned import views
 
 from ddbloader import DDBDataLoader
 from ddbloader._epoch.slots import RUNS_FROM
@@ -192,7 +193,7 @@ def test_combed_windows_are_the_whole_querys_each_once(
     loader, firsts = _check_windows(engine, order, window, stride, offset, group)
     groups = loader.plan.groups
     assert all(g.combed_windows and len(g.partitions) > 2 for g in groups)
-    assert all(p.ranges is not None and p.ranges.band is not None for g in groups for p in g.partitions)
+    assert all(p.ranges is not None and p.ranges.band is not None for g in groups for p in views(g))
     if group is None:  # a batch mixes the series: most of its ten blocks of 300 ids
         assert np.median([len({i // 300 for i in batch}) for batch in firsts]) >= 7
 
@@ -215,7 +216,7 @@ def test_stripes_thin_out_as_windows_grow_so_a_piece_stays_near_its_budget(
     sql = "SELECT id, u, f, y FROM t ORDER BY u"
     options: dict[str, Any] = {"input_col": ["f"], "shuffle": True, "window_size": window}
     with DDBDataLoader(table, sql, "y", fetch_bytes=FETCH_BYTES, **options) as loader:
-        partitions = loader.plan.groups[0].partitions
+        partitions = views(loader.plan.groups[0])
         assert loader.plan.groups[0].combed_windows
         assert max(len(p.windows.starts) for p in partitions if p.windows) == stripes
         assert max(p.rows for p in partitions) <= 1.3 * ROWS / len(partitions)
@@ -244,7 +245,7 @@ def test_where_combing_would_not_be_exact_pieces_stay_contiguous(
 ) -> None:
     offset = 0 if stride else None
     loader, _ = _check_windows(engine, order, window, stride, offset, repartition_col=repartition)
-    partitions = [p for g in loader.plan.groups for p in g.partitions]
+    partitions = views(loader.plan)
     assert not any(g.combed_windows for g in loader.plan.groups), why
     assert sum(p.ranges is not None for p in partitions) > 2, "still cut into range pieces"
 

@@ -18,9 +18,8 @@ from collections.abc import Callable, Iterable, Sequence
 
 from .._core.engine import Backend
 from .._epoch.visits import PartitionKey
-from .._sql.partition import PartitionSpec, Read
+from .._sql.partition import PartitionSpec, Read, whole_read
 from .._sql.plan import QueryPlan
-from .._sql.read import whole_read
 from .block import Block
 from .reader import Alone, ReadJob, Waiters
 from .retry import Cursors, CursorSlot, RetryPolicy, Tasks, fetch_worker

@@ -1,7 +1,7 @@
 """The reader: one fetch-pool job runs one :class:`~ddbloader._sql.partition.Read` and hands each
 wanted partition's block to its waiters.
 
-A whole read (a partition's own subquery, :func:`~ddbloader._sql.read.whole_read`) is the
+A whole read (a partition's own subquery, :func:`~ddbloader._sql.partition.whole_read`) is the
 reference: its block is delivered only if it holds the rows planning counted (and, with
 ``verify=True``, the planned content hash), else the read is refused (see
 :func:`fetch_partition`). A read of many partitions is split among
@@ -37,7 +37,6 @@ from .._core.engine import Backend, Cursor, redact_uri
 from .._sql.fingerprint import HashSum, content_mismatch, strip_hash
 from .._sql.layout import ColumnLayout
 from .._sql.partition import PartitionSpec, Read
-from .._sql.read import whole_read
 from .block import Block
 from .convert import check_result_schema, to_block
 from .retry import CursorSlot, is_transient
@@ -100,25 +99,31 @@ class Alone:
         """A whole read is not split: never called."""
 
 
-def fetch_partition(cursor: Cursor, spec: PartitionSpec, layout: ColumnLayout) -> Block:
-    """``spec``'s rows, read by :func:`~ddbloader._sql.read.whole_read`; refused (ValueError)
-    when they are not the rows (and content) planned: ``len()``, the windows and the sample order
-    all rest on those counts, and the gather does not check its rows."""
-    read = whole_read(spec)
+def fetch_partition(cursor: Cursor, read: Read, layout: ColumnLayout) -> Block:
+    """The rows of ``read``'s one cell, read whole (:func:`~ddbloader._sql.partition.whole_read`,
+    or a range piece's own read); refused (ValueError) when they are not the rows (and content)
+    planned: ``len()``, the windows and the sample order all rest on those counts, and the
+    gather does not check its rows."""
+    (spec,) = read.cells
     table = cursor.fetch(read.sql, read.params)
     fingerprint = spec.fingerprint
     if fingerprint is not None:  # verify=True: the hash column goes before anything else sees the rows
         table, content = strip_hash(table)
-    check_result_schema(table.schema, layout, spec.describe)
+    streamed = None if read.split == "whole" else read
+
+    def named() -> str:
+        return spec.describe(streamed)
+
+    check_result_schema(table.schema, layout, named)
     block = to_block(read.in_order(spec, table), layout)
     if block.rows != spec.rows:
         raise ValueError(
-            f"{spec.describe()} returned {block.rows} rows, but planning counted {spec.rows}: the data "
+            f"{named()} returned {block.rows} rows, but planning counted {spec.rows}: the data "
             f"changed after the loader was built (len(), the windows and the sample order all rest on "
             f"those counts); build the loader again"
         )
     if fingerprint is not None and content != fingerprint.content:
-        raise content_mismatch(spec.describe(), spec.key_params, spec.rows, fingerprint.content, content)
+        raise content_mismatch(named(), spec.params, spec.rows, fingerprint.content, content)
     return block
 
 
@@ -169,7 +174,7 @@ class ReadJob:
         if read.split == "rows":
             return self._stream(cursor)
         if read.split == "whole":
-            block = fetch_partition(cursor, read.cells[0], self.layout)
+            block = fetch_partition(cursor, read, self.layout)
             self.waiters.deliver(UnitPartitions(read.cells, blocks=[block]))
             return 1, block.rows, 1
         partitions = self._split(cursor)
@@ -180,7 +185,7 @@ class ReadJob:
             for spec in read.cells:
                 if spec.key in read.wanted:
                     self._alone = spec
-                    alone.append((spec, fetch_partition(cursor, spec, self.layout)))
+                    alone.append((spec, fetch_partition(cursor, read.read_alone(spec), self.layout)))
             self._alone = None
             partitions = UnitPartitions([s for s, _ in alone], blocks=[b for _, b in alone])
         self.waiters.deliver(partitions)
@@ -259,23 +264,23 @@ class ReadJob:
         while self._at < first:
             skipped = rows.take(min(first - self._at, spec.rows))
             if skipped is None:
-                raise _changed(spec, first, self._at)
+                raise _changed(spec, read, first, self._at)
             self._at += skipped.num_rows
         table = rows.take(spec.rows)
         self._at += 0 if table is None else table.num_rows
         if table is None or table.num_rows != spec.rows:
-            raise _changed(spec, first, self._at)
-        check_result_schema(table.schema, self.layout, spec.describe)
+            raise _changed(spec, read, first, self._at)
+        check_result_schema(table.schema, self.layout, lambda: spec.describe(read))
         block = to_block(read.in_order(spec, table), self.layout)
         if spec.position == read.cells[-1].position:
             if (extra := rows.take(1)) is not None and extra.num_rows:
-                raise _changed(spec, first, self._at + extra.num_rows)
+                raise _changed(spec, read, first, self._at + extra.num_rows)
             fingerprint = read.cells[0].fingerprint
             if fingerprint is not None and self._digest.total != fingerprint.content:
                 pieces = len(read.cells)
                 raise content_mismatch(
-                    f"{spec.describe()}, read in {pieces} pieces" if pieces > 1 else spec.describe(),
-                    spec.key_params,
+                    f"{spec.describe(read)}, read in {pieces} pieces" if pieces > 1 else spec.describe(read),
+                    spec.params,
                     self._at,
                     fingerprint.content,
                     self._digest.total,
@@ -356,11 +361,11 @@ class _Rows:
                 close()
 
 
-def _changed(spec: PartitionSpec, first: int, rows: int) -> ValueError:
+def _changed(spec: PartitionSpec, read: Read, first: int, rows: int) -> ValueError:
     planned = first + spec.rows
     found = f"ended after {rows} rows" if rows < planned else f"returned {rows} rows"
     return ValueError(
-        f"{spec.describe()} {found}, but planning counted {planned} up to the end of this piece: "
+        f"{spec.describe(read)} {found}, but planning counted {planned} up to the end of this piece: "
         f"the data changed after the loader was built (len(), the windows and the sample order "
         f"all rest on those counts); build the loader again"
     )

@@ -103,7 +103,7 @@ class Stream:
         with self._cond:
             if self._ended or self._closing or spec.position <= self._last_claimed:
                 return None
-            pending: Pending[Block] = Pending(f"fetching {spec.describe()}, streamed")
+            pending: Pending[Block] = Pending(f"fetching {spec.describe(self.job.read)}, streamed")
             self._claims[spec.position] = (spec, pending)
             self._last_claimed = spec.position
             self._schedule()

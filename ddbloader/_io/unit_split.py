@@ -279,7 +279,7 @@ def check_unit_contents(read: Read, sums: list[int]) -> None:
         if content != spec.fingerprint.content:
             raise content_mismatch(
                 f"{spec.describe()} in {read.describe()}",
-                spec.key_params,
+                spec.params,
                 spec.rows,
                 spec.fingerprint.content,
                 content,

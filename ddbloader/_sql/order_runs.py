@@ -7,7 +7,6 @@ this module lays the partitions end to end.
 
 from __future__ import annotations
 
-from .partition import PartitionSpec
 from .plan import GroupPlan
 from .read import same_ranked_subquery, served_runs
 
@@ -26,13 +25,11 @@ def order_runs(group: GroupPlan) -> list[tuple[int, int, int]]:
     found = []
     at = 0  # the partition's first row among its group's partitions
     subquery = 0  # where the partition's subquery begins in the group, in the query's order
-    previous: PartitionSpec | None = None
     for position, p in enumerate(group.partitions):
-        if not same_ranked_subquery(previous, p):
+        if not same_ranked_subquery(group, position):
             subquery = at
-        previous = p
         origin = 0 if group.combed_windows else at
-        for offset, first in served_runs(p):
+        for offset, first in served_runs(group, position):
             found.append((origin + offset, (0 if group.combed_windows else subquery) + first, position))
         at += p.rows
     return found

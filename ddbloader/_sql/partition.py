@@ -17,31 +17,26 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from .fingerprint import Fingerprint
 from .pieces import KeyRanges
-from .window_rows import WindowRows
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
-__all__ = ["PartitionSpec", "Read", "Split"]
+__all__ = ["PartitionSpec", "Read", "Split", "whole_read"]
 
 
 @dataclass(frozen=True)
 class PartitionSpec:
-    """One subquery: the rows of one group in one repartition, in the query's order.
+    """One partition of the plan: the rows of one group in one repartition (or a part of them),
+    in the query's order.
 
-    A subquery whose planned bytes exceed ``fetch_bytes`` is streamed: it becomes ``pieces``
-    consecutive partitions of its group, piece ``piece`` holding its result's rows
-    ``[first_row, first_row + rows)``; all pieces share ``sql`` and ``params``, and are read by
-    one query (see :mod:`ddbloader._io.streams`). Invariants: ``0 <= piece < pieces``; the pieces of
-    one subquery sit at positions ``position - piece`` to ``position - piece + pieces - 1``.
+    ``sql`` and ``params`` are its subquery (``params`` its key values); ``rows`` its planned row
+    count. Which of its subquery's rows it holds and how they leave the engine are its
+    :class:`Read`'s (:attr:`~ddbloader._sql.plan.GroupPlan.reads`): a subquery larger than
+    ``fetch_bytes`` is several partitions read by one streaming query, or range pieces of its
+    order key (see :mod:`ddbloader._sql.pieces`).
 
-    With shuffle, such a subquery is cut instead into range pieces (see
-    :mod:`ddbloader._sql.pieces`): each a partition of its own, ``sql`` the subquery's rows in
-    ``ranges`` of its order key, ``params`` the key values then the ranges' bounds; one larger
-    than ``fetch_bytes`` (equal keys) is itself read in pieces as above.
-
-    ``fingerprint`` (``verify=True``): what the subquery's (or the range piece's) rows hash to
-    (see :mod:`ddbloader._sql.fingerprint`); its SQL is the one fetches run, ``sql`` the plain one.
+    ``fingerprint`` (``verify=True``): what the partition's rows hash to (see
+    :mod:`ddbloader._sql.fingerprint`), and the SQL that hashes them.
     """
 
     group: int
@@ -51,11 +46,6 @@ class PartitionSpec:
     sql: str
     params: tuple[Any, ...]
     rows: int
-    piece: int = 0
-    pieces: int = 1
-    first_row: int = 0
-    #: A range piece's key ranges (see :mod:`ddbloader._sql.pieces`): ``sql`` reads only them.
-    ranges: KeyRanges | None = None
     fingerprint: Fingerprint | None = None
 
     # made once per plan: at thousands of groups, a tuple per partition and epoch cost ~5 ms an epoch
@@ -64,51 +54,22 @@ class PartitionSpec:
         """``(group, position)``: this partition's identity within its plan."""
         return self.group, self.position
 
-    @property
-    def windows(self) -> WindowRows | None:
-        """A combed piece of windows: where its rows lie in the series (else None)."""
-        return None if self.ranges is None else self.ranges.windows
-
-    @property
-    def streamed(self) -> bool:
-        """Whether this partition is read by a streaming query of its own, never by a fetch unit:
-        a piece of a subquery read in pieces, or a range piece (a subquery of one piece)."""
-        return self.pieces > 1 or self.ranges is not None
-
-    @property
-    def tagged(self) -> bool:
-        """Whether a fetch unit may read this range piece together with others of its subquery
-        (see :mod:`ddbloader._sql.piece_tags`): a combed piece of rows (not of windows) read whole,
-        whose reader orders its rows. Else (and when no unit holds it) it is read by a streaming
-        query of its own."""
-        ranges = self.ranges
-        return (
-            self.pieces == 1
-            and ranges is not None
-            and ranges.band is not None
-            and ranges.sort is not None
-            and ranges.windows is None
-        )
-
-    @property
-    def key_params(self) -> tuple[Any, ...]:
-        """The key values among :attr:`params` (a range piece's bounds follow them)."""
-        if self.ranges is None:
-            return self.params
-        return self.params[: len(self.params) - len(self.ranges.bounds())]
-
-    def describe(self) -> str:
-        """Name the subquery for messages: its values, its SQL and its parameters."""
-        rows = (
-            f"rows {self.first_row}-{self.first_row + self.rows - 1} (piece {self.piece + 1} of "
-            f"{self.pieces}) of "
-            if self.streamed
-            else ""
-        )
-        ranges = f"order key in {self.ranges.describe()}: " if self.ranges is not None else ""
+    def describe(self, read: Read | None = None) -> str:
+        """Name the partition for messages: its values, its SQL and its parameters; with ``read``
+        (the streaming read that yields it), the rows of it this partition holds and its key
+        ranges, and that read's SQL."""
+        sql, params, rows, ranges = self.sql, self.params, "", ""
+        if read is not None:
+            sql, params = read.sql, read.params
+            if read.split == "rows":
+                first, pieces = read.first_rows[self.position], len(read.cells)
+                piece = self.position - read.cells[0].position
+                rows = f"rows {first}-{first + self.rows - 1} (piece {piece + 1} of {pieces}) of "
+            if (cut := read.ranges_of(self)) is not None:
+                ranges = f"order key in {cut.describe()}: "
         return (
             f"partition {self.position} of group {self.group} "
-            f"({rows}{ranges}subquery {self.sql!r} with parameters {list(self.params)!r})"
+            f"({rows}{ranges}subquery {sql!r} with parameters {list(params)!r})"
         )
 
 
@@ -122,6 +83,9 @@ Split = Literal["whole", "rows", "keys", "cells"]
 @dataclass(frozen=True)
 class Read:
     """Partitions fetched by one query.
+
+    Invariants beyond those below: :attr:`ranges` and :attr:`alone` are empty or have one entry
+    per cell.
 
     ``cells`` are every partition whose rows the query returns, in plan order; ``wanted`` are the
     keys (``(group, position)``) of those the epoch asks for (the others belong to another
@@ -145,11 +109,36 @@ class Read:
     cells: tuple[PartitionSpec, ...]
     wanted: frozenset[tuple[int, int]]
     split: Split = "keys"
+    #: Per cell (empty where none is): a range piece's key ranges (see
+    #: :mod:`ddbloader._sql.pieces`), which ``sql`` reads, their bounds among ``params`` after the
+    #: key values.
+    ranges: tuple[KeyRanges, ...] = ()
+    #: Per cell (empty where none is): the read that yields it alone where that is not its own
+    #: subquery (a read run's cells: their range pieces' reads), None where it is.
+    alone: tuple[Read | None, ...] = ()
 
     @property
     def key_columns(self) -> int:
         """The columns after the rows' own (and the row hash) that tell a row's cell."""
         return {"whole": 0, "rows": 0, "keys": len(self.cells[0].params), "cells": 1}[self.split]
+
+    @functools.cached_property
+    def _index(self) -> dict[int, int]:
+        return {c.position: index for index, c in enumerate(self.cells)}
+
+    def ranges_of(self, cell: PartitionSpec) -> KeyRanges | None:
+        """The key ranges of ``cell`` (one of :attr:`cells`) when it is a range piece, else None."""
+        index = self._index[cell.position]
+        if self.ranges:
+            return self.ranges[index]
+        own = self.alone[index] if self.alone else None
+        return None if own is None else own.ranges_of(cell)
+
+    def read_alone(self, cell: PartitionSpec) -> Read:
+        """The read of ``cell`` (one of :attr:`cells`) by itself: its own range piece's read, or
+        its own subquery (:func:`whole_read`)."""
+        own = self.alone[self._index[cell.position]] if self.alone else None
+        return whole_read(cell) if own is None else own
 
     @property
     def hashed(self) -> bool:
@@ -170,7 +159,8 @@ class Read:
         """The rows ``table`` of ``cell`` (one of :attr:`cells`) in the query's order: a combed
         range piece's query may leave its order to the client (see
         :meth:`~ddbloader._sql.pieces.KeyRanges.in_order`); any other's result is in order."""
-        return table if cell.ranges is None else cell.ranges.in_order(table)
+        ranges = self.ranges_of(cell)
+        return table if ranges is None else ranges.in_order(table)
 
     def describe(self) -> str:
         """Name the read for messages: its partitions and its SQL."""
@@ -182,3 +172,9 @@ class Read:
             f"{len(self.cells)} partitions of group(s) {shown} in one query "
             f"({self.sql!r} with {len(self.params)} parameters)"
         )
+
+
+def whole_read(spec: PartitionSpec) -> Read:
+    """The read of ``spec`` by its own subquery (with ``verify=True``, the fingerprinting one)."""
+    sql = spec.sql if spec.fingerprint is None else spec.fingerprint.sql
+    return Read(sql, spec.params, (spec,), frozenset([spec.key]), split="whole")

@@ -93,7 +93,7 @@ class GroupPlan:
     #: Per partition (by position): the query that yields it by itself where that is not its own
     #: subquery (a streaming query, one object for the partitions it yields; see
     #: :mod:`ddbloader._sql.read`); None where it is (see :attr:`keyed`): that read,
-    #: :func:`~ddbloader._sql.read.whole_read`, is made when it runs, not kept per partition.
+    #: :func:`~ddbloader._sql.partition.whole_read`, is made when it runs, not kept per partition.
     reads: tuple[Read | None, ...] = ()
     #: Per partition: where its rows lie in the series when they are not the rows
     #: after the previous partition's (a combed piece of windows, see

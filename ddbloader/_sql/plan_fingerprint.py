@@ -52,7 +52,7 @@ def plan_fingerprint(plan: QueryPlan) -> str:
         ),
         "counts": repr(
             [
-                [(p.rows, *_canonical(read_shape(p))) for p in g.partitions]
+                [(p.rows, *_canonical(read_shape(g, p.position))) for p in g.partitions]
                 + ([("first sample", g.first_sample)] if g.first_sample else [])
                 for g in plan.groups
             ]

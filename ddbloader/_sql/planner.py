@@ -38,7 +38,7 @@ from .partition import PartitionSpec
 from .plan import GroupPlan, QueryPlan, pieces, series_rows
 from .query import Query, UserQuery
 from .ranges import range_pieces
-from .read import group_reads
+from .read import Cut, group_reads, streaming_reads
 from .splits import BEFORE_ALIAS, first_sample, plan_split
 
 __all__ = ["build_plan"]
@@ -197,25 +197,18 @@ def build_plan(backend: Backend, sql: str, config: LoaderConfig, progress: bool 
                 position=position,
                 group_value=group_value,
                 repartition_value=repartition_value,
-                sql=sql,
-                params=params,
+                sql=partition_sql,
+                params=params if ranges is None else params[: len(params) - len(ranges.bounds())],
                 rows=rows,
-                piece=piece,
-                pieces=count,
-                first_row=first_row,
-                ranges=ranges,
                 fingerprint=fingerprint,
             )
-            for position, (
-                repartition_value,
-                sql,
-                ranges,
-                params,
-                (piece, count, first_row, rows),
-                fingerprint,
-            ) in enumerate(cut)
+            for position, (repartition_value, _, ranges, params, (*_, rows), fingerprint) in enumerate(cut)
         )
-        reads = group_reads(partitions)
+        cuts = [
+            None if count == 1 and ranges is None else Cut(piece, count, sql, params, ranges)
+            for _, sql, ranges, params, (piece, count, _, _), _ in cut
+        ]
+        reads = group_reads(partitions, cuts)
         total = series_rows(partitions, reads.row_maps)
         first = _first_sample(befores[index] if befores else [], geometry)
         groups.append(
@@ -259,11 +252,12 @@ def build_plan(backend: Backend, sql: str, config: LoaderConfig, progress: bool 
             f"would be rows in whatever order the engine returns them, not a time series; add an "
             f"ORDER BY that orders each group's rows totally (e.g. by timestamp)"
         )
-    streamed = [p for g in groups for p in g.partitions if p.streamed and p.piece == 0]
+    streamed = streaming_reads(groups)
     if streamed and not query.is_ordered():
+        named = streamed[0].cells[0].describe(streamed[0])
         warn_caller(
             f"{len(streamed)} subquer{'y is' if len(streamed) == 1 else 'ies are'} read in pieces (more "
-            f"than fetch_bytes each; the first: {streamed[0].describe()}), but the query has no ORDER BY: "
+            f"than fetch_bytes each; the first: {named}), but the query has no ORDER BY: "
             f"a piece read again (resume, retry, another rank) may get rows in another order, losing or "
             f"repeating rows; add an ORDER BY that orders the rows totally"
         )

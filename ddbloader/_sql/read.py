@@ -1,6 +1,7 @@
 """Reads: every query the loader sends for rows, and how its result is split among partitions.
 
-A :class:`Read` is rendered here. :func:`whole_read` is a partition's own subquery;
+A :class:`Read` is rendered here (a partition's own subquery,
+:func:`~ddbloader._sql.partition.whole_read`, beside it);
 :func:`stream_read` a streamed subquery's, split among its pieces by their row counts. The others come
 from a choice of partitions made by the schedule (:func:`ddbloader._epoch.units.fetch_units`
 picks them from counts, positions and the facts :func:`group_reads` plans, such as
@@ -26,11 +27,13 @@ import numpy as np
 
 from .partition import PartitionSpec, Read
 from .piece_tags import tag_regions, tagged_sql
-from .plan import QueryPlan
+from .pieces import KeyRanges
+from .plan import GroupPlan, QueryPlan
 from .query import UserQuery
 from .window_rows import WindowRows
 
 __all__ = [
+    "Cut",
     "GroupReads",
     "group_reads",
     "keys_read",
@@ -40,14 +43,27 @@ __all__ = [
     "same_ranked_subquery",
     "served_runs",
     "stream_read",
+    "streaming_reads",
     "unit_sql",
-    "whole_read",
 ]
 
 #: Shapes of reads whose SQL :data:`QueryPlan.rendered <ddbloader._sql.plan.QueryPlan.rendered>`
 #: keeps (a few an epoch, the same every epoch when groups are of equal size), then forgets all
 #: at once.
 UNIT_SQL_SHAPES = 256
+
+
+class Cut(NamedTuple):
+    """How the planner cut a subquery larger than ``fetch_bytes``, for one partition of it: piece
+    ``piece`` of ``pieces`` consecutive partitions read by one streaming query, ``sql`` with
+    ``params`` (the subquery's own, or a range piece's: rows in ``ranges`` of the order key, the
+    ranges' bounds among ``params`` after the key values)."""
+
+    piece: int
+    pieces: int
+    sql: str
+    params: tuple[Any, ...]
+    ranges: KeyRanges | None
 
 
 class GroupReads(NamedTuple):
@@ -61,33 +77,33 @@ class GroupReads(NamedTuple):
     read_runs: tuple[int | None, ...]
 
 
-def group_reads(partitions: Sequence[PartitionSpec]) -> GroupReads:
-    """The read facts of a group whose partitions (in plan order) are ``partitions``: a whole
-    subquery is read by its own query (:func:`whole_read`, made when it runs) or by key values
-    with others; a range piece and the pieces of a subquery read in pieces by their subquery's
+def group_reads(partitions: Sequence[PartitionSpec], cuts: Sequence[Cut | None]) -> GroupReads:
+    """The read facts of a group whose partitions (in plan order) are ``partitions``, cut as
+    ``cuts`` say (None: a whole subquery): a whole subquery is read by its own query
+    (:func:`~ddbloader._sql.partition.whole_read`, made when it runs) or by key values with
+    others; a range piece and the pieces of a subquery read in pieces by their subquery's
     streaming query (:func:`stream_read`, one object for all its pieces); tagged range pieces of
     one subquery and band (see :mod:`ddbloader._sql.piece_tags`) form read runs."""
-    if not any(p.streamed for p in partitions):
+    if not any(cuts):
         return _alone(len(partitions))
     streamed: list[Read | None] = []
     runs: list[int | None] = []
-    for position, partition in enumerate(partitions):
-        if not partition.streamed:
+    for position, cut in enumerate(cuts):
+        if cut is None:
             streamed.append(None)
         else:
-            streamed.append(stream_read(partitions, position) if partition.piece == 0 else streamed[-1])
-        previous = partitions[position - 1] if position else None
-        if not partition.tagged:
+            streamed.append(stream_read(partitions, position, cut) if cut.piece == 0 else streamed[-1])
+        if cut is None or not _tagged(cut):
             runs.append(None)
-        elif previous is not None and runs[-1] is not None and _same_run(previous, partition):
+        elif position and runs[-1] is not None and _same_run(partitions, cuts, position):
             runs.append(runs[-1])
         else:
             runs.append(position)
     return GroupReads(
         tuple(streamed),
-        tuple(p.windows for p in partitions),
+        tuple(None if c is None or c.ranges is None else c.ranges.windows for c in cuts),
         tuple(position if read is None else read.cells[0].position for position, read in enumerate(streamed)),
-        tuple(not p.streamed for p in partitions),
+        tuple(c is None for c in cuts),
         tuple(runs),
     )
 
@@ -101,26 +117,37 @@ def _alone(count: int) -> GroupReads:
     return GroupReads(nones, nones, tuple(range(count)), (True,) * count, nones)
 
 
-def _same_run(a: PartitionSpec, b: PartitionSpec) -> bool:
-    """Whether tagged range pieces ``a`` and ``b`` cut one subquery (its key values) in one band."""
-    assert a.ranges is not None and b.ranges is not None
-    return a.ranges.band == b.ranges.band and a.key_params == b.key_params
+def _tagged(cut: Cut) -> bool:
+    """Whether a fetch unit may read this range piece together with others of its subquery
+    (see :mod:`ddbloader._sql.piece_tags`): a combed piece of rows (not of windows) read whole,
+    whose reader orders its rows."""
+    ranges = cut.ranges
+    return (
+        cut.pieces == 1
+        and ranges is not None
+        and ranges.band is not None
+        and ranges.sort is not None
+        and ranges.windows is None
+    )
 
 
-def whole_read(spec: PartitionSpec) -> Read:
-    """The read of ``spec`` by its own subquery (with ``verify=True``, the fingerprinting one)."""
-    sql = spec.sql if spec.fingerprint is None else spec.fingerprint.sql
-    return Read(sql, spec.params, (spec,), frozenset([spec.key]), split="whole")
+def _same_run(partitions: Sequence[PartitionSpec], cuts: Sequence[Cut | None], position: int) -> bool:
+    """Whether tagged range pieces ``position - 1`` and ``position`` cut one subquery (its key
+    values) in one band."""
+    a, b = cuts[position - 1], cuts[position]
+    assert a is not None and a.ranges is not None and b is not None and b.ranges is not None
+    return a.ranges.band == b.ranges.band and partitions[position - 1].params == partitions[position].params
 
 
-def stream_read(partitions: Sequence[PartitionSpec], head: int) -> Read:
-    """The read of the streamed subquery whose first piece is ``partitions[head]`` (a group's
-    partitions): its whole subquery (with ``verify=True``, the fingerprinting one, whose hash
-    covers every piece), split by rows among its pieces."""
+def stream_read(partitions: Sequence[PartitionSpec], head: int, cut: Cut) -> Read:
+    """The read of the streamed subquery (or range piece) cut as ``cut`` says whose first piece is
+    ``partitions[head]`` (a group's partitions): its query (with ``verify=True``, the
+    fingerprinting one, whose hash covers every piece), split by rows among its pieces."""
     first = partitions[head]
-    cells = tuple(partitions[head : head + first.pieces])
-    sql = first.sql if first.fingerprint is None else first.fingerprint.sql
-    return Read(sql, first.params, cells, frozenset(c.key for c in cells), split="rows")
+    cells = tuple(partitions[head : head + cut.pieces])
+    sql = cut.sql if first.fingerprint is None else first.fingerprint.sql
+    ranges = () if cut.ranges is None else (cut.ranges,) * len(cells)
+    return Read(sql, cut.params, cells, frozenset(c.key for c in cells), split="rows", ranges=ranges)
 
 
 def keys_read(
@@ -153,12 +180,15 @@ def run_read(plan: QueryPlan, cells: tuple[PartitionSpec, ...]) -> Read | None:
     pairs of combed pieces have a few shapes, and rendering one costs ~20 ms)."""
     if not isinstance(plan.query, UserQuery) or plan.piece_key is None:
         return None
-    points, tags = tag_regions([cell.ranges for cell in cells if cell.ranges is not None])
+    group = plan.groups[cells[0].group]
+    alone = tuple(group.reads[cell.position] for cell in cells)
+    points, tags = tag_regions([r.ranges[0] for r in alone if r is not None and r.ranges])
     query, keys, piece_key = plan.query, [expression for _, expression in plan.keys], plan.piece_key
     sql = _kept(plan, ("run", tags), lambda: tagged_sql(query, keys, piece_key, tags))
     assert sql is not None
-    params = (*cells[0].key_params, *points)
-    return Read(sql, params, cells, frozenset(c.key for c in cells), split="cells")
+    params = (*cells[0].params, *points)
+    wanted = frozenset(c.key for c in cells)
+    return Read(sql, params, cells, wanted, split="cells", alone=alone)
 
 
 def unit_sql(plan: QueryPlan, counts: Sequence[int | None], *, lists: bool) -> str | None:
@@ -187,39 +217,58 @@ def _kept(plan: QueryPlan, shape: tuple[Any, ...], render: Callable[[], str | No
     return sqls[shape]
 
 
+def _ranges(group: GroupPlan, position: int) -> KeyRanges | None:
+    """The key ranges of ``group``'s partition ``position`` when it is a range piece, else None."""
+    read = group.reads[position]
+    return None if read is None else read.ranges_of(group.partitions[position])
+
+
+def streaming_reads(groups: Iterable[GroupPlan]) -> list[Read]:
+    """The streaming reads of ``groups`` (each once), in plan order."""
+    return [r for g in groups for p, r in enumerate(g.reads) if r is not None and r.cells[0].position == p]
+
+
 def piece_notes(plan: QueryPlan) -> list[str]:
     """How ``plan``'s subqueries larger than ``fetch_bytes`` are read, for messages: ``'2
     streamed in 9 pieces'``, ``'40 range pieces of the order key'``; empty when none is."""
-    every = [p for g in plan.groups for p in g.partitions]
-    streamed = [p for p in every if p.streamed and p.ranges is None]
-    ranged = sum(p.ranges is not None and p.piece == 0 for p in every)
-    heads = sum(p.piece == 0 for p in streamed)
-    notes = [f"{heads:,} streamed in {len(streamed):,} pieces"] if streamed else []
+    heads = streaming_reads(plan.groups)
+    streamed = [r for r in heads if not r.ranges]
+    ranged = len(heads) - len(streamed)
+    pieces = sum(len(r.cells) for r in streamed)
+    notes = [f"{len(streamed):,} streamed in {pieces:,} pieces"] if streamed else []
     if ranged:
         notes.append(f"{ranged:,} range piece{'' if ranged == 1 else 's'} of the order key")
     return notes
 
 
-def read_shape(spec: PartitionSpec) -> tuple[Any, ...]:
-    """What of ``spec``'s read decides the rows it serves beyond their count: the pieces its
-    subquery is streamed in, and a range piece's key ranges (hashed into the plan fingerprint)."""
-    return (spec.pieces, spec.ranges) if spec.ranges else (spec.pieces,)
+def read_shape(group: GroupPlan, position: int) -> tuple[Any, ...]:
+    """What of the read of ``group``'s partition ``position`` decides the rows it serves beyond
+    their count: the pieces its subquery is streamed in, and a range piece's key ranges (hashed
+    into the plan fingerprint)."""
+    read = group.reads[position]
+    if read is None:
+        return (1,)
+    ranges = read.ranges_of(group.partitions[position])
+    return (len(read.cells), ranges) if ranges else (len(read.cells),)
 
 
-def served_runs(spec: PartitionSpec) -> list[tuple[int, int]]:
-    """``(row within the partition, row within its subquery)`` where each run of the rows
-    ``spec``'s read serves begins: one for a partition read as it lies; a range piece's runs (as
-    the planning query ranked them, :attr:`~ddbloader._sql.pieces.KeyRanges.runs`; a part of a
-    piece read in parts: the runs it holds), or a combed piece of windows' stripes (where its
-    windows start)."""
-    ranges = spec.ranges
-    if spec.windows is not None:
-        return [(low, low) for low, _ in spec.windows.starts]
+def served_runs(group: GroupPlan, position: int) -> list[tuple[int, int]]:
+    """``(row within the partition, row within its subquery)`` where each run of the rows the read
+    of ``group``'s partition ``position`` serves begins: one for a partition read as it lies; a
+    range piece's runs (as the planning query ranked them,
+    :attr:`~ddbloader._sql.pieces.KeyRanges.runs`; a part of a piece read in parts: the runs it
+    holds), or a combed piece of windows' stripes (where its windows start)."""
+    ranges = _ranges(group, position)
+    if ranges is not None and ranges.windows is not None:
+        return [(low, low) for low, _ in ranges.windows.starts]
     if ranges is None or not ranges.runs:
         return [(0, 0)]
+    read = group.reads[position]
+    assert read is not None
     found = []
     offset = 0  # the run's first row within the piece
-    begin, end = spec.first_row, spec.first_row + spec.rows
+    begin = read.first_rows[position]
+    end = begin + group.partitions[position].rows
     for first, rows in ranges.runs:
         low, high = max(offset, begin), min(offset + rows, end)
         if low < high:
@@ -228,13 +277,17 @@ def served_runs(spec: PartitionSpec) -> list[tuple[int, int]]:
     return found
 
 
-def same_ranked_subquery(previous: PartitionSpec | None, spec: PartitionSpec) -> bool:
-    """Whether ``spec`` is a range piece with ranked runs of the subquery ``previous`` (the
-    partition before it) is a range piece of: its runs are numbered from that subquery's start."""
+def same_ranked_subquery(group: GroupPlan, position: int) -> bool:
+    """Whether ``group``'s partition ``position`` is a range piece with ranked runs of the
+    subquery the partition before it is a range piece of: its runs are numbered from that
+    subquery's start."""
+    if not position:
+        return False
+    ranges, previous = _ranges(group, position), _ranges(group, position - 1)
     return bool(
-        previous is not None
-        and spec.ranges is not None
-        and spec.ranges.runs
-        and previous.ranges is not None
-        and repr(spec.repartition_value) == repr(previous.repartition_value)
+        ranges is not None
+        and ranges.runs
+        and previous is not None
+        and repr(group.partitions[position].repartition_value)
+        == repr(group.partitions[position - 1].repartition_value)
     )
