@@ -172,7 +172,7 @@ def build_plan(backend: Backend, sql: str, config: LoaderConfig, progress: bool 
     groups: list[GroupPlan] = []
     for index, (group_value, row) in enumerate(cells):
         cut = [
-            (repartition_value, sql, ranges, params, piece, fingerprint)
+            (repartition_value, cell_params, fingerprint, (sql, params, ranges), piece)
             for cell, (repartition_value, cell_params, cell_rows, content) in enumerate(row)
             if cell_rows > 0
             for sql, ranges, params, rows, fingerprint in ranged.get(
@@ -198,15 +198,16 @@ def build_plan(backend: Backend, sql: str, config: LoaderConfig, progress: bool 
                 group_value=group_value,
                 repartition_value=repartition_value,
                 sql=partition_sql,
-                params=params if ranges is None else params[: len(params) - len(ranges.bounds())],
+                params=cell_params,
                 rows=rows,
                 fingerprint=fingerprint,
             )
-            for position, (repartition_value, _, ranges, params, (*_, rows), fingerprint) in enumerate(cut)
+            for position, (repartition_value, cell_params, fingerprint, _, (*_, rows)) in enumerate(cut)
         )
+        # how a subquery larger than fetch_bytes leaves the engine: its reads' (see group_reads)
         cuts = [
             None if count == 1 and ranges is None else Cut(piece, count, sql, params, ranges)
-            for _, sql, ranges, params, (piece, count, _, _), _ in cut
+            for *_, (sql, params, ranges), (piece, count, _, _) in cut
         ]
         reads = group_reads(partitions, cuts)
         total = series_rows(partitions, reads.row_maps)
