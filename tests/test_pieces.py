@@ -162,21 +162,26 @@ def test_combed_pieces_spread_over_their_band() -> None:
     stripes=st.sampled_from([1, 2, 5, 8, 32]),
     per_tile=st.integers(1, 9),
     extra=st.integers(0, 400),
+    slack=st.integers(0, 60),
 )
 def test_combed_pieces_fit_the_budget_spread_evenly_and_sit_at_the_middle(
-    pieces: int, stripes: int, per_tile: int, extra: int
+    pieces: int, stripes: int, per_tile: int, extra: int, slack: int
 ) -> None:
-    """Rows the ORDER BY does not tie: every combed piece holds at most ``ceil(rows / pieces)``
-    rows (the budget holds that many). Over tiles of equal rows (``extra == 0``), a piece's
+    """Rows the ORDER BY does not tie: every combed piece holds at most ``limit`` rows, what the
+    budget holds (at least ``ceil(rows / pieces)``: ``pieces`` is the count the budget asks
+    for), and no more pieces are cut than that takes. Over tiles of equal rows (``extra == 0``), a piece's
     next tile lies at most a pass (``pieces`` tiles) and ``pieces / stripes`` tiles on, and
     its rows' mean position is the middle of the band within ``pieces / stripes / 2 + 1`` tiles.
     (Tiles dealt alike every pass: off by up to ``(pieces - 1) / 2`` tiles.)"""
     rows = pieces * stripes * per_tile + extra
-    count = combed_count(rows, pieces, stripes)
+    limit = -(-rows // pieces) + slack
+    count = combed_count(rows, pieces, stripes, limit)
     tiles = _tiles(list(range(rows)), count * stripes)
     cut = layout(tiles, (False,), count, 64)
     assert sum(size for _, size in cut) == rows
-    assert max(size for _, size in cut) <= -(-rows // pieces)
+    assert max(size for _, size in cut) <= limit
+    if count > pieces:  # one piece fewer would not do: its tiles could hold more than the limit
+        assert stripes * -(-rows // ((count - 1) * stripes)) > limit
     if extra or pieces > 64:  # unequal tiles, or several bands
         return
     assert len(cut) == pieces

@@ -222,12 +222,12 @@ def layout(
     return result
 
 
-def combed_count(rows: int, pieces: int, stripes: int) -> int:
+def combed_count(rows: int, pieces: int, stripes: int, limit: int) -> int:
     """How many combed pieces to cut ``rows`` rows into, at least ``pieces``, so that each holds
-    at most ``ceil(rows / pieces)`` rows however :func:`layout` deals the tiles: a piece takes
-    ``stripes`` tiles, and the ranking query's ``pieces * stripes`` tiles hold
+    at most ``limit`` rows (what the budget holds) however :func:`layout` deals the tiles: a piece
+    takes ``stripes`` tiles, and the ranking query's ``count * stripes`` tiles hold
     ``ceil(rows / tiles)`` rows at most where the ORDER BY ties no rows. Pure."""
-    per_tile = -(-rows // pieces) // stripes
+    per_tile = limit // stripes
     return max(pieces, -(-rows // (stripes * per_tile))) if per_tile else pieces
 
 

@@ -55,11 +55,16 @@ def pieces(rows: int, row_bytes: int, budget: int) -> list[tuple[int, int]]:
     """
     if budget <= 0 or rows * row_bytes <= budget:
         return [(0, rows)]
-    per_piece = max(budget // max(row_bytes, 1), MIN_PIECE_ROWS)
+    per_piece = piece_rows(row_bytes, budget)
     count = -(-rows // per_piece)
     sizes = [rows // count + (1 if i < rows % count else 0) for i in range(count)]
     firsts = list(itertools.accumulate(sizes[:-1], initial=0))
     return list(zip(firsts, sizes, strict=True))
+
+
+def piece_rows(row_bytes: int, budget: int) -> int:
+    """The rows one piece of a ``budget``-byte fetch may hold: at least :data:`MIN_PIECE_ROWS`."""
+    return max(budget // max(row_bytes, 1), MIN_PIECE_ROWS)
 
 
 def series_rows(partitions: Sequence[PartitionSpec], row_maps: Sequence[WindowRows | None]) -> int:

@@ -135,12 +135,15 @@ class RangeCutter:
         params: tuple[Any, ...],
         rows: int,
         pieces: int,
+        limit: int,
         *,
         series: bool = False,
     ) -> list[tuple[KeyRanges, int]] | None:
         """The range pieces of the subquery of ``columns = params`` (``rows`` rows), in plan
         order; None when a term's type does not bind back exactly, the engine refused the ranking
         query, or its comparisons disagree with its ORDER BY (then :attr:`reason` says which).
+        ``limit``: the rows one piece may hold (what ``fetch_bytes`` holds); combed pieces of
+        rows, read whole, hold at most that many.
         ``series``: the subquery is its group's only one, so windowed pieces may be combed.
 
         Raises:
@@ -159,13 +162,13 @@ class RangeCutter:
         if edge:  # each stripe's context adds edge rows: at most 1/CONTEXT_SHARE of a piece's
             stripes = max(min(stripes, rows // pieces // (CONTEXT_SHARE * edge)), 1)
         if rows_are_samples:  # read whole, so within the budget
-            pieces = combed_count(rows, pieces, stripes)
+            pieces = combed_count(rows, pieces, stripes, limit)
         sql = self._query.render(tiles_tree(self._query, self.terms, columns, pieces * stripes, rows, edge))
         try:
             table = self._run(sql, f"ranking the rows of a big subquery by {self.text}", params)
         except Exception as error:  # the engine's refusal is a reason to fall back, not to fail
             if edge:  # its window functions, maybe: cut contiguous pieces instead
-                return self.cut(columns, params, rows, pieces)
+                return self.cut(columns, params, rows, pieces, limit)
             self.reason = f"the engine could not rank the rows by {self.text!r} ({_first_line(error)})"
             return None
         lows = self._points(table, LOW_ALIAS)

@@ -24,7 +24,7 @@ from .cells import Cell, run_planning
 from .fingerprint import HASH_SUM_ALIAS, Fingerprint, planned_sum
 from .key_values import PlanKey
 from .pieces import KeyRanges
-from .plan import pieces
+from .plan import piece_rows, pieces
 from .query import Query, UserQuery
 from .range_cutter import OrderKey, RangeCutter
 
@@ -79,7 +79,8 @@ def range_pieces(
     for index, position, params, rows, count, series in big:
         if cutter.reason is not None:
             break
-        layout = cutter.cut(expressions, params, rows, count, series=series)
+        limit = piece_rows(row_bytes, config.fetch_bytes)
+        layout = cutter.cut(expressions, params, rows, count, limit, series=series)
         if layout is None:
             break
         ranged[index, position] = [
