@@ -16,12 +16,10 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-import torch
 from torch.utils.data import get_worker_info
 
 from ._core.config import LoaderConfig
@@ -34,6 +32,7 @@ from ._epoch.shard import (
     distributed_world_size,
     epoch_units,
     part_range,
+    refuse_a_rank_without_a_process_group,
     shard_samples,
     share_units,
 )
@@ -265,7 +264,7 @@ class EpochClaims:
             )
         sharding = self.sharding
         if self._fixed_sharding is None:
-            _refuse_a_rank_without_a_process_group()
+            refuse_a_rank_without_a_process_group()
         self._agree(sharding)
         epoch, config = self._epoch, self.config
         stretches, saved = self._next_run(sharding, iteration.worker, iteration.num_workers)
@@ -351,28 +350,6 @@ class EpochClaims:
                 f"the world size changed from {world} to {now} during an epoch: the "
                 f"epoch was split for {world} ranks; finish the epoch before changing the process group"
             )
-
-
-def _refuse_a_rank_without_a_process_group() -> None:
-    """Refuse to serve one of several ranks (torchrun's ``WORLD_SIZE``/``RANK`` in the
-    environment) while no process group says which: every rank would serve the whole epoch.
-
-    Raises:
-        RuntimeError: ``WORLD_SIZE`` > 1 in the environment and torch.distributed not initialised.
-    """
-    world = os.environ.get("WORLD_SIZE", "1")
-    if not world.isdigit() or int(world) <= 1:
-        return
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        return
-    raise RuntimeError(
-        f"this process was launched as rank {os.environ.get('RANK', '?')} of {world} (WORLD_SIZE and RANK "
-        f"in the environment, as torchrun sets them), but no torch.distributed process group is "
-        f"initialised, so every rank would serve the whole epoch: call "
-        f"torch.distributed.init_process_group() before the first batch (with Accelerate on a CPU "
-        f"machine, Accelerator(cpu=True), which initialises one), or give the loader rank= and "
-        f"world_size= (rank=0, world_size=1 serves every process the whole epoch)"
-    )
 
 
 class Iteration:

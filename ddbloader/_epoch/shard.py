@@ -17,6 +17,7 @@ is a pure function of (plan, seed, epoch, rank, world_size, worker, num_workers)
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -39,6 +40,7 @@ __all__ = [
     "epoch_units",
     "from_rank0",
     "part_range",
+    "refuse_a_rank_without_a_process_group",
     "resolve_sharding",
     "shard_samples",
     "share_units",
@@ -258,3 +260,25 @@ def agree_ranks(drawn: int, fingerprint: str, sharding: Sharding, shuffle: bool,
             f"every rank then reads rank 0's)"
         )
     return int(seed)
+
+
+def refuse_a_rank_without_a_process_group() -> None:
+    """Refuse to serve one of several ranks (torchrun's ``WORLD_SIZE``/``RANK`` in the
+    environment) while no process group says which: every rank would serve the whole epoch.
+
+    Raises:
+        RuntimeError: ``WORLD_SIZE`` > 1 in the environment and torch.distributed not initialised.
+    """
+    world = os.environ.get("WORLD_SIZE", "1")
+    if not world.isdigit() or int(world) <= 1:
+        return
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return
+    raise RuntimeError(
+        f"this process was launched as rank {os.environ.get('RANK', '?')} of {world} (WORLD_SIZE and RANK "
+        f"in the environment, as torchrun sets them), but no torch.distributed process group is "
+        f"initialised, so every rank would serve the whole epoch: call "
+        f"torch.distributed.init_process_group() before the first batch (with Accelerate on a CPU "
+        f"machine, Accelerator(cpu=True), which initialises one), or give the loader rank= and "
+        f"world_size= (rank=0, world_size=1 serves every process the whole epoch)"
+    )
