@@ -14,7 +14,7 @@ from ddbloader._io.threads import (
     Stopped,
     start_thread,
 )
-from ddbloader._pipeline.prefetch import Prefetcher
+from ddbloader._pipeline.prefetch import JUDGED, Prefetcher
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -259,3 +259,73 @@ def test_items_the_consumer_let_go_are_released_in_the_producer_thread() -> None
     del item
     prefetcher.close()
     assert len(released) == 8  # nothing is kept after close
+
+
+# --- the consumer's thread or a thread of its own, by the consumer's steps ------------------------
+
+STEP = 0.001  # a step a thread gains from: far above SHORT_STEP_SECONDS
+
+
+def _consume(prefetcher: Prefetcher[int], count: int, step: float) -> list[int]:
+    taken = []
+    for _ in range(count):
+        taken.append(next(prefetcher))
+        if step:
+            time.sleep(step)
+    return taken
+
+
+def test_a_consumer_that_only_takes_gets_the_iterator_in_its_own_thread() -> None:
+    producer = Recorder(count=3 * JUDGED)
+    prefetcher: Prefetcher[int] = Prefetcher(producer, depth=2, name="ddbloader-test-takes", timeout=5)
+    assert list(prefetcher) == list(range(1, 3 * JUDGED + 1))
+    assert producer.threads == {"ddbloader-test-takes", threading.current_thread().name}
+    assert not _named("ddbloader-test-takes")
+    assert producer.finalised.is_set()
+
+
+def test_a_consumer_with_steps_keeps_the_thread() -> None:
+    producer = Recorder(count=3 * JUDGED)
+    prefetcher: Prefetcher[int] = Prefetcher(producer, depth=2, name="ddbloader-test-steps", timeout=5)
+    assert _consume(prefetcher, 3 * JUDGED, STEP) == list(range(1, 3 * JUDGED + 1))
+    assert producer.threads == {"ddbloader-test-steps"}
+    prefetcher.close()
+
+
+def test_the_iterator_moves_back_to_a_thread_when_steps_grow_and_nothing_is_lost() -> None:
+    producer = Recorder(count=None)
+    name = "ddbloader-test-back"
+    prefetcher: Prefetcher[int] = Prefetcher(producer, depth=2, name=name, timeout=5)
+    try:
+        first = _consume(prefetcher, 3 * JUDGED, 0)
+        assert not _named(name) and prefetcher.ready() == 0  # in this thread now
+        produced_inline = producer.produced
+        second = _consume(prefetcher, 2 * JUDGED, STEP)
+        assert _named(name)  # a thread again
+        assert first + second == list(range(1, 5 * JUDGED + 1))
+        assert producer.produced > produced_inline
+    finally:
+        prefetcher.close()
+    assert producer.finalised.is_set()
+    assert wait_until(lambda: not _named(name), 2)
+
+
+def test_a_failure_after_the_move_is_raised_as_it_was() -> None:
+    producer = Recorder(count=None, fail_after=3 * JUDGED)
+    prefetcher: Prefetcher[int] = Prefetcher(producer, depth=2, name="ddbloader-test-moved-error", timeout=5)
+    assert _consume(prefetcher, 3 * JUDGED, 0) == list(range(1, 3 * JUDGED + 1))
+    assert not _named("ddbloader-test-moved-error")
+    with pytest.raises(ProducerError, match=f"failed after {3 * JUDGED} items"):
+        next(prefetcher)
+    assert producer.finalised.is_set()
+
+
+def test_close_after_the_move_closes_the_iterator() -> None:
+    producer = Recorder(count=None)
+    prefetcher: Prefetcher[int] = Prefetcher(producer, depth=2, name="ddbloader-test-moved-close", timeout=5)
+    _consume(prefetcher, 3 * JUDGED, 0)
+    assert not _named("ddbloader-test-moved-close")
+    prefetcher.close()
+    assert producer.finalised.is_set()
+    with pytest.raises(StopIteration):
+        next(prefetcher)

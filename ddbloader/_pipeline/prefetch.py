@@ -1,4 +1,13 @@
-"""The prefetch stage: one producer thread assembling items ahead of the consumer, bounded hand-over."""
+"""The prefetch stage: one producer thread assembling items ahead of the consumer, bounded hand-over.
+
+A consumer that takes items as fast as they come (an empty loop, a step of a few microseconds)
+gains nothing from the thread: it waits for every item anyway, and each hand-over costs it two
+thread wake-ups and GIL hand-offs (~50 µs an item on 2 cores: a third of an epoch of cheap
+batches). So the stage watches the consumer's steps (its time between two items) and, when most
+of :data:`JUDGED` steps took less than :data:`SHORT_STEP_SECONDS`, takes the iterator back from
+the thread and runs it in the consumer's own; when most took longer, a thread runs it again. The
+items and their order are the same in both modes: one iterator, driven by one thread at a time.
+"""
 
 from __future__ import annotations
 
@@ -19,17 +28,40 @@ T = TypeVar("T")
 
 _END = object()
 
+#: A step shorter than this is a consumer that only waits: hand-overs cost it more than they save.
+SHORT_STEP_SECONDS = 50e-6
+
+#: Steps judged together before the mode may change (and at least this many items between changes).
+JUDGED = 64
+
 #: Items the consumer was handed that stay referenced here: the one it holds and the one before,
 #: which it lets go after its next step starts (``x, y = next(it)`` rebinds after the call).
 _HANDED = 2
 
 
-def _produce(make: Callable[[threading.Event], Iterator[Any]], out: _Handover, stop: threading.Event) -> None:
+class _Paused:
+    """Put by a producer asked to pause, after its last item: the iterator, for the consumer to run."""
+
+    def __init__(self, items: Iterator[Any]) -> None:
+        self.items = items
+
+
+def _produce(
+    make: Callable[[threading.Event], Iterator[Any]] | Iterator[Any],
+    out: _Handover,
+    stop: threading.Event,
+    pause: threading.Event,
+) -> None:
     items: Iterator[Any] | None = None
+    handed_back = False
     try:
-        items = make(stop)
+        items = make if isinstance(make, Iterator) else make(stop)
         for item in items:
             _put(out, item, stop)
+            if pause.is_set():
+                _put(out, _Paused(items), stop)
+                handed_back = True
+                return
         _put(out, _END, stop)
     except Stopped:
         pass
@@ -37,9 +69,14 @@ def _produce(make: Callable[[threading.Event], Iterator[Any]], out: _Handover, s
         with contextlib.suppress(Stopped):
             _put(out, ThreadFailure(error, "assembling batches"), stop)
     finally:
-        close = getattr(items, "close", None)
-        if close is not None:
-            close()
+        if not handed_back:
+            _close(items)
+
+
+def _close(items: Iterator[Any] | None) -> None:
+    close = getattr(items, "close", None)
+    if close is not None:
+        close()
 
 
 def _put(out: _Handover, item: Any, stop: threading.Event) -> None:
@@ -80,21 +117,25 @@ class _Handover:
             self.room.put(None)
 
     def drain(self) -> None:
-        """Drop the items not taken, and those the tokens carry."""
+        """Drop the items not taken (closing an iterator handed back), and those the tokens carry."""
         for waiting in (self.items, self.room):
             while True:
                 try:
-                    waiting.get_nowait()
+                    item = waiting.get_nowait()
                 except queue.Empty:
                     break
+                if isinstance(item, _Paused):
+                    _close(item.items)
 
 
 class Prefetcher(Generic[T]):
-    """Runs ``make(stop)``'s iterator in a background thread, ``depth`` items ahead.
+    """Runs ``make(stop)``'s iterator ``depth`` items ahead in a background thread, or in the
+    consumer's own thread while the consumer's steps are too short to gain from one (see the
+    module docstring); with ``depth == 0``, always in the consumer's thread.
 
-    With ``depth == 0`` the iterator runs in the consumer's thread instead. Single-consumer:
-    ``__next__`` must be called from one thread at a time. ``close()`` is idempotent and may be
-    called from another thread: a consumer waiting in ``__next__`` then gets StopIteration.
+    Single-consumer: ``__next__`` must be called from one thread at a time. ``close()`` is
+    idempotent and may be called from another thread: a consumer waiting in ``__next__`` then
+    gets StopIteration.
 
     Memory: besides ``depth`` items ahead, it keeps the consumer's last :data:`_HANDED` items
     referenced until its next take (they are released in the producer's thread, see
@@ -105,17 +146,30 @@ class Prefetcher(Generic[T]):
         self, make: Callable[[threading.Event], Iterator[T]], depth: int, name: str, timeout: float
     ) -> None:
         self._stop = threading.Event()
+        self._pause = threading.Event()
         self._timeout = timeout
+        self._depth = depth
+        self._name = name
         self._closed = False
         self._thread: threading.Thread | None = None
+        #: the iterator while the consumer's thread runs it
         self._inline: Iterator[T] | None = None
         self._handover = _Handover(depth)
         #: the items handed to the consumer and not yet given back with a token, oldest first
         self._handed: deque[Any] = deque()
+        #: when the consumer's last step began (its previous item returned), and the steps judged
+        self._left = 0.0
+        self._steps = 0
+        self._short = 0
         if depth == 0:
             self._inline = make(self._stop)
         else:
-            self._thread = start_thread(_produce, make, self._handover, self._stop, name=name)
+            self._start(make)
+
+    def _start(self, make: Callable[[threading.Event], Iterator[Any]] | Iterator[Any]) -> None:
+        self._pause.clear()
+        self._handover = _Handover(self._depth)
+        self._thread = start_thread(_produce, make, self._handover, self._stop, self._pause, name=self._name)
 
     def __iter__(self) -> Iterator[T]:
         return self
@@ -123,40 +177,75 @@ class Prefetcher(Generic[T]):
     def __next__(self) -> T:
         if self._closed:
             raise StopIteration
-        if self._inline is not None:
-            try:
-                return next(self._inline)
-            except Stopped:
-                raise StopIteration from None
-        item = self._take()
-        if item is _END:
-            self.close()
-            raise StopIteration
-        if isinstance(item, ThreadFailure):
-            self.close()
-            item.reraise()
-        return item  # type: ignore[no-any-return]
+        if self._depth:
+            self._judge()
+        while True:
+            if self._inline is not None:
+                try:
+                    item = next(self._inline)
+                except Stopped:
+                    self.close()
+                    raise StopIteration from None
+                break
+            item = self._take()
+            if item is _END:
+                self.close()
+                raise StopIteration
+            if isinstance(item, ThreadFailure):
+                self.close()
+                item.reraise()
+            if not isinstance(item, _Paused):
+                break
+            self._resume_inline(item)
+        self._left = time.perf_counter()
+        return item
+
+    def _judge(self) -> None:
+        """Count the step that just ended; every :data:`JUDGED` steps, move the iterator to the
+        consumer's thread if most were short, or to a thread of its own if most were not."""
+        if self._left:
+            self._steps += 1
+            self._short += time.perf_counter() - self._left < SHORT_STEP_SECONDS
+        if self._steps < JUDGED:
+            return
+        mostly_short = 4 * self._short >= 3 * JUDGED
+        mostly_long = 4 * self._short <= JUDGED
+        self._steps = self._short = 0
+        if self._inline is None and mostly_short:
+            self._pause.set()  # the producer hands the iterator back after its next item
+        elif self._inline is not None and mostly_long and not self._closed:
+            items, self._inline = self._inline, None
+            self._start(items)
+
+    def _resume_inline(self, paused: _Paused) -> None:
+        """The producer handed its iterator back (it ends now): run it in this thread."""
+        if self._thread is not None and not in_worker_thread():
+            join_all([self._thread])
+        self._thread = None
+        self._handed.clear()
+        self._handover.drain()
+        self._inline = paused.items
 
     def ready(self) -> int:
         """Items assembled and waiting for the consumer (0 when running inline)."""
-        return self._handover.items.qsize()
+        return 0 if self._inline is not None else self._handover.items.qsize()
 
     def _take(self) -> Any:
         deadline = time.monotonic() + self._timeout
+        thread = self._thread
+        if thread is None:  # closed by another thread as this one moved the iterator
+            raise StopIteration
         while True:
             try:
                 item = self._handover.items.get(timeout=POLL_SECONDS)
             except queue.Empty:
-                assert self._thread is not None
                 if self._closed:  # by another thread, while this one waited
                     raise StopIteration from None
-                if not self._thread.is_alive() and self._handover.items.empty():
-                    raise RuntimeError(
-                        f"background thread {self._thread.name!r} ended without a result"
-                    ) from None
+                if not thread.is_alive() and self._handover.items.empty():
+                    raise RuntimeError(f"background thread {thread.name!r} ended without a result") from None
                 if time.monotonic() > deadline:
                     raise TimeoutError(
-                        f"no batch from thread {self._thread.name!r} within {self._timeout:g} s"
+                        f"no batch from thread {thread.name!r} within {self._timeout:g} s"
                     ) from None
             else:
                 self._handover.room.put(self._given_back(item))
@@ -165,7 +254,7 @@ class Prefetcher(Generic[T]):
     def _given_back(self, item: Any) -> Any:
         """What goes back with the token for ``item``: the item handed out :data:`_HANDED` takes
         before it, or None."""
-        if item is _END or isinstance(item, ThreadFailure):
+        if item is _END or isinstance(item, (ThreadFailure, _Paused)):
             return None
         handed = self._handed
         handed.append(item)
@@ -183,9 +272,9 @@ class Prefetcher(Generic[T]):
         self._closed = True
         self._stop.set()
         if self._inline is not None:
-            close = getattr(self._inline, "close", None)
-            if close is not None:
-                close()
+            # from another thread while the consumer runs it, the stop ends it instead
+            with contextlib.suppress(ValueError):
+                _close(self._inline)
         self._handed.clear()
         self._handover.drain()
         self._handover.room.put(None)  # a producer waiting for room wakes now, and stops
