@@ -14,7 +14,7 @@ from ddbloader._io.threads import (
     Stopped,
     start_thread,
 )
-from ddbloader._pipeline.prefetch import JUDGED, Prefetcher
+from ddbloader._pipeline.prefetch import JUDGED, Prefetcher, _Paused
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -329,3 +329,15 @@ def test_close_after_the_move_closes_the_iterator() -> None:
     assert producer.finalised.is_set()
     with pytest.raises(StopIteration):
         next(prefetcher)
+
+
+def test_an_iterator_handed_back_as_another_thread_closes_is_closed() -> None:
+    """The hand-back races a close() from another thread: the iterator must not outlive it."""
+    producer = Recorder(count=None)
+    prefetcher: Prefetcher[int] = Prefetcher(producer, depth=2, name="ddbloader-test-race", timeout=5)
+    items = producer(threading.Event())
+    next(items)
+    prefetcher.close()
+    with pytest.raises(StopIteration):
+        prefetcher._resume_inline(_Paused(items))
+    assert producer.finalised.is_set()

@@ -225,6 +225,9 @@ class Prefetcher(Generic[T]):
         self._handed.clear()
         self._handover.drain()
         self._inline = paused.items
+        if self._closed:  # by another thread, between the hand-back and here
+            _close(self._inline)
+            raise StopIteration
 
     def ready(self) -> int:
         """Items assembled and waiting for the consumer (0 when running inline)."""
