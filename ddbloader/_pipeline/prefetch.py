@@ -2,11 +2,11 @@
 
 A consumer that takes items as fast as they come (an empty loop, a step of a few microseconds)
 gains nothing from the thread: it waits for every item anyway, and each hand-over costs it two
-thread wake-ups and GIL hand-offs (~50 µs an item on 2 cores: a third of an epoch of cheap
-batches). So the stage watches the consumer's steps (its time between two items) and, when most
-of :data:`JUDGED` steps took less than :data:`SHORT_STEP_SECONDS`, takes the iterator back from
-the thread and runs it in the consumer's own; when most took longer, a thread runs it again. The
-items and their order are the same in both modes: one iterator, driven by one thread at a time.
+thread wake-ups and GIL hand-offs. So the stage watches the consumer's steps (its time between
+two items) and, when most of :data:`JUDGED` steps took less than :data:`SHORT_STEP_SECONDS`,
+takes the iterator back from the thread and runs it in the consumer's own; when most took
+longer, a thread runs it again. The items and their order are the same in both modes: one
+iterator, driven by one thread at a time.
 """
 
 from __future__ import annotations
